@@ -1,0 +1,48 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// variants: storage=buffer,texture
+// Elementwise unary op; OP picks the function. Also serves as a plain copy (OP 0).
+#include "common.glslh"
+
+layout(constant_id = 3) const int OP = 0;
+// 0 identity, 1 sqrt, 2 erf, 3 gelu (erf), 4 gelu (tanh), 5 relu, 6 sigmoid, 7 tanh, 8 neg, 9 exp, 10 abs
+
+TENSOR_OUT(t_out, 0)
+TENSOR_IN(t_in, 1)
+
+layout(push_constant) uniform Params {
+  ivec4 out_sizes;
+  ivec4 in_sizes;
+  ivec4 pd;  // packed dims of out, in
+} p;
+
+float apply(float x) {
+  if (OP == 0) return x;
+  if (OP == 1) return sqrt(x);
+  if (OP == 2) return erf_f(x);
+  if (OP == 3) return 0.5 * x * (1.0 + erf_f(x * 0.70710678118654752));
+  if (OP == 4) {
+    float u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
+    return 0.5 * x * (1.0 + tanh_f(u));
+  }
+  if (OP == 5) return max(x, 0.0);
+  if (OP == 6) return 1.0 / (1.0 + exp(-x));
+  if (OP == 7) return tanh_f(x);
+  if (OP == 8) return -x;
+  if (OP == 9) return exp(x);
+  return abs(x);
+}
+
+void main() {
+  ivec3 pos = ivec3(gl_GlobalInvocationID);
+  if (!texel_in_range(pos, p.out_sizes, p.pd.x)) return;
+  ivec4 o = texel_origin(pos, p.out_sizes, p.pd.x);
+  vec4 r = vec4(0.0);
+  for (int l = 0; l < 4; ++l) {
+    ivec4 i = o;
+    i[p.pd.x] += l;
+    if (i[p.pd.x] >= p.out_sizes[p.pd.x]) break;
+    r[l] = apply(LOAD(t_in, bcast(i, p.in_sizes), p.in_sizes, p.pd.y));
+  }
+  STORE4(t_out, o, p.out_sizes, p.pd.x, r);
+}

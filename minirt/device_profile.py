@@ -1,0 +1,116 @@
+"""What the planner needs to know about a Vulkan device, as plain data.
+
+The Vulkan side fills a DeviceProfile from the physical device; this module
+must not import `vulkan`, so that pickers (see minirt.lwg) can be tested on
+the fake profiles in KNOWN_PROFILES without a GPU.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+VENDORS = ("adreno", "mali", "powervr", "nvidia", "amd", "intel", "llvmpipe", "other")
+DEVICE_TYPES = ("discrete", "integrated", "cpu", "virtual", "other")
+MOBILE_VENDORS = ("adreno", "mali", "powervr")
+
+# PCI / Khronos vendor IDs (VkPhysicalDeviceProperties.vendorID).
+_VENDOR_IDS = {
+    0x5143: "adreno",  # Qualcomm (also Mesa Turnip)
+    0x13B5: "mali",  # ARM
+    0x1010: "powervr",  # Imagination
+    0x10DE: "nvidia",
+    0x1002: "amd",
+    0x8086: "intel",
+}
+_MESA_ID = 0x10005  # VK_VENDOR_ID_MESA: lavapipe reports itself as "llvmpipe (...)"
+
+# Fallback on the device name, in order; word boundaries keep "amd"/"mali"
+# from matching inside unrelated words.
+_NAME_HINTS = (
+    ("llvmpipe", re.compile(r"llvmpipe|lavapipe")),
+    ("adreno", re.compile(r"adreno")),
+    ("mali", re.compile(r"\bmali\b|immortalis")),
+    ("powervr", re.compile(r"powervr")),
+    ("nvidia", re.compile(r"nvidia")),
+    ("amd", re.compile(r"radeon|\bamd\b")),
+    ("intel", re.compile(r"\bintel\b")),
+)
+
+
+def classify_vendor(vendor_id: int, name: str) -> str:
+    """Map a vendorID and device name to one of VENDORS."""
+    lname = (name or "").lower()
+    if vendor_id in _VENDOR_IDS:
+        return _VENDOR_IDS[vendor_id]
+    if vendor_id == _MESA_ID and "llvmpipe" in lname:
+        return "llvmpipe"
+    for vendor, pattern in _NAME_HINTS:
+        if pattern.search(lname):
+            return vendor
+    return "other"
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    name: str = "generic"
+    vendor: str = "other"
+    vendor_id: int = 0
+    device_type: str = "discrete"
+    api_version: str = "1.3.0"
+    driver: str = ""
+    max_invocations: int = 1024  # maxComputeWorkGroupInvocations
+    max_local_size: tuple[int, int, int] = (1024, 1024, 64)  # maxComputeWorkGroupSize
+    max_group_count: tuple[int, int, int] = (65535, 65535, 65535)
+    subgroup_size: int = 32
+    max_shared_memory: int = 32768  # bytes
+    max_push_constants: int = 128  # bytes
+    max_image_3d: int = 2048
+    max_storage_buffer_range: int = 1 << 27
+    min_storage_buffer_offset_alignment: int = 256
+    fp16: bool = False  # shaderFloat16
+    storage16: bool = False  # storageBuffer16BitAccess
+    cooperative_matrix: bool = False
+    timestamp_period: float = 1.0  # ns per tick
+    timestamp_valid_bits: int = 64
+
+    def __post_init__(self):
+        # Catch typos in hand-written fakes early.
+        if self.vendor not in VENDORS:
+            raise ValueError(f"unknown vendor {self.vendor!r}; expected one of {VENDORS}")
+        if self.device_type not in DEVICE_TYPES:
+            raise ValueError(f"unknown device_type {self.device_type!r}; expected one of {DEVICE_TYPES}")
+
+    @property
+    def is_mobile(self) -> bool:
+        return self.vendor in MOBILE_VENDORS
+
+
+# Fakes for tests and docs. Limits are plausible, not measured on hardware.
+KNOWN_PROFILES: dict[str, DeviceProfile] = {
+    "adreno-840": DeviceProfile(
+        name="Adreno (TM) 840", vendor="adreno", vendor_id=0x5143, device_type="integrated",
+        max_invocations=1024, max_local_size=(1024, 1024, 64), subgroup_size=64,
+        max_push_constants=256, max_image_3d=16384, fp16=True, storage16=True),
+    "mali-g715": DeviceProfile(
+        name="Mali-G715", vendor="mali", vendor_id=0x13B5, device_type="integrated",
+        max_invocations=1024, max_local_size=(1024, 1024, 1024), subgroup_size=16,
+        max_image_3d=4096, fp16=True, storage16=True),
+    "powervr": DeviceProfile(
+        name="PowerVR D-Series DXT-48-1536", vendor="powervr", vendor_id=0x1010,
+        device_type="integrated", max_invocations=512, max_local_size=(512, 512, 64),
+        subgroup_size=32, fp16=True),
+    "nvidia-h200": DeviceProfile(
+        name="NVIDIA H200", vendor="nvidia", vendor_id=0x10DE, device_type="discrete",
+        max_invocations=1024, max_local_size=(1024, 1024, 64), subgroup_size=32,
+        max_shared_memory=49152, max_push_constants=256, max_image_3d=16384,
+        max_group_count=(2**31 - 1, 65535, 65535), max_storage_buffer_range=2**32 - 1,
+        min_storage_buffer_offset_alignment=16,
+        fp16=True, storage16=True, cooperative_matrix=True),
+    "lavapipe": DeviceProfile(
+        name="llvmpipe (LLVM 15.0.6, 256 bits)", vendor="llvmpipe", vendor_id=_MESA_ID,
+        device_type="cpu", subgroup_size=8, max_shared_memory=32768, max_push_constants=128,
+        max_image_3d=4096, min_storage_buffer_offset_alignment=16, fp16=True, storage16=True),
+    # Small limits so tests exercise clamping.
+    "tiny-limits": DeviceProfile(
+        name="tiny-limits", max_invocations=128, max_local_size=(128, 128, 64), subgroup_size=4),
+}

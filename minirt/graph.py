@@ -1,0 +1,137 @@
+"""The op graph: plain data, no behaviour beyond bookkeeping.
+
+Shapes are tuples whose entries are ints or strings (symbolic dims such as "batch");
+None means "not inferred yet". Constants carry their numpy data.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import ModelError
+
+
+@dataclass
+class Tensor:
+    name: str
+    shape: tuple | None = None
+    dtype: str | None = None          # numpy dtype name: "float32", "int64", ...
+    data: np.ndarray | None = None    # set for constants
+
+    @property
+    def is_const(self) -> bool:
+        return self.data is not None
+
+    @property
+    def is_static(self) -> bool:
+        return self.shape is not None and all(isinstance(d, int) for d in self.shape)
+
+
+@dataclass
+class Node:
+    op: str
+    name: str
+    inputs: list[str]                 # "" marks an omitted optional input
+    outputs: list[str]
+    attrs: dict = field(default_factory=dict)
+    domain: str = ""
+
+    def __str__(self):
+        return f"{self.op} node '{self.name}'"
+
+
+@dataclass
+class Graph:
+    tensors: dict[str, Tensor] = field(default_factory=dict)
+    nodes: list[Node] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    name: str = ""
+    source: str = "<memory>"          # where it was loaded from, for error messages
+    opset: int = 0
+
+    def tensor(self, name: str) -> Tensor:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise ModelError(f"{self.source}: tensor '{name}' is used but never defined") from None
+
+    def add_tensor(self, t: Tensor) -> Tensor:
+        self.tensors[t.name] = t
+        return t
+
+    def const(self, name: str, data) -> Tensor:
+        data = np.asarray(data)
+        return self.add_tensor(Tensor(name, tuple(int(d) for d in data.shape), data.dtype.name, data))
+
+    def fresh_name(self, base: str) -> str:
+        name, i = base, 0
+        while name in self.tensors:
+            i += 1
+            name = f"{base}_{i}"
+        return name
+
+    def producers(self) -> dict[str, Node]:
+        return {o: n for n in self.nodes for o in n.outputs if o}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        out: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                if i:
+                    out.setdefault(i, []).append(n)
+        return out
+
+    def toposort(self) -> None:
+        """Order nodes so each comes after the producers of its inputs; refuse cycles."""
+        prod = self.producers()
+        state: dict[int, int] = {}   # 1 visiting, 2 done
+        order: list[Node] = []
+        for root in self.nodes:
+            stack = [(root, iter(root.inputs))]
+            if state.get(id(root)) == 2:
+                continue
+            state[id(root)] = 1
+            while stack:
+                node, it = stack[-1]
+                nxt = None
+                for name in it:
+                    p = prod.get(name)
+                    if p is None or state.get(id(p)) == 2:
+                        continue
+                    if state.get(id(p)) == 1:
+                        raise ModelError(f"{self.source}: the graph has a cycle through {p} "
+                                         f"(tensor '{name}')")
+                    nxt = p
+                    break
+                if nxt is None:
+                    state[id(node)] = 2
+                    order.append(node)
+                    stack.pop()
+                else:
+                    state[id(nxt)] = 1
+                    stack.append((nxt, iter(nxt.inputs)))
+        self.nodes = order
+
+    def copy(self) -> "Graph":
+        # constants are never mutated in place, so sharing their arrays is safe
+        g = copy.copy(self)
+        g.tensors = {k: Tensor(t.name, t.shape, t.dtype, t.data) for k, t in self.tensors.items()}
+        g.nodes = [Node(n.op, n.name, list(n.inputs), list(n.outputs), dict(n.attrs), n.domain)
+                   for n in self.nodes]
+        g.inputs, g.outputs = list(self.inputs), list(self.outputs)
+        return g
+
+    def remove_unused(self) -> None:
+        """Drop nodes whose outputs nobody needs, then tensors nothing refers to."""
+        needed = set(self.outputs)
+        keep = []
+        for n in reversed(self.nodes):
+            if any(o in needed for o in n.outputs):
+                keep.append(n)
+                needed.update(i for i in n.inputs if i)
+        self.nodes = keep[::-1]
+        used = needed | set(self.inputs) | {o for n in self.nodes for o in n.outputs}
+        self.tensors = {k: v for k, v in self.tensors.items() if k in used}

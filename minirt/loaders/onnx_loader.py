@@ -1,0 +1,132 @@
+"""ONNX -> Graph. Initializers and Constant nodes become constants; external data is read only
+from inside the model's folder."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..errors import ModelError
+from ..graph import Graph, Node, Tensor
+
+_DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64", onnx.TensorProto.INT64: "int64",
+           onnx.TensorProto.INT32: "int32", onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BOOL: "bool",
+           onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "uint8"}
+
+
+def load_onnx(model, weights=None) -> Graph:
+    base, source = None, "<ModelProto>"
+    if isinstance(model, onnx.ModelProto):
+        proto = model
+    elif isinstance(model, (bytes, bytearray, memoryview)):
+        source = "<bytes>"
+        try:
+            proto = onnx.load_model_from_string(bytes(model))
+        except Exception as e:
+            raise ModelError(f"{source}: not a valid ONNX model ({e})") from None
+    else:
+        path = Path(model)
+        source = str(path)
+        if not path.is_file():
+            raise ModelError(f"{source}: no such model file")
+        try:
+            proto = onnx.load(str(path), load_external_data=False)
+        except Exception as e:
+            raise ModelError(f"{source}: not a valid ONNX model ({type(e).__name__}: {e})") from None
+        base = path.resolve().parent
+    g = Graph(name=proto.graph.name, source=source)
+    g.opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if not proto.graph.node and not proto.graph.output:
+        raise ModelError(f"{source}: the model has an empty graph")
+    for init in proto.graph.initializer:
+        g.const(init.name, _tensor_data(init, base, source))
+    if weights is not None:
+        from .safetensors_loader import apply_weights
+        apply_weights(g, weights)
+    for vi in proto.graph.input:
+        if vi.name in g.tensors:
+            continue   # an initializer listed as input (old exporters): a constant
+        g.inputs.append(vi.name)
+        g.add_tensor(Tensor(vi.name, *_value_info(vi, source)))
+    for i, n in enumerate(proto.graph.node):
+        name = n.name or f"{n.op_type}_{i}"
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
+            g.const(n.output[0], _constant_value(n, name, base, source))
+            continue
+        attrs = {a.name: _attr(a, base, source) for a in n.attribute}
+        g.nodes.append(Node(n.op_type, name, list(n.input), list(n.output), attrs, n.domain))
+        for o in n.output:
+            if o and o not in g.tensors:
+                g.add_tensor(Tensor(o))
+    for vi in proto.graph.output:
+        g.outputs.append(vi.name)
+        if vi.name not in g.tensors:
+            raise ModelError(f"{source}: graph output '{vi.name}' is produced by no node")
+    for n in g.nodes:
+        for i in n.inputs:
+            if i and i not in g.tensors:
+                raise ModelError(f"{source}: {n.op} node '{n.name}' reads '{i}', which no node, input or "
+                                 f"initializer defines")
+    return g
+
+
+def _value_info(vi, source):
+    tt = vi.type.tensor_type
+    dtype = _DTYPES.get(tt.elem_type)
+    if not tt.HasField("shape"):
+        return None, dtype
+    dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim)
+    return dims, dtype
+
+
+def _tensor_data(t, base, source) -> np.ndarray:
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        info = {e.key: e.value for e in t.external_data}
+        if base is None:
+            raise ModelError(f"{source}: tensor '{t.name}' uses external data, which needs the model loaded from a path")
+        loc = info.get("location", "")
+        target = (base / loc).resolve()
+        if os.path.isabs(loc) or not target.is_relative_to(base):
+            raise ModelError(f"{source}: tensor '{t.name}' points at external data '{loc}' outside the model's "
+                             f"folder; refused")
+        if not target.is_file():
+            raise ModelError(f"{source}: external data file '{loc}' of tensor '{t.name}' is missing")
+        off, length = int(info.get("offset", 0)), info.get("length")
+        with open(target, "rb") as f:
+            f.seek(off)
+            raw = f.read(int(length) if length is not None else -1)
+        t2 = onnx.TensorProto()
+        t2.CopyFrom(t)
+        del t2.external_data[:]
+        t2.data_location = onnx.TensorProto.DEFAULT
+        t2.raw_data = raw
+        t = t2
+    try:
+        return numpy_helper.to_array(t).copy()
+    except Exception as e:
+        raise ModelError(f"{source}: tensor '{t.name}' is corrupt ({e})") from None
+
+
+def _constant_value(n, name, base, source):
+    for a in n.attribute:
+        if a.name == "value":
+            return _tensor_data(a.t, base, source)
+        if a.name in ("value_float", "value_int"):
+            return np.array(helper.get_attribute_value(a), np.float32 if a.name == "value_float" else np.int64)
+        if a.name in ("value_floats", "value_ints"):
+            return np.array(list(helper.get_attribute_value(a)), np.float32 if a.name == "value_floats" else np.int64)
+    raise ModelError(f"{source}: Constant node '{name}' has no value minirt understands")
+
+
+def _attr(a, base, source):
+    if a.type == onnx.AttributeProto.TENSOR:
+        return _tensor_data(a.t, base, source)
+    v = helper.get_attribute_value(a)
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, (list, tuple)):
+        return [x.decode() if isinstance(x, bytes) else x for x in v]
+    return v

@@ -1,0 +1,202 @@
+"""Local work group size (local_size_x/y/z) per kernel family.
+
+pick_local_size is pure and deterministic: nothing is timed, nothing is
+random, nothing is cached.  "Global size" is the number of invocations per
+axis; the dispatch uses ceil(global / local) groups and shaders bounds-check,
+so a local size larger than the global extent only wastes lanes.
+
+Groups hold 64 invocations by default (or the subgroup size if larger, capped
+by the device): 64 is two NVIDIA warps, one AMD/Adreno wave64, and within
+every limit we know.  We do not use 256 on NVIDIA/AMD: it is unmeasured, and
+one shape per family keeps a single tested code path in the shaders.
+"""
+from __future__ import annotations
+
+import math
+import operator
+
+from .device_profile import DeviceProfile
+
+FAMILIES = ("gemm", "im2col", "elementwise", "reduction", "conv", "copy", "attention")
+
+DEFAULT_INVOCATIONS = 64
+# Non-Adreno GEMM: square tiles load the fewest A/B edges per output.
+GEMM_SHAPE = (8, 8, 1)
+# Adreno 840: 8x8x1 and 4x16x1 corrupt whole work groups of the tiled GEMM
+# family (linear, matmul, conv GEMM) in 10-23% of runs; 16x4, 32x2, 64x1,
+# 2x32 and 1x64 are clean.  ExecuTorch uses 16x4x1 there unconditionally.
+ADRENO_GEMM = (16, 4, 1)
+ADRENO_BAD_GEMM = ((8, 8, 1), (4, 16, 1))
+IM2COL_SHAPE = (16, 4, 1)  # as ExecuTorch, on every vendor
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (n.bit_length() - 1) if n >= 1 else 1
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _ints3(value, what: str, minimum: int) -> tuple[int, int, int]:
+    try:
+        items = tuple(value)
+        if len(items) != 3 or any(isinstance(v, bool) for v in items):
+            raise TypeError
+        items = tuple(operator.index(v) for v in items)
+    except TypeError:
+        raise ValueError(f"{what} must be 3 ints, got {value!r}") from None
+    if any(v < minimum for v in items):
+        raise ValueError(f"{what} must be 3 ints >= {minimum}, got {items}")
+    return items
+
+
+def _check_family(family: str) -> None:
+    if family not in FAMILIES:
+        raise ValueError(f"unknown kernel family {family!r}; expected one of {FAMILIES}")
+
+
+def check_local_size(local, profile: DeviceProfile) -> tuple[int, int, int]:
+    """Return `local` as a tuple if the device accepts it, else ValueError naming the limit."""
+    loc = _ints3(local, "local size", 1)
+    for axis, (n, cap) in enumerate(zip(loc, profile.max_local_size)):
+        if n > cap:
+            raise ValueError(
+                f"local size {loc}: {'xyz'[axis]}={n} exceeds maxComputeWorkGroupSize"
+                f"[{axis}]={cap} (max_local_size) on device {profile.name!r}")
+    if math.prod(loc) > profile.max_invocations:
+        raise ValueError(
+            f"local size {loc}: {math.prod(loc)} invocations exceed "
+            f"maxComputeWorkGroupInvocations={profile.max_invocations} "
+            f"(max_invocations) on device {profile.name!r}")
+    return loc
+
+
+def _caps(profile: DeviceProfile) -> tuple[int, ...]:
+    # Power-of-two floor so doubling never crosses an odd device limit.
+    return tuple(_pow2_floor(c) for c in profile.max_local_size)
+
+
+def _budget(profile: DeviceProfile) -> int:
+    # A group smaller than a subgroup leaves lanes idle, hence the max().
+    want = max(DEFAULT_INVOCATIONS, _pow2_floor(profile.subgroup_size))
+    return min(want, _pow2_floor(profile.max_invocations))
+
+
+def _clamp(local, profile: DeviceProfile, limit: int | None = None) -> tuple[int, int, int]:
+    """Fit a fixed shape into the device limits (and `limit` invocations),
+    halving the largest axis first."""
+    limit = profile.max_invocations if limit is None else limit
+    loc = [min(n, c) for n, c in zip(local, _caps(profile))]
+    while math.prod(loc) > limit:
+        i = loc.index(max(loc))
+        loc[i] //= 2
+    return tuple(loc)
+
+
+def _largest_first(g) -> list[int]:
+    # Stable: ties keep x before y before z.
+    return sorted(range(3), key=lambda i: (-g[i], i))
+
+
+def _grow(local, room, axes, budget: int) -> tuple[int, int, int]:
+    """Double `axes` round-robin (in the given order) while the group is under
+    `budget` and the axis is under its `room`; each size stays on its own axis."""
+    loc = list(local)
+    grew = True
+    while grew:
+        grew = False
+        for i in axes:
+            if loc[i] * 2 <= room[i] and math.prod(loc) * 2 <= budget:
+                loc[i] *= 2
+                grew = True
+    return tuple(loc)
+
+
+def _need(g, profile: DeviceProfile) -> tuple[int, ...]:
+    """Per axis: the global extent rounded up to a power of two, within the device cap."""
+    return tuple(min(_pow2_ceil(n), c) for n, c in zip(g, _caps(profile)))
+
+
+def _default(g, profile: DeviceProfile) -> tuple[int, int, int]:
+    return _grow((1, 1, 1), _need(g, profile), _largest_first(g), _budget(profile))
+
+
+def _gemm(g, profile: DeviceProfile) -> tuple[int, int, int]:
+    if profile.vendor == "adreno":
+        return _clamp(ADRENO_GEMM, profile)
+    # 8x8 shrunk to what x/y need (1 -> 1); the spare share goes to the other
+    # of x/y.  Effective table: (8,8) if x,y >= 5; (64,1) (32,2) (16,4) for
+    # y = 1, 2, 3..4 and the transposes.  z stays 1: batches go to group count.
+    need, budget = _need(g, profile), _budget(profile)
+    start = _clamp([min(GEMM_SHAPE[i], need[i]) for i in (0, 1)] + [1], profile, budget)
+    return _grow(start, need, [i for i in _largest_first(g) if i < 2], budget)
+
+
+def _im2col(g, profile: DeviceProfile) -> tuple[int, int, int]:
+    # Only 1-D cases are reshaped (to n x 1 or 1 x n, clean on Adreno); any
+    # 2-D case keeps 16x4 so we never produce 8x8 or 4x16.
+    need, budget = _need(g, profile), _budget(profile)
+    if g[0] > 1 and g[1] > 1:
+        return _clamp(IM2COL_SHAPE, profile)
+    if g[0] > 1:
+        return (min(need[0], budget), 1, 1)
+    if g[1] > 1:
+        return (1, min(need[1], budget), 1)
+    return (1, 1, 1)
+
+
+def _reduction(g, profile: DeviceProfile) -> tuple[int, int, int]:
+    # global x = threads cooperating on one row; one group per row.  Clamped to
+    # the largest power of two the device allows, so the kernel must size its
+    # shared array and stride its loop by gl_WorkGroupSize.x, and the caller
+    # must dispatch with the returned x as the row's thread count.
+    x = min(_pow2_floor(g[0]), _caps(profile)[0], _pow2_floor(profile.max_invocations))
+    return (x, 1, 1)
+
+
+_PICKERS = {
+    "gemm": _gemm,
+    "im2col": _im2col,
+    "reduction": _reduction,
+    "elementwise": _default,
+    "copy": _default,
+    "conv": _default,
+    "attention": _default,
+}
+
+
+def pick_local_size(family: str, global_size, profile: DeviceProfile,
+                    forced=None) -> tuple[int, int, int]:
+    """Local size for one dispatch of `family` over `global_size` invocations.
+
+    `forced` (e.g. from a tuning file or the command line) is returned as-is
+    once check_local_size accepts it; it bypasses the family rules, including
+    the Adreno GEMM one.  An empty dispatch (any global axis 0) gets (1,1,1).
+    """
+    _check_family(family)
+    g = _ints3(global_size, "global size", 0)
+    if forced is not None:
+        return check_local_size(forced, profile)
+    if 0 in g:
+        return (1, 1, 1)
+    return _PICKERS[family](g, profile)
+
+
+def describe_rule(family: str, profile: DeviceProfile) -> str:
+    """One line saying why `family` gets its local size on `profile`."""
+    _check_family(family)
+    b = _budget(profile)
+    if family == "gemm":
+        if profile.vendor == "adreno":
+            return ("gemm on Adreno: fixed 16x4x1 (8x8x1 and 4x16x1 corrupt tiled-GEMM "
+                    "work groups on Adreno 840)")
+        return f"gemm: 8x8x1 shrunk to the x/y extent, spare share to the other axis, up to {b} invocations; z=1"
+    if family == "im2col":
+        return "im2col: 16x4x1 as ExecuTorch; 1-D dispatches become n x 1 or 1 x n"
+    if family == "reduction":
+        cap = min(_caps(profile)[0], _pow2_floor(profile.max_invocations))
+        return (f"reduction: one group per row, local x = threads per row (power of two, "
+                f"<= {cap}); kernel must use gl_WorkGroupSize.x")
+    return (f"{family}: {b} invocations spread over axes largest-global-first, "
+            f"each axis <= its extent rounded up to a power of two")

@@ -1,0 +1,199 @@
+"""Elementwise ops: binary with numpy broadcasting, and unary functions. One kernel each, the
+function chosen by a specialization constant."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..planner.plan import Push
+from . import Op, attr, register
+from ._util import broadcast_shapes, same
+
+
+def elementwise_dispatch(ctx, kernel, code, out, ins, flops_per=1):
+    p = Push().sizes(out)
+    for t in ins:
+        p.sizes(t)
+    p.ivec4(out.packed_dim, *[t.packed_dim for t in ins])
+    ctx.dispatch(ctx.variant(kernel), [(out.name, "w")] + [(t.name, "r") for t in ins], p, (code,),
+                 out.texel_extents, "elementwise", flops=flops_per * out.numel,
+                 nbytes=4 * (out.numel + sum(t.numel for t in ins)))
+
+
+def copy_dispatch(ctx, out, src):
+    """out = src elementwise (same shape): a real copy, for when a view is not possible."""
+    elementwise_dispatch(ctx, "unary", 0, out, [src], 0)
+
+
+class Binary(Op):
+    code = 0
+    fn = None
+
+    def infer(self, node, ins):
+        return [(broadcast_shapes(node, ins[0].shape, ins[1].shape), ins[0].dtype)]
+
+    def reference(self, node, a, b):
+        with np.errstate(all="ignore"):
+            r = type(self).fn(a, b)
+        return [np.asarray(r).astype(np.result_type(a, b), copy=False)]
+
+    def lower(self, node, ctx):
+        elementwise_dispatch(ctx, "binary", self.code, ctx.t(node.outputs[0]),
+                             [ctx.t(node.inputs[0]), ctx.t(node.inputs[1])])
+
+
+def _div(a, b):
+    if np.issubdtype(np.result_type(a, b), np.integer):
+        return np.trunc(np.asarray(a) / np.asarray(b)).astype(np.result_type(a, b))  # ONNX integer Div truncates
+    return np.divide(a, b)
+
+
+@register
+class Add(Binary):
+    name, code, fn = "Add", 0, staticmethod(np.add)
+
+
+@register
+class Sub(Binary):
+    name, code, fn = "Sub", 1, staticmethod(np.subtract)
+
+
+@register
+class Mul(Binary):
+    name, code, fn = "Mul", 2, staticmethod(np.multiply)
+
+
+@register
+class Div(Binary):
+    name, code, fn = "Div", 3, staticmethod(_div)
+
+
+@register
+class Pow(Binary):
+    name, code = "Pow", 4
+    limits = "float32 exponent only on the GPU"
+
+    @staticmethod
+    def fn(a, b):
+        return np.power(a, b.astype(a.dtype) if np.issubdtype(a.dtype, np.floating) else b)
+
+
+class Unary(Op):
+    code = 0
+
+    def infer(self, node, ins):
+        return same(node, ins)
+
+    def reference(self, node, x):
+        with np.errstate(all="ignore"):
+            return [np.asarray(self.fn(node, x)).astype(x.dtype, copy=False)]
+
+    def lower(self, node, ctx):
+        elementwise_dispatch(ctx, "unary", self.code_for(node), ctx.t(node.outputs[0]), [ctx.t(node.inputs[0])],
+                             flops_per=4)
+
+    def code_for(self, node):
+        return self.code
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+@register
+class Identity(Op):
+    name = "Identity"
+
+    def infer(self, node, ins):
+        return same(node, ins)
+
+    def reference(self, node, x):
+        return [x]
+
+    def lower(self, node, ctx):
+        out, src = ctx.t(node.outputs[0]), ctx.t(node.inputs[0])
+        if ctx.can_view(out, src):
+            ctx.view(out, src)
+        else:
+            copy_dispatch(ctx, out, src)
+
+
+@register
+class Sqrt(Unary):
+    name, code = "Sqrt", 1
+
+    def fn(self, node, x):
+        return np.sqrt(x)
+
+
+@register
+class Erf(Unary):
+    name, code = "Erf", 2
+
+    def fn(self, node, x):
+        return _erf(x)
+
+
+@register
+class Gelu(Unary):
+    name = "Gelu"
+
+    def check(self, node, ins):
+        if attr(node, "approximate", "none") not in ("none", "tanh"):
+            return f"approximate={attr(node, 'approximate')!r} (expected 'none' or 'tanh')"
+
+    def code_for(self, node):
+        return 4 if attr(node, "approximate", "none") == "tanh" else 3
+
+    def fn(self, node, x):
+        if attr(node, "approximate", "none") == "tanh":
+            return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+        return 0.5 * x * (1 + _erf(x / math.sqrt(2)))
+
+
+@register
+class Relu(Unary):
+    name, code = "Relu", 5
+
+    def fn(self, node, x):
+        return np.maximum(x, 0)
+
+
+@register
+class Sigmoid(Unary):
+    name, code = "Sigmoid", 6
+
+    def fn(self, node, x):
+        return 1 / (1 + np.exp(-x))
+
+
+@register
+class Tanh(Unary):
+    name, code = "Tanh", 7
+
+    def fn(self, node, x):
+        return np.tanh(x)
+
+
+@register
+class Neg(Unary):
+    name, code = "Neg", 8
+
+    def fn(self, node, x):
+        return -x
+
+
+@register
+class Exp(Unary):
+    name, code = "Exp", 9
+
+    def fn(self, node, x):
+        return np.exp(x)
+
+
+@register
+class Abs(Unary):
+    name, code = "Abs", 10
+
+    def fn(self, node, x):
+        return np.abs(x)

@@ -1,0 +1,41 @@
+"""The planner: graph-to-graph passes in a fixed order, then lowering to a Plan.
+
+Pass order (each pass is one module of this package):
+  1. lowering      (lower.py)            graph nodes -> dispatches, storage and layout per tensor
+  2. local sizes   (minirt.lwg)          one deterministic local size per dispatch
+  3. memory plan   (memory_plan.py)      lifetimes for memory reuse
+The planner never imports vulkan: everything it decides is plain data in the Plan."""
+from __future__ import annotations
+
+from ..errors import UnsupportedError
+from ..lwg import pick_local_size
+from . import memory_plan
+from .lower import lower
+from .plan import Plan
+from .storage_layout import check_limits, resolve_storage
+
+GRAPH_PASSES: list = []     # (name, function(graph, options) -> graph), run in order
+
+
+def make_plan(graph, profile, storage="auto", options=None) -> Plan:
+    options = dict(options or {})
+    g = graph.copy()
+    for _name, fn in GRAPH_PASSES:
+        g = fn(g, options)
+    plan = lower(g, resolve_storage(storage, profile), profile, options)
+    check_limits(plan, profile)
+    forced = options.get("local_size")
+    for d in plan.dispatches:
+        d.local_size = pick_local_size(d.family, d.global_size, profile, forced)
+        groups = [-(-g // l) for g, l in zip(d.global_size, d.local_size)]
+        for axis, (n, lim) in enumerate(zip(groups, profile.max_group_count)):
+            if n > lim:
+                raise UnsupportedError(f"{d.op} node '{d.node}' ({d.kernel}) needs {n} work groups on axis {axis}, "
+                                       f"beyond the device limit {lim}")
+    for t in plan.tensors.values():
+        if t.storage == "buffer" and t.nbytes > profile.max_storage_buffer_range:
+            raise UnsupportedError(f"tensor '{t.name}' {list(t.shape)} is {t.nbytes / 2**20:.0f} MiB, beyond the "
+                                   f"device's maxStorageBufferRange ({profile.max_storage_buffer_range / 2**20:.0f} MiB)")
+    plan.lifetimes = memory_plan.lifetimes(plan)
+    plan.poison = bool(options.get("poison"))
+    return plan

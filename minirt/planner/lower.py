@@ -1,0 +1,112 @@
+"""Lowering: graph nodes -> dispatches, through each op's `lower` method.
+
+LowerCtx is what an op sees: tensor specs in the chosen storage and layout, helpers to add
+prepacked weights, temporaries, free views and dispatches. It knows nothing about Vulkan."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import ops
+from ..errors import UnsupportedError
+from .plan import (CONSTANT, INPUT, INTERMEDIATE, OUTPUT, SCRATCH, WEIGHT, Dispatch, Plan, Push,
+                   TensorSpec)
+from .storage_layout import packed_dim_for
+
+
+class LowerCtx:
+    def __init__(self, graph, storage: str, profile, options=None):
+        self.graph = graph
+        self.storage = storage
+        self.profile = profile
+        self.options = options or {}
+        self.plan = Plan(storage=storage, inputs=list(graph.inputs), outputs=list(graph.outputs))
+        self.node = None
+
+    # -- tensors --------------------------------------------------------------------------
+    def t(self, name: str) -> TensorSpec:
+        """The spec of a graph tensor, created on first use with its role, storage and layout."""
+        spec = self.plan.tensors.get(name)
+        if spec is not None:
+            return spec
+        gt = self.graph.tensor(name)
+        if not gt.is_static:
+            raise UnsupportedError(f"{self.graph.source}: tensor '{name}' has no static shape ({gt.shape})")
+        if gt.dtype not in ("float32", None) and not gt.is_const:
+            raise UnsupportedError(f"{self.graph.source}: tensor '{name}' is {gt.dtype}; minirt runs float32 tensors "
+                                   f"on the GPU (integer tensors must be shape arithmetic that folds at load)")
+        role = (INPUT if name in self.graph.inputs else OUTPUT if name in self.graph.outputs
+                else CONSTANT if gt.is_const else INTERMEDIATE)
+        shape = tuple(gt.shape)
+        if len(shape) > 4:
+            raise UnsupportedError(f"{self.graph.source}: tensor '{name}' has rank {len(shape)}; kernels take rank <= 4")
+        data = np.ascontiguousarray(gt.data, np.float32) if gt.is_const else None
+        spec = TensorSpec(name, shape, role, self.storage, packed_dim_for(shape, self.storage), data)
+        self.plan.tensors[name] = spec
+        return spec
+
+    def weight(self, name: str, data: np.ndarray) -> TensorSpec:
+        """A prepacked weight: a read-only vec4 storage buffer in both storage modes."""
+        data = np.ascontiguousarray(data, np.float32).reshape(-1)
+        if data.size % 4:
+            data = np.pad(data, (0, 4 - data.size % 4))
+        key = f"{name}@packed"
+        spec = TensorSpec(key, (data.size,), WEIGHT, "buffer", 0, data)
+        self.plan.tensors[key] = spec
+        return spec
+
+    def temp(self, hint: str, shape, role=INTERMEDIATE) -> TensorSpec:
+        name, i = hint, 0
+        while name in self.plan.tensors or name in self.graph.tensors:
+            i += 1
+            name = f"{hint}#{i}"
+        spec = TensorSpec(name, tuple(shape), role, self.storage, packed_dim_for(shape, self.storage))
+        self.plan.tensors[name] = spec
+        return spec
+
+    def can_view(self, dst: TensorSpec, src: TensorSpec) -> bool:
+        """A reshape is free when both shapes put every element at the same place in memory."""
+        if src.role == CONSTANT or dst.role == OUTPUT and src.role == INPUT:
+            return False
+        if self.storage == "buffer":
+            return True
+        return (dst.packed_dim == src.packed_dim and dst.texel_extents == src.texel_extents
+                and (dst.whcn[:2] == src.whcn[:2] if dst.packed_dim == 0 else dst.whcn[:3] == src.whcn[:3]))
+
+    def view(self, dst: TensorSpec, src: TensorSpec) -> None:
+        dst.view_of = src.name
+
+    # -- dispatches -------------------------------------------------------------------------
+    def variant(self, base: str) -> str:
+        return f"{base}_{self.storage}"
+
+    def dispatch(self, kernel, args, push=b"", spec=(), global_size=(1, 1, 1), family="elementwise",
+                 flops=0, nbytes=0):
+        node = self.node
+        d = Dispatch(kernel=kernel, node=node.name if node else "", op=node.op if node else "",
+                     args=list(args), push=push.bytes() if isinstance(push, Push) else push,
+                     spec=tuple(int(s) for s in spec), global_size=tuple(int(g) for g in global_size),
+                     family=family, flops=int(flops), bytes=int(nbytes))
+        self.plan.dispatches.append(d)
+        return d
+
+    def note(self, text: str) -> None:
+        self.plan.notes.setdefault(self.node.name, []).append(text)
+
+
+def lower(graph, storage, profile, options=None) -> Plan:
+    ctx = LowerCtx(graph, storage, profile, options)
+    for name in graph.inputs:
+        ctx.t(name)
+    for node in graph.nodes:
+        ctx.node = node
+        ops.get(node.op, node.domain).lower(node, ctx)
+    ctx.node = None
+    _check_outputs(ctx)
+    return ctx.plan
+
+
+def _check_outputs(ctx: LowerCtx) -> None:
+    for name in ctx.plan.outputs:
+        if ctx.plan.tensors[ctx.plan.root(name)].role in (INPUT, CONSTANT):
+            raise UnsupportedError(f"{ctx.graph.source}: graph output '{name}' is a graph input or a constant; "
+                                   f"minirt needs every output to be computed by a node")

@@ -1,0 +1,124 @@
+"""The Plan: what the executor runs, as plain data. `minirt plan` prints it; tests assert on it."""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Roles of tensors in a plan.
+INPUT, OUTPUT, INTERMEDIATE, CONSTANT, WEIGHT, SCRATCH, HOST_IN, HOST_OUT = (
+    "input", "output", "intermediate", "constant", "weight", "scratch", "host_in", "host_out")
+
+
+def whcn(shape) -> tuple[int, int, int, int]:
+    """Sizes in WHCN order (W = last dim), padded with 1s: the order kernels index in."""
+    s = [1, 1, 1, 1]
+    for i, d in enumerate(reversed(tuple(shape))):
+        s[i] = int(d)
+    return tuple(s)
+
+
+@dataclass
+class TensorSpec:
+    name: str
+    shape: tuple
+    role: str
+    storage: str = "buffer"          # "buffer" or "texture"
+    packed_dim: int = 0              # WHCN dim whose 4 neighbours share a texel (0=W, 2=C)
+    data: np.ndarray | None = None   # constants and prepacked weights (float32)
+    view_of: str | None = None       # shares the memory of another tensor (a free reshape)
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    @property
+    def whcn(self):
+        return whcn(self.shape)
+
+    @property
+    def texel_extents(self) -> tuple[int, int, int]:
+        """Image extents for textures; the invocation grid of per-texel kernels for both storages."""
+        w, h, c, n = self.whcn
+        if self.packed_dim == 0:
+            return ((w + 3) // 4, h, c * n)
+        if self.packed_dim == 2:
+            return (w, h, ((c + 3) // 4) * n)
+        raise ValueError(f"unsupported packed dim {self.packed_dim}")
+
+    @property
+    def nbytes(self) -> int:
+        if self.data is not None:
+            return int(self.data.nbytes)
+        if self.storage == "texture":
+            x, y, z = self.texel_extents
+            return x * y * z * 16
+        return self.numel * 4
+
+
+@dataclass
+class Dispatch:
+    kernel: str                       # SPIR-V variant name in spirv/manifest.json
+    node: str
+    op: str
+    args: list                        # [(tensor name, "r" | "w")] in binding order
+    push: bytes = b""
+    spec: tuple = ()                  # kernel specialization constants (ids 3, 4, ...)
+    global_size: tuple = (1, 1, 1)    # invocations per axis
+    family: str = "elementwise"       # for the local-size picker
+    local_size: tuple | None = None
+    flops: int = 0
+    bytes: int = 0
+
+    @property
+    def reads(self):
+        return [t for t, a in self.args if a == "r"]
+
+    @property
+    def writes(self):
+        return [t for t, a in self.args if a == "w"]
+
+
+@dataclass
+class Plan:
+    storage: str
+    tensors: dict[str, TensorSpec] = field(default_factory=dict)
+    dispatches: list[Dispatch] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)     # graph input names (role INPUT)
+    outputs: list[str] = field(default_factory=list)    # graph output names
+    host_in: dict[str, str] = field(default_factory=dict)   # input name -> host staging tensor
+    host_out: dict[str, str] = field(default_factory=dict)  # output name -> host readback tensor
+    notes: dict[str, list[str]] = field(default_factory=dict)  # node name -> planner notes
+    lifetimes: dict[str, tuple[int, int]] = field(default_factory=dict)
+    poison: bool = False        # fill activations with NaN before each run (testing aid)
+
+    def root(self, name: str) -> str:
+        while self.tensors[name].view_of:
+            name = self.tensors[name].view_of
+        return name
+
+
+class Push:
+    """Builds push-constant bytes from 16-byte vectors, so std430 offsets never surprise."""
+
+    def __init__(self):
+        self.parts: list[bytes] = []
+
+    def ivec4(self, *v) -> "Push":
+        v = list(v) + [0] * (4 - len(v))
+        self.parts.append(struct.pack("<4i", *[int(x) for x in v]))
+        return self
+
+    def vec4(self, *v) -> "Push":
+        v = list(v) + [0.0] * (4 - len(v))
+        self.parts.append(struct.pack("<4f", *[float(x) for x in v]))
+        return self
+
+    def sizes(self, t: TensorSpec) -> "Push":
+        return self.ivec4(*t.whcn)
+
+    def bytes(self) -> bytes:
+        out = b"".join(self.parts)
+        assert len(out) <= 128, "push constants must fit the 128 bytes every device guarantees"
+        return out

@@ -1,0 +1,140 @@
+"""Session: load -> plan -> execute, with an onnxruntime-like face."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InputError, MinirtError
+from .infer import bind_inputs, prepare
+from .loaders import load
+
+_devices: dict = {}
+_devices_lock = threading.Lock()
+
+
+def get_device(index=None):
+    """One logical device per physical device, shared by every Session in the process."""
+    from .vk.device import Device
+    with _devices_lock:
+        key = "default" if index is None else int(index)
+        if key not in _devices:
+            dev = Device(index)
+            _devices[key] = dev
+            _devices.setdefault(dev.index, dev)
+        return _devices[key]
+
+
+@dataclass(frozen=True)
+class IOInfo:
+    name: str
+    shape: tuple
+    dtype: str
+
+
+class Session:
+    """Runs one model on one Vulkan device.
+
+    storage: "auto" (textures on Adreno, Mali and PowerVR, buffers elsewhere), "texture" or "buffer".
+    device: a device index as listed by `minirt devices` (default: MINIRT_DEVICE or the best GPU).
+    """
+
+    def __init__(self, model, *, storage="auto", device=None, weights=None, options=None):
+        self._lock = threading.Lock()
+        self._execs = {}
+        self.graph = load(model, weights=weights)
+        self.options = dict(options or {})
+        static = all(self.graph.tensor(n).is_static for n in self.graph.inputs)
+        # Validate the whole model (supported ops, shapes) before any GPU work.
+        self._prepared = prepare(self.graph.copy())
+        self.device = get_device(device)
+        from .planner.storage_layout import resolve_storage
+        self.storage = resolve_storage(storage, self.device.profile)
+        self.inputs = [IOInfo(n, self.graph.tensor(n).shape, self.graph.tensor(n).dtype or "float32")
+                       for n in self.graph.inputs]
+        self.outputs = [IOInfo(n, self._prepared.tensor(n).shape, self._prepared.tensor(n).dtype or "float32")
+                        for n in self.graph.outputs]
+        if static:
+            self._executor({n: self.graph.tensor(n).shape for n in self.graph.inputs})
+
+    # -- planning ---------------------------------------------------------------------------
+    def plan_for(self, shapes: dict):
+        from .planner import make_plan
+        g = prepare(bind_inputs(self.graph, shapes))
+        return make_plan(g, self.device.profile, self.storage, self.options)
+
+    def _executor(self, shapes):
+        key = tuple(tuple(shapes[n]) for n in self.graph.inputs)
+        ex = self._execs.get(key)
+        if ex is None:
+            from .vk.executor import Executor
+            plan = self.plan_for(shapes)
+            ex = Executor(self.device, plan)
+            self._execs[key] = ex
+            self.plan = plan
+        return ex
+
+    # -- running ----------------------------------------------------------------------------
+    def run(self, output_names=None, input_feed=None):
+        """run(x) -> the single output; run(None | [names], {name: array}) -> list of outputs."""
+        single = input_feed is None and isinstance(output_names, np.ndarray)
+        if single:
+            if len(self.inputs) != 1:
+                raise InputError(f"this model has {len(self.inputs)} inputs; call run(None, {{name: array}})")
+            input_feed, output_names = {self.inputs[0].name: output_names}, None
+        if input_feed is None:
+            raise InputError("run() needs an input array or a {name: array} dict")
+        feeds = self._check_feeds(input_feed)
+        names = list(output_names) if output_names else [o.name for o in self.outputs]
+        for n in names:
+            if n not in self.graph.outputs:
+                raise InputError(f"'{n}' is not an output of this model (outputs: {', '.join(self.graph.outputs)})")
+        with self._lock:
+            if self._execs is None:
+                raise MinirtError("this Session is closed")
+            ex = self._executor({k: v.shape for k, v in feeds.items()})
+            res = ex.run(feeds)
+        return res[names[0]] if single else [res[n] for n in names]
+
+    def _check_feeds(self, feed):
+        if not isinstance(feed, dict):
+            raise InputError("inputs must be a dict {name: numpy array}")
+        want = {i.name: i for i in self.inputs}
+        extra = [k for k in feed if k not in want]
+        missing = [k for k in want if k not in feed]
+        if extra or missing:
+            raise InputError(f"inputs do not match the model: "
+                             + (f"unknown {extra} " if extra else "") + (f"missing {missing} " if missing else "")
+                             + f"(expected {list(want)})")
+        out = {}
+        for name, x in feed.items():
+            if not isinstance(x, np.ndarray):
+                raise InputError(f"input '{name}' must be a numpy array, got {type(x).__name__}")
+            if x.dtype != np.float32:
+                raise InputError(f"input '{name}' must be float32, got {x.dtype}")
+            decl = want[name].shape
+            if decl is not None and (len(decl) != x.ndim or any(isinstance(d, int) and d != s for d, s in zip(decl, x.shape))):
+                raise InputError(f"input '{name}' expects shape {list(decl)}, got {list(x.shape)}")
+            out[name] = x if x.flags.c_contiguous else np.ascontiguousarray(x).reshape(x.shape)
+        return out
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def close(self):
+        with self._lock:
+            for ex in (self._execs or {}).values():
+                ex.close()
+            self._execs = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            if self._execs:
+                self.close()
+        except Exception:
+            pass

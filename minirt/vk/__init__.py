@@ -1,0 +1,1 @@
+"""The Vulkan executor: the only package of minirt that imports `vulkan`."""

@@ -1,0 +1,444 @@
+"""Turns a Plan into Vulkan resources and one recorded command buffer, then replays it.
+
+Activations share one device-local allocation (offsets from the memory plan, so a tensor's
+memory is reused once its last reader has run); weights and constants are uploaded once into
+their own buffer; inputs come in through persistent host-visible staging and outputs go back
+through host-cached readback buffers."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..errors import DeviceError, MinirtError
+from ..layout import from_texels, to_texels
+from ..planner.memory_plan import assign_offsets
+from ..planner.plan import CONSTANT, INPUT, OUTPUT, WEIGHT
+from .kernels import Kernels
+
+UPLOAD_CHUNK = 64 << 20
+
+
+class Executor:
+    def __init__(self, dev, plan):
+        self.dev, self.vk, self.plan = dev, dev.vk, plan
+        self.d = dev.device
+        self._trash = []          # (destroy function, handle), destroyed in reverse order
+        self._maps = []           # mapped memories
+        self.timeout_ns = int(float(os.environ.get("MINIRT_TIMEOUT_S", "600")) * 1e9)
+        try:
+            self.kernels = Kernels(dev)
+            self.texture = plan.storage == "texture"
+            if self.texture:
+                self.sampler = self._own(self.vk.vkDestroySampler, self.vk.vkCreateSampler(self.d, self.vk.VkSamplerCreateInfo(
+                    magFilter=self.vk.VK_FILTER_NEAREST, minFilter=self.vk.VK_FILTER_NEAREST,
+                    addressModeU=self.vk.VK_SAMPLER_ADDRESS_MODE_CLAMP_TO_EDGE,
+                    addressModeV=self.vk.VK_SAMPLER_ADDRESS_MODE_CLAMP_TO_EDGE,
+                    addressModeW=self.vk.VK_SAMPLER_ADDRESS_MODE_CLAMP_TO_EDGE), None))
+            self.where = {}       # tensor name -> ("buffer", VkBuffer, offset, size) | ("image", VkImage, VkImageView, extents)
+            self.ranges = {}      # root name -> (start, end) in the activation memory, for hazards
+            self._alloc_activations()
+            self._alloc_constants()
+            self._alloc_host()
+            self._record()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _own(self, destroy, handle):
+        self._trash.append((destroy, handle))
+        return handle
+
+    def _alloc(self, req, flags, what, avoid=0):
+        vk = self.vk
+        mt = self.dev.memory_type(req.memoryTypeBits, flags, avoid)
+        try:
+            mem = vk.vkAllocateMemory(self.d, vk.VkMemoryAllocateInfo(allocationSize=req.size, memoryTypeIndex=mt), None)
+        except (vk.VkErrorOutOfDeviceMemory, vk.VkErrorOutOfHostMemory) as e:
+            raise DeviceError(f"out of memory allocating {req.size / 2**20:.1f} MiB for {what} "
+                              f"on '{self.dev.profile.name}' ({type(e).__name__})") from None
+        return self._own(vk.vkFreeMemory, mem), mt
+
+    def _buffer(self, size, usage, flags, what, avoid=0):
+        vk = self.vk
+        buf = self._own(vk.vkDestroyBuffer, vk.vkCreateBuffer(self.d, vk.VkBufferCreateInfo(
+            size=max(int(size), 16), usage=usage, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None))
+        req = vk.vkGetBufferMemoryRequirements(self.d, buf)
+        mem, mt = self._alloc(req, flags, what, avoid)
+        vk.vkBindBufferMemory(self.d, buf, mem, 0)
+        return buf, mem, mt
+
+    def _map(self, mem, size):
+        m = self.vk.vkMapMemory(self.d, mem, 0, int(size), 0)
+        self._maps.append(mem)
+        return m
+
+    def _image(self, extents):
+        vk = self.vk
+        x, y, z = extents
+        return self._own(vk.vkDestroyImage, vk.vkCreateImage(self.d, vk.VkImageCreateInfo(
+            imageType=vk.VK_IMAGE_TYPE_3D, format=vk.VK_FORMAT_R32G32B32A32_SFLOAT,
+            extent=vk.VkExtent3D(x, y, z), mipLevels=1, arrayLayers=1, samples=vk.VK_SAMPLE_COUNT_1_BIT,
+            tiling=vk.VK_IMAGE_TILING_OPTIMAL,
+            usage=(vk.VK_IMAGE_USAGE_STORAGE_BIT | vk.VK_IMAGE_USAGE_SAMPLED_BIT
+                   | vk.VK_IMAGE_USAGE_TRANSFER_SRC_BIT | vk.VK_IMAGE_USAGE_TRANSFER_DST_BIT),
+            sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE, initialLayout=vk.VK_IMAGE_LAYOUT_UNDEFINED), None))
+
+    def _view(self, image):
+        vk = self.vk
+        return self._own(vk.vkDestroyImageView, vk.vkCreateImageView(self.d, vk.VkImageViewCreateInfo(
+            image=image, viewType=vk.VK_IMAGE_VIEW_TYPE_3D, format=vk.VK_FORMAT_R32G32B32A32_SFLOAT,
+            subresourceRange=self._range()), None))
+
+    def _range(self):
+        vk = self.vk
+        return vk.VkImageSubresourceRange(aspectMask=vk.VK_IMAGE_ASPECT_COLOR_BIT, baseMipLevel=0, levelCount=1,
+                                          baseArrayLayer=0, layerCount=1)
+
+    # -- memory -----------------------------------------------------------------------------
+    def _roots(self, roles):
+        return [t for t in self.plan.tensors.values() if t.role in roles and not t.view_of]
+
+    def _alloc_activations(self):
+        vk, plan = self.vk, self.plan
+        roots = [t for t in plan.tensors.values() if t.name in plan.lifetimes and not t.view_of]
+        align = max(self.dev.profile.min_storage_buffer_offset_alignment, 16)
+        if not self.texture:
+            items = [(t.name, t.nbytes, align, *plan.lifetimes[t.name]) for t in roots]
+            offsets, total = assign_offsets(items, align)
+            usage = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
+                     | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
+            self.arena, _, _ = self._buffer(total, usage, vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, "activations")
+            self.arena_bytes = total
+            for t in roots:
+                self.where[t.name] = ("buffer", self.arena, offsets[t.name], t.nbytes)
+                self.ranges[t.name] = (offsets[t.name], offsets[t.name] + t.nbytes)
+            return
+        images, items, bits = {}, [], ~0
+        for t in roots:
+            img = self._image(t.texel_extents)
+            req = vk.vkGetImageMemoryRequirements(self.d, img)
+            images[t.name] = img
+            items.append((t.name, req.size, req.alignment, *plan.lifetimes[t.name]))
+            bits &= req.memoryTypeBits
+        offsets, total = assign_offsets(items, align)
+        self.arena_bytes = total
+        if roots:
+            req = type("Req", (), {"size": total, "memoryTypeBits": bits})
+            mem, _ = self._alloc(req, vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, "activation textures")
+            for (name, size, *_rest) in items:
+                vk.vkBindImageMemory(self.d, images[name], mem, offsets[name])
+                t = plan.tensors[name]
+                self.where[name] = ("image", images[name], self._view(images[name]), t.texel_extents)
+                self.ranges[name] = (offsets[name], offsets[name] + size)
+
+    def _alloc_constants(self):
+        """Weights (and constants) are uploaded once, through a bounded staging buffer."""
+        vk = self.vk
+        consts = self._roots((WEIGHT, CONSTANT))
+        align = max(self.dev.profile.min_storage_buffer_offset_alignment, 16)
+        buf_items = [t for t in consts if t.storage == "buffer"]
+        img_items = [t for t in consts if t.storage == "texture"]
+        off, offsets = 0, {}
+        for t in buf_items:
+            offsets[t.name] = off
+            off += -(-t.nbytes // align) * align
+        uploads = []     # (bytes-like array, dst kind, dst, offset/extents)
+        if buf_items:
+            usage = vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT
+            self.const_buf, _, _ = self._buffer(off, usage, vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, "weights")
+            for t in buf_items:
+                self.where[t.name] = ("buffer", self.const_buf, offsets[t.name], t.nbytes)
+                uploads.append((t.data.reshape(-1), "buffer", self.const_buf, offsets[t.name]))
+        if img_items:
+            imgs, items, bits = {}, [], ~0
+            for t in img_items:
+                img = self._image(t.texel_extents)
+                req = vk.vkGetImageMemoryRequirements(self.d, img)
+                imgs[t.name] = img
+                items.append((t.name, req.size, req.alignment, 0, 0))
+                bits &= req.memoryTypeBits
+            offs = {}
+            total = 0
+            for name, size, al, _, _ in items:     # constants never alias: lay them end to end
+                total = -(-total // max(al, 16)) * max(al, 16)
+                offs[name] = total
+                total += size
+            req = type("Req", (), {"size": total, "memoryTypeBits": bits})
+            mem, _ = self._alloc(req, vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, "constant textures")
+            for t in img_items:
+                vk.vkBindImageMemory(self.d, imgs[t.name], mem, offs[t.name])
+                self.where[t.name] = ("image", imgs[t.name], self._view(imgs[t.name]), t.texel_extents)
+                uploads.append((to_texels(t.data, t.packed_dim).reshape(-1), "image", imgs[t.name], t.texel_extents))
+        if uploads:
+            self._upload(uploads)
+        # views share their root's resource
+        for t in self.plan.tensors.values():
+            if t.view_of:
+                self.where[t.name] = self.where[self.plan.root(t.name)]
+
+    def _upload(self, uploads):
+        vk = self.vk
+        size = min(UPLOAD_CHUNK, max(u[0].nbytes for u in uploads))
+        size = max(size, 16)
+        staging, smem, _ = self._buffer(size, vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT,
+                                        vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
+                                        "upload staging")
+        mapped = self._map(smem, size)
+        view = np.frombuffer(mapped, np.uint8, size)
+        pool = self._own(vk.vkDestroyCommandPool, vk.vkCreateCommandPool(self.d, vk.VkCommandPoolCreateInfo(
+            queueFamilyIndex=self.dev.family), None))
+        cmd = vk.vkAllocateCommandBuffers(self.d, vk.VkCommandBufferAllocateInfo(
+            commandPool=pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+        fence = self._own(vk.vkDestroyFence, vk.vkCreateFence(self.d, vk.VkFenceCreateInfo(), None))
+
+        def submit(fn):
+            vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+            fn()
+            vk.vkEndCommandBuffer(cmd)
+            self._submit_wait(cmd, fence)
+
+        for data, kind, dst, where in uploads:
+            raw = data.view(np.uint8)
+            if kind == "buffer":
+                for start in range(0, raw.size, size):
+                    n = min(size, raw.size - start)
+                    view[:n] = raw[start:start + n]
+                    submit(lambda: vk.vkCmdCopyBuffer(cmd, staging, dst, 1, [vk.VkBufferCopy(0, where + start, n)]))
+            else:
+                if raw.size > size:
+                    raise MinirtError(f"a constant texture of {raw.size} bytes exceeds the upload chunk")
+                view[:raw.size] = raw
+
+                def copy_img():
+                    self._image_barrier(cmd, [dst], vk.VK_IMAGE_LAYOUT_UNDEFINED, 0, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT,
+                                        vk.VK_ACCESS_TRANSFER_WRITE_BIT, vk.VK_PIPELINE_STAGE_TRANSFER_BIT)
+                    vk.vkCmdCopyBufferToImage(cmd, staging, dst, vk.VK_IMAGE_LAYOUT_GENERAL, 1, [self._region(where)])
+                    self._image_barrier(cmd, [dst], vk.VK_IMAGE_LAYOUT_GENERAL, vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+                                        vk.VK_PIPELINE_STAGE_TRANSFER_BIT, vk.VK_ACCESS_SHADER_READ_BIT,
+                                        vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT)
+                submit(copy_img)
+        del view
+        vk.vkUnmapMemory(self.d, smem)
+        self._maps.remove(smem)
+
+    def _region(self, extents):
+        vk = self.vk
+        return vk.VkBufferImageCopy(bufferOffset=0, bufferRowLength=0, bufferImageHeight=0,
+                                    imageSubresource=vk.VkImageSubresourceLayers(
+                                        aspectMask=vk.VK_IMAGE_ASPECT_COLOR_BIT, mipLevel=0, baseArrayLayer=0, layerCount=1),
+                                    imageOffset=vk.VkOffset3D(0, 0, 0), imageExtent=vk.VkExtent3D(*extents))
+
+    def _image_barrier(self, cmd, images, old, src_access, src_stage, dst_access, dst_stage):
+        vk = self.vk
+        bars = [vk.VkImageMemoryBarrier(srcAccessMask=src_access, dstAccessMask=dst_access, oldLayout=old,
+                                        newLayout=vk.VK_IMAGE_LAYOUT_GENERAL,
+                                        srcQueueFamilyIndex=vk.VK_QUEUE_FAMILY_IGNORED,
+                                        dstQueueFamilyIndex=vk.VK_QUEUE_FAMILY_IGNORED,
+                                        image=img, subresourceRange=self._range()) for img in images]
+        vk.vkCmdPipelineBarrier(cmd, src_stage, dst_stage, 0, 0, None, 0, None, len(bars), bars)
+
+    def _alloc_host(self):
+        """Persistent staging for inputs (host-visible) and readback for outputs (host-cached)."""
+        vk = self.vk
+        hv = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
+        self.inputs, self.outputs = {}, {}
+        for name in self.plan.inputs:
+            t = self.plan.tensors[name]
+            buf, mem, mt = self._buffer(t.nbytes, vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT,
+                                        hv | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, f"input '{name}' staging")
+            self.inputs[name] = (buf, np.frombuffer(self._map(mem, t.nbytes), np.float32, t.nbytes // 4), t)
+        for name in self.plan.outputs:
+            t = self.plan.tensors[name]
+            buf, mem, mt = self._buffer(t.nbytes, vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                                        hv | vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT, f"output '{name}' readback")
+            coherent = self.dev.is_coherent(mt)
+            self.outputs[name] = (buf, np.frombuffer(self._map(mem, t.nbytes), np.float32, t.nbytes // 4), t,
+                                  None if coherent else vk.VkMappedMemoryRange(memory=mem, offset=0, size=vk.VK_WHOLE_SIZE & 0xFFFFFFFFFFFFFFFF))
+
+    # -- recording ----------------------------------------------------------------------------
+    def _descriptor_type(self, name, access):
+        vk = self.vk
+        if self.where[name][0] == "buffer":
+            return vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
+        return vk.VK_DESCRIPTOR_TYPE_STORAGE_IMAGE if access == "w" else vk.VK_DESCRIPTOR_TYPE_COMBINED_IMAGE_SAMPLER
+
+    def _record(self):
+        vk, plan = self.vk, self.plan
+        from ..lwg import pick_local_size   # noqa: F401  (local sizes are set by the planner)
+        counts = {}
+        for d in plan.dispatches:
+            for name, a in d.args:
+                t = self._descriptor_type(name, a)
+                counts[t] = counts.get(t, 0) + 1
+        if plan.dispatches:
+            sizes = [vk.VkDescriptorPoolSize(type=t, descriptorCount=n) for t, n in counts.items()]
+            self.desc_pool = self._own(vk.vkDestroyDescriptorPool, vk.vkCreateDescriptorPool(
+                self.d, vk.VkDescriptorPoolCreateInfo(maxSets=len(plan.dispatches), poolSizeCount=len(sizes),
+                                                      pPoolSizes=sizes), None))
+        self.cmd_pool = self._own(vk.vkDestroyCommandPool, vk.vkCreateCommandPool(self.d, vk.VkCommandPoolCreateInfo(
+            queueFamilyIndex=self.dev.family), None))
+        self.cmd = vk.vkAllocateCommandBuffers(self.d, vk.VkCommandBufferAllocateInfo(
+            commandPool=self.cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+        self.fence = self._own(vk.vkDestroyFence, vk.vkCreateFence(self.d, vk.VkFenceCreateInfo(), None))
+
+        # Descriptor sets and pipelines first: they must stay alive while the command buffer exists.
+        bound = []
+        for d in plan.dispatches:
+            types = tuple(self._descriptor_type(n, a) for n, a in d.args)
+            set_layout, _ = self.kernels.layout(types)
+            pipe, pl = self.kernels.pipeline(d.kernel, types, d.local_size, d.spec)
+            ds = vk.vkAllocateDescriptorSets(self.d, vk.VkDescriptorSetAllocateInfo(
+                descriptorPool=self.desc_pool, descriptorSetCount=1, pSetLayouts=[set_layout]))[0]
+            writes, keep = [], []
+            for i, (name, a) in enumerate(d.args):
+                w = self.where[name]
+                if w[0] == "buffer":
+                    info = vk.VkDescriptorBufferInfo(buffer=w[1], offset=w[2], range=max(w[3], 4))
+                    keep.append(info)
+                    writes.append(vk.VkWriteDescriptorSet(dstSet=ds, dstBinding=i, descriptorCount=1,
+                                                          descriptorType=types[i], pBufferInfo=[info]))
+                else:
+                    info = vk.VkDescriptorImageInfo(sampler=self.sampler if a == "r" else None, imageView=w[2],
+                                                    imageLayout=vk.VK_IMAGE_LAYOUT_GENERAL)
+                    keep.append(info)
+                    writes.append(vk.VkWriteDescriptorSet(dstSet=ds, dstBinding=i, descriptorCount=1,
+                                                          descriptorType=types[i], pImageInfo=[info]))
+            vk.vkUpdateDescriptorSets(self.d, len(writes), writes, 0, None)
+            bound.append((pipe, pl, ds))
+
+        cmd = self.cmd
+        vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(flags=0))
+        C, T = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+        SR, SW = vk.VK_ACCESS_SHADER_READ_BIT, vk.VK_ACCESS_SHADER_WRITE_BIT
+        TR, TW = vk.VK_ACCESS_TRANSFER_READ_BIT, vk.VK_ACCESS_TRANSFER_WRITE_BIT
+        # inputs: staging -> device
+        for name, (buf, _, t) in self.inputs.items():
+            w = self.where[name]
+            if w[0] == "buffer":
+                vk.vkCmdCopyBuffer(cmd, buf, w[1], 1, [vk.VkBufferCopy(0, w[2], t.nbytes)])
+            else:
+                self._image_barrier(cmd, [w[1]], vk.VK_IMAGE_LAYOUT_UNDEFINED, 0, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT,
+                                    TW, T)
+                vk.vkCmdCopyBufferToImage(cmd, buf, w[1], vk.VK_IMAGE_LAYOUT_GENERAL, 1, [self._region(w[3])])
+        if self.plan.poison:
+            self._poison(cmd)
+        if self.inputs or self.plan.poison:
+            self._memory_barrier(cmd, T, TW, C, SR | SW)
+        self.barriers = 0
+        written, read = [], []
+        # (poisoned images were just cleared to GENERAL; a transition from UNDEFINED would discard the NaNs)
+        fresh = set() if self.plan.poison else {n for n in self.ranges
+                                                if self.where[n][0] == "image" and n not in self.inputs}
+        for i, (d, (pipe, pl, ds)) in enumerate(zip(plan.dispatches, bound)):
+            r = [self.ranges[plan.root(n)] for n in d.reads if plan.root(n) in self.ranges]
+            wr = [self.ranges[plan.root(n)] for n in d.writes if plan.root(n) in self.ranges]
+            hazard = (_overlap(r, written) or _overlap(wr, written) or _overlap(wr, read))
+            new_imgs = [self.where[plan.root(n)][1] for n in d.writes if plan.root(n) in fresh]
+            fresh -= {plan.root(n) for n in d.writes}
+            if new_imgs:
+                # Aliased memory leaves an image's contents undefined: its first write starts from UNDEFINED.
+                self._image_barrier(cmd, new_imgs, vk.VK_IMAGE_LAYOUT_UNDEFINED, SR | SW, C, SR | SW, C)
+            if hazard:
+                self._memory_barrier(cmd, C, SW, C, SR | SW)
+                self.barriers += 1
+                written, read = [], []
+            written += wr
+            read += r
+            vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipe)
+            vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pl, 0, 1, [ds], 0, None)
+            if d.push:
+                vk.vkCmdPushConstants(cmd, pl, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(d.push),
+                                      vk.ffi.from_buffer(d.push))
+            groups = [-(-g // l) for g, l in zip(d.global_size, d.local_size)]
+            if min(groups) > 0:
+                vk.vkCmdDispatch(cmd, *groups)
+        self._memory_barrier(cmd, C, SW, T, TR)
+        for name, (buf, _, t, _) in self.outputs.items():
+            w = self.where[name]
+            if w[0] == "buffer":
+                vk.vkCmdCopyBuffer(cmd, w[1], buf, 1, [vk.VkBufferCopy(w[2], 0, t.nbytes)])
+            else:
+                vk.vkCmdCopyImageToBuffer(cmd, w[1], vk.VK_IMAGE_LAYOUT_GENERAL, buf, 1, [self._region(w[3])])
+        self._memory_barrier(cmd, T, TW, vk.VK_PIPELINE_STAGE_HOST_BIT, vk.VK_ACCESS_HOST_READ_BIT)
+        vk.vkEndCommandBuffer(cmd)
+        self._submit_info = vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cmd])
+
+    def _poison(self, cmd):
+        """Fill every activation except inputs with NaN before each run, so an element no kernel
+        writes shows up in the output (a testing aid: Session(..., options={"poison": True}))."""
+        vk = self.vk
+        nan = 0x7FC00000
+        if not self.texture:
+            skip = sorted(self.ranges[n] for n in self.inputs)
+            start = 0
+            for s, e in skip + [(self.arena_bytes, self.arena_bytes)]:
+                if s > start:
+                    vk.vkCmdFillBuffer(cmd, self.arena, start, (s - start) // 4 * 4, nan)
+                start = max(start, e)
+            return
+        imgs = [self.where[n][1] for n in self.ranges if n not in self.inputs]
+        if imgs:
+            self._image_barrier(cmd, imgs, vk.VK_IMAGE_LAYOUT_UNDEFINED, 0, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT,
+                                vk.VK_ACCESS_TRANSFER_WRITE_BIT, vk.VK_PIPELINE_STAGE_TRANSFER_BIT)
+            color = vk.VkClearColorValue(float32=[float("nan")] * 4)
+            for img in imgs:
+                vk.vkCmdClearColorImage(cmd, img, vk.VK_IMAGE_LAYOUT_GENERAL, color, 1, [self._range()])
+
+    def _memory_barrier(self, cmd, src_stage, src_access, dst_stage, dst_access):
+        vk = self.vk
+        mb = vk.VkMemoryBarrier(srcAccessMask=src_access, dstAccessMask=dst_access)
+        vk.vkCmdPipelineBarrier(cmd, src_stage, dst_stage, 0, 1, [mb], 0, None, 0, None)
+
+    # -- running ------------------------------------------------------------------------------
+    def _submit_wait(self, cmd, fence, info=None):
+        vk = self.vk
+        info = info or vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cmd])
+        try:
+            vk.vkQueueSubmit(self.dev.queue, 1, [info], fence)
+            vk.vkWaitForFences(self.d, 1, [fence], vk.VK_TRUE, self.timeout_ns)
+        except vk.VkTimeout:
+            raise DeviceError(f"the GPU did not finish within {self.timeout_ns / 1e9:.0f} s "
+                              f"(MINIRT_TIMEOUT_S raises the limit)") from None
+        except vk.VkError as e:
+            raise DeviceError(f"the GPU failed while running: {type(e).__name__}") from None
+        finally:
+            vk.vkResetFences(self.d, 1, [fence])
+
+    def run(self, feeds: dict) -> dict:
+        """feeds: {input name: float32 array of the planned shape}. Returns {output name: array}."""
+        for name, (_, view, t) in self.inputs.items():
+            x = feeds[name]
+            if self.texture:
+                view[:] = to_texels(x, t.packed_dim).reshape(-1)
+            else:
+                np.copyto(view, x.reshape(-1), casting="no")
+        with self.dev.lock:
+            self._submit_wait(self.cmd, self.fence, self._submit_info)
+        out = {}
+        for name, (_, view, t, rng) in self.outputs.items():
+            if rng is not None:
+                self.vk.vkInvalidateMappedMemoryRanges(self.d, 1, [rng])
+            if self.texture:
+                out[name] = from_texels(view, t.shape, t.packed_dim)
+            else:
+                out[name] = view.reshape(t.shape).copy()
+        return out
+
+    def close(self):
+        vk = self.vk
+        if getattr(self, "inputs", None) is not None:
+            self.inputs, self.outputs = None, None     # drop numpy views before unmapping
+        for mem in self._maps:
+            vk.vkUnmapMemory(self.d, mem)
+        self._maps = []
+        if hasattr(self, "kernels"):
+            self.kernels.destroy()
+        for destroy, h in reversed(self._trash):
+            destroy(self.d, h, None)
+        self._trash = []
+
+
+def _overlap(a, b):
+    return any(s < e2 and s2 < e for s, e in a for s2, e2 in b)

@@ -1,0 +1,81 @@
+"""SPIR-V kernels: shader modules from spirv/, descriptor layouts, and pipelines keyed by
+(variant, descriptor types, local size, specialization constants), each created once."""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from ..errors import MinirtError
+
+SPIRV_DIRS = (Path(__file__).resolve().parents[2] / "spirv", Path(__file__).resolve().parents[1] / "spirv")
+
+
+def spirv_dir() -> Path:
+    for d in SPIRV_DIRS:
+        if (d / "manifest.json").exists():
+            return d
+    raise MinirtError(f"no compiled kernels found (looked for manifest.json in {', '.join(map(str, SPIRV_DIRS))}); "
+                      f"run `python tools/build_shaders.py`")
+
+
+class Kernels:
+    def __init__(self, dev):
+        self.dev, self.vk = dev, dev.vk
+        self.dir = spirv_dir()
+        self.manifest = json.loads((self.dir / "manifest.json").read_text())["shaders"]
+        self.modules, self.set_layouts, self.pipe_layouts, self.pipelines = {}, {}, {}, {}
+
+    def module(self, name):
+        if name not in self.modules:
+            if name not in self.manifest:
+                raise MinirtError(f"kernel '{name}' is not in {self.dir}/manifest.json; rebuild the shaders")
+            code = (self.dir / f"{name}.spv").read_bytes()
+            info = self.vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code)
+            self.modules[name] = self.vk.vkCreateShaderModule(self.dev.device, info, None)
+        return self.modules[name]
+
+    def layout(self, types: tuple):
+        """(descriptor set layout, pipeline layout) for bindings 0..n-1 of the given descriptor types."""
+        if types not in self.pipe_layouts:
+            vk = self.vk
+            binds = [vk.VkDescriptorSetLayoutBinding(binding=i, descriptorType=t, descriptorCount=1,
+                                                     stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT)
+                     for i, t in enumerate(types)]
+            sl = vk.vkCreateDescriptorSetLayout(
+                self.dev.device, vk.VkDescriptorSetLayoutCreateInfo(bindingCount=len(binds), pBindings=binds), None)
+            rng = vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=128)
+            pl = vk.vkCreatePipelineLayout(self.dev.device, vk.VkPipelineLayoutCreateInfo(
+                setLayoutCount=1, pSetLayouts=[sl], pushConstantRangeCount=1, pPushConstantRanges=[rng]), None)
+            self.set_layouts[types], self.pipe_layouts[types] = sl, pl
+        return self.set_layouts[types], self.pipe_layouts[types]
+
+    def pipeline(self, name, types, local, spec):
+        key = (name, types, tuple(local), tuple(spec))
+        if key not in self.pipelines:
+            vk = self.vk
+            _, pl = self.layout(types)
+            consts = list(local) + list(spec)   # ids 0-2: local size; 3..: the kernel's own
+            data = struct.pack(f"<{len(consts)}i", *consts)
+            entries = [vk.VkSpecializationMapEntry(constantID=i, offset=4 * i, size=4) for i in range(len(consts))]
+            cdata = vk.ffi.new("char[]", data)
+            sinfo = vk.VkSpecializationInfo(mapEntryCount=len(entries), pMapEntries=entries,
+                                            dataSize=len(data), pData=cdata)
+            stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT,
+                                                       module=self.module(name), pName="main",
+                                                       pSpecializationInfo=sinfo)
+            info = vk.VkComputePipelineCreateInfo(stage=stage, layout=pl)
+            self.pipelines[key] = vk.vkCreateComputePipelines(self.dev.device, None, 1, [info], None)[0]
+        return self.pipelines[key], self.pipe_layouts[types]
+
+    def destroy(self):
+        vk, d = self.vk, self.dev.device
+        for p in self.pipelines.values():
+            vk.vkDestroyPipeline(d, p, None)
+        for p in self.pipe_layouts.values():
+            vk.vkDestroyPipelineLayout(d, p, None)
+        for s in self.set_layouts.values():
+            vk.vkDestroyDescriptorSetLayout(d, s, None)
+        for m in self.modules.values():
+            vk.vkDestroyShaderModule(d, m, None)
+        self.pipelines, self.pipe_layouts, self.set_layouts, self.modules = {}, {}, {}, {}

@@ -1,0 +1,60 @@
+"""Test helpers: build small ONNX models, run them in onnxruntime (the oracle) and in minirt
+with poisoned activations, and compare."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+STORAGES = ("buffer", "texture")
+
+
+def make_model(nodes, inputs: dict, outputs, initializers=None, opset=17):
+    """nodes: onnx NodeProtos; inputs: {name: shape}; outputs: [names]; initializers: {name: array}."""
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs]
+    inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in (initializers or {}).items()]
+    g = helper.make_graph(nodes, "test", ins, outs, inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8 if opset < 20 else 9
+    return m
+
+
+def onnxruntime_run(model, feeds):
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    s = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return s.run(None, feeds)
+
+
+def rand(*shape, seed=None, low=-1.0, high=1.0):
+    rng = np.random.default_rng(seed)
+    return rng.uniform(low, high, size=shape).astype(np.float32)
+
+
+def compare(out, ref, tol=1e-4, what=""):
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    assert out.shape == ref.shape, f"{what}: shape {out.shape} != {ref.shape}"
+    assert not np.isnan(out).any() or np.isnan(ref).any(), f"{what}: NaN in output (an element was not written?)"
+    scale = max(np.abs(ref).max(initial=0.0), 1e-6)
+    err = np.abs(out - ref).max(initial=0.0)
+    assert err <= tol * scale, f"{what}: max abs diff {err:.3g} > {tol} x max|ref| {scale:.3g}"
+    return err
+
+
+def cosine(a, b):
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def check_model(model, feeds, storages=STORAGES, tol=1e-4, options=None):
+    """Run in onnxruntime and in minirt (each storage, poisoned); assert every output matches."""
+    from minirt import Session
+    refs = onnxruntime_run(model, feeds)
+    for st in storages:
+        with Session(model, storage=st, options={"poison": True, **(options or {})}) as s:
+            outs = s.run(None, feeds)
+        for o, r, name in zip(outs, refs, [v.name for v in model.graph.output]):
+            compare(o, r, tol, f"{st} output '{name}'")
+    return refs

@@ -1,0 +1,194 @@
+"""Tests for minirt.lwg and minirt.device_profile (no GPU needed)."""
+import itertools
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minirt.device_profile import KNOWN_PROFILES, DeviceProfile, classify_vendor
+from minirt.lwg import FAMILIES, check_local_size, describe_rule, pick_local_size
+
+# Extra fakes with odd, small limits so clamping is exercised too.
+ODD_PROFILES = {
+    "odd-limits": DeviceProfile(name="odd-limits", max_invocations=40,
+                                max_local_size=(48, 3, 1), subgroup_size=4),
+    "adreno-tiny": DeviceProfile(name="adreno-tiny", vendor="adreno", max_invocations=32,
+                                 max_local_size=(8, 8, 1), subgroup_size=64),
+}
+PROFILES = {**KNOWN_PROFILES, **ODD_PROFILES}
+
+EXTENTS = (0, 1, 2, 3, 5, 8, 17, 64, 100, 1000, 10**7)
+GLOBALS = list(itertools.product(EXTENTS, repeat=3))
+ORDERINGS = sorted(set(itertools.permutations((2, 100, 50))))  # all 6
+DEFAULT_FAMILIES = ("elementwise", "copy", "conv", "attention")
+
+
+def assert_within(local, p):
+    assert isinstance(local, tuple) and len(local) == 3
+    assert all(type(n) is int and n >= 1 for n in local), local
+    assert all(n <= cap for n, cap in zip(local, p.max_local_size)), (local, p.name)
+    assert math.prod(local) <= p.max_invocations, (local, p.name)
+
+
+@pytest.mark.parametrize("pname", PROFILES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_limits_and_determinism(pname, family):
+    p = PROFILES[pname]
+    first = {g: pick_local_size(family, g, p) for g in GLOBALS}
+    for g, local in first.items():
+        assert_within(local, p)
+        if 0 in g:
+            assert local == (1, 1, 1)
+    # Same answers when called again in reverse order.
+    assert {g: pick_local_size(family, g, p) for g in reversed(GLOBALS)} == first
+
+
+@pytest.mark.parametrize("g", GLOBALS[::7] + ORDERINGS)
+def test_adreno_gemm_always_16x4(g):
+    p = KNOWN_PROFILES["adreno-840"]
+    local = pick_local_size("gemm", g, p)
+    assert local == ((1, 1, 1) if 0 in g else (16, 4, 1))
+    assert "16x4x1" in describe_rule("gemm", p)
+
+
+@pytest.mark.parametrize("pname", [k for k, p in PROFILES.items() if p.vendor == "adreno"])
+def test_adreno_gemm_and_im2col_never_bad_shapes(pname):
+    p = PROFILES[pname]
+    for family in ("gemm", "im2col"):
+        for g in GLOBALS:
+            assert pick_local_size(family, g, p) not in ((8, 8, 1), (4, 16, 1)), (family, g)
+
+
+@pytest.mark.parametrize("pname", PROFILES)
+@pytest.mark.parametrize("family", DEFAULT_FAMILIES)
+def test_default_axes_map_to_their_own_axis(pname, family):
+    p = PROFILES[pname]
+    for g in GLOBALS + ORDERINGS:
+        if 0 in g:
+            continue
+        local = pick_local_size(family, g, p)
+        for i, j in itertools.permutations(range(3), 2):
+            # A larger axis never gets less, unless the device caps it.
+            if g[i] > g[j] and local[i] < p.max_local_size[i] // 2:
+                assert local[i] >= local[j], (g, local)
+        for i in range(3):
+            if g[i] == 1:
+                assert local[i] == 1, (g, local)
+            # Never more than the extent rounded up to a power of two.
+            assert local[i] <= max(1, 1 << (g[i] - 1).bit_length()), (g, local)
+
+
+@pytest.mark.parametrize("family", DEFAULT_FAMILIES)
+def test_default_three_cycle_orderings(family):
+    # ExecuTorch maps (2,100,50) -> (4,2,8); each size must stay on its own axis.
+    p = KNOWN_PROFILES["nvidia-h200"]
+    expected = {(2, 100, 50): (2, 8, 4), (50, 2, 100): (4, 2, 8), (100, 50, 2): (8, 4, 2),
+                (2, 50, 100): (2, 4, 8), (100, 2, 50): (8, 2, 4), (50, 100, 2): (4, 8, 2)}
+    assert {g: pick_local_size(family, g, p) for g in ORDERINGS} == expected
+
+
+@pytest.mark.parametrize("pname", PROFILES)
+def test_gemm_and_im2col_shapes(pname):
+    p = PROFILES[pname]
+    for g in GLOBALS:
+        if 0 in g:
+            continue
+        for family in ("gemm", "im2col"):
+            local = pick_local_size(family, g, p)
+            assert local[2] == 1  # batches go to the group count
+            if p.vendor != "adreno" or family == "im2col":
+                assert all(local[i] == 1 for i in (0, 1) if g[i] == 1), (family, g, local)
+    if p is KNOWN_PROFILES.get(pname) and p.vendor != "adreno":
+        assert pick_local_size("gemm", (512, 512, 1), p) == (8, 8, 1)
+        assert pick_local_size("gemm", (4096, 1, 1), p) == (64, 1, 1)
+        assert pick_local_size("gemm", (4096, 3, 8), p) == (16, 4, 1)
+        assert pick_local_size("im2col", (4096, 300, 1), p) == (16, 4, 1)
+        assert pick_local_size("im2col", (1, 300, 1), p) == (1, 64, 1)
+
+
+@pytest.mark.parametrize("pname", PROFILES)
+def test_reduction_follows_global_x(pname):
+    p = PROFILES[pname]
+    cap = min(p.max_local_size[0], p.max_invocations)
+    for threads in (1, 2, 32, 64, 128, 256, 512, 1024, 4096):
+        local = pick_local_size("reduction", (threads, 37, 1), p)
+        expected = min(threads, 1 << (cap.bit_length() - 1))
+        assert local == (expected, 1, 1)
+    # Not a power of two: the largest power of two below it.
+    assert pick_local_size("reduction", (100, 1, 1), p)[0] == min(64, 1 << (cap.bit_length() - 1))
+    assert "gl_WorkGroupSize.x" in describe_rule("reduction", p)
+
+
+def test_forced():
+    p = KNOWN_PROFILES["adreno-840"]
+    assert pick_local_size("gemm", (64, 64, 1), p, forced=(8, 8, 1)) == (8, 8, 1)  # override wins
+    assert pick_local_size("copy", (0, 0, 0), p, forced=[32, 2, 1]) == (32, 2, 1)
+    with pytest.raises(ValueError, match=r"max_local_size.*Adreno \(TM\) 840"):
+        pick_local_size("gemm", (64, 64, 1), p, forced=(1, 1, 128))
+    with pytest.raises(ValueError, match=r"max_invocations.*Adreno \(TM\) 840"):
+        pick_local_size("gemm", (64, 64, 1), p, forced=(64, 32, 1))
+    for bad in ((0, 4, 1), (16, 4), (16.0, 4, 1), (True, 4, 1), "abc", 64):
+        with pytest.raises(ValueError, match="local size"):
+            pick_local_size("gemm", (64, 64, 1), p, forced=bad)
+    tiny = KNOWN_PROFILES["tiny-limits"]
+    assert check_local_size((128, 1, 1), tiny) == (128, 1, 1)
+    with pytest.raises(ValueError, match=r"maxComputeWorkGroupInvocations=128.*tiny-limits"):
+        check_local_size((64, 4, 1), tiny)
+
+
+def test_bad_arguments():
+    p = KNOWN_PROFILES["nvidia-h200"]
+    with pytest.raises(ValueError, match="'softmaxx'"):
+        pick_local_size("softmaxx", (1, 1, 1), p)
+    with pytest.raises(ValueError, match="'softmaxx'"):
+        describe_rule("softmaxx", p)
+    for bad in ((-1, 1, 1), (1, 1), (1.5, 1, 1), None):
+        with pytest.raises(ValueError, match="global size"):
+            pick_local_size("copy", bad, p)
+
+
+def test_describe_rule_every_family():
+    for p in PROFILES.values():
+        for family in FAMILIES:
+            text = describe_rule(family, p)
+            assert isinstance(text, str) and text.startswith(family)
+
+
+@pytest.mark.parametrize("name, vendor_id, expected", [
+    ("Adreno (TM) 840", 0x5143, "adreno"),
+    ("Mali-G715", 0x13B5, "mali"),
+    ("NVIDIA H200", 0x10DE, "nvidia"),
+    ("llvmpipe (LLVM 15.0.6, 256 bits)", 0x10005, "llvmpipe"),
+    ("AMD Radeon RX 7900", 0x1002, "amd"),
+    ("Intel(R) Arc(tm)", 0x8086, "intel"),
+    ("PowerVR D-Series DXT-48-1536", 0x1010, "powervr"),
+])
+def test_classify_vendor(name, vendor_id, expected):
+    assert classify_vendor(vendor_id, name) == expected
+    assert classify_vendor(0, name) == expected  # by name alone
+
+
+def test_classify_vendor_fallbacks():
+    assert classify_vendor(0, "Immortalis-G720") == "mali"
+    assert classify_vendor(0x10005, "zink Vulkan 1.3") == "other"
+    assert classify_vendor(0x5143, "Turnip Adreno (TM) 740") == "adreno"
+    assert classify_vendor(0xABCD, "Some Accelerator") == "other"
+
+
+def test_profiles():
+    assert [k for k, p in KNOWN_PROFILES.items() if p.is_mobile] == ["adreno-840", "mali-g715", "powervr"]
+    for p in KNOWN_PROFILES.values():
+        assert classify_vendor(p.vendor_id, p.name) == p.vendor
+    with pytest.raises(ValueError, match="vendor"):
+        DeviceProfile(vendor="qualcomm")
+    with pytest.raises(Exception):
+        KNOWN_PROFILES["powervr"].subgroup_size = 64  # frozen
+
+
+def test_no_vulkan_import():
+    root = Path(__file__).resolve().parent.parent
+    code = ("import sys, minirt.lwg, minirt.device_profile; "
+            "sys.exit('vulkan' in sys.modules)")
+    subprocess.run([sys.executable, "-c", code], cwd=root, check=True)

@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""Compile glsl/*.comp (and their variants) to spirv/*.spv and keep spirv/manifest.json in sync.
+
+    python tools/build_shaders.py            # build all variants, validate, write manifest
+    python tools/build_shaders.py --check    # verify spirv/ matches glsl/ (no glslc needed)
+    python tools/build_shaders.py --list     # print variant names and their defines
+
+A source may declare, near the top:
+    // variants: storage=buffer,texture dtype=float,half   (cartesian product, key order)
+    // exclude: storage=texture dtype=half                 (skip matching combinations; repeatable)
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import hashlib
+import itertools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+GLSLC_FLAGS = ["-fshader-stage=compute", "--target-env=vulkan1.1", "-O"]
+HEADER_SCAN_LINES = 20  # "near the top": directives further down are ignored
+DIRECTIVE_RE = re.compile(r"^\s*//\s*(variants|exclude)\s*:(.*)$")
+INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+WORD_RE = re.compile(r"^[A-Za-z0-9_]+$")
+
+
+class BuildError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    source: Path  # absolute
+    rel: str  # "glsl/x.comp", as recorded in the manifest
+    defines: tuple[str, ...]
+
+
+def parse_pairs(text: str, where: str, multi: bool) -> dict[str, list[str]]:
+    pairs: dict[str, list[str]] = {}
+    for item in text.split():
+        key, sep, vals = item.partition("=")
+        values = vals.split(",") if multi else [vals]
+        if not sep or not all(WORD_RE.match(w) for w in [key, *values]):
+            raise BuildError(f"{where}: malformed item {item!r} (want key=value{',value' if multi else ''})")
+        if key in pairs:
+            raise BuildError(f"{where}: key {key!r} given twice")
+        pairs[key] = values
+    return pairs
+
+
+def variants_of(src: Path, root: Path) -> list[Variant]:
+    rel = src.relative_to(root).as_posix()
+    axes: dict[str, list[str]] = {}
+    excludes: list[dict[str, str]] = []
+    for line in src.read_text().splitlines()[:HEADER_SCAN_LINES]:
+        m = DIRECTIVE_RE.match(line)
+        if m and m.group(1) == "variants":
+            if axes:
+                raise BuildError(f"{rel}: more than one 'variants:' line")
+            axes = parse_pairs(m.group(2), rel, multi=True)
+        elif m:
+            excludes.append({k: v[0] for k, v in parse_pairs(m.group(2), rel, multi=False).items()})
+    for ex in excludes:  # catch typos: an exclude naming unknown keys/values would silently do nothing
+        for k, v in ex.items():
+            if v not in axes.get(k, []):
+                raise BuildError(f"{rel}: exclude {k}={v} does not match any variant")
+    out = []
+    for combo in itertools.product(*axes.values()):
+        chosen = dict(zip(axes, combo))
+        if any(all(chosen[k] == v for k, v in ex.items()) for ex in excludes):
+            continue
+        defines = tuple(f"{k.upper()}_{v.upper()}=1" for k, v in chosen.items())
+        out.append(Variant("_".join([src.stem, *combo]), src, rel, defines))
+    return out
+
+
+def discover(root: Path) -> list[Variant]:
+    found: dict[str, Variant] = {}
+    for src in sorted((root / "glsl").glob("*.comp")):
+        for v in variants_of(src, root):
+            if v.name in found:  # e.g. foo_buffer.comp vs foo.comp with storage=buffer
+                raise BuildError(f"variant name {v.name!r} produced by both {found[v.name].rel} and {v.rel}")
+            found[v.name] = v
+    return list(found.values())
+
+
+def source_hash(v: Variant, root: Path) -> str:
+    """Hash source + all transitively included headers + defines. Conditional includes are
+    counted regardless of #ifdef: over-invalidating is safer than missing a dependency."""
+    glsl = root / "glsl"
+    text = v.source.read_bytes()
+    headers: dict[str, bytes] = {}
+    todo = INCLUDE_RE.findall(text.decode())
+    while todo:
+        name = todo.pop()
+        if name in headers:
+            continue
+        path = glsl / name
+        headers[name] = path.read_bytes() if path.is_file() else b"<missing>"
+        todo.extend(INCLUDE_RE.findall(headers[name].decode()))
+    h = hashlib.sha256()
+    # Length-prefix each part so content can't shift between fields and collide.
+    for part in [text, *(x for n in sorted(headers) for x in (n.encode(), headers[n])),
+                 *(d.encode() for d in v.defines)]:
+        h.update(len(part).to_bytes(8, "little") + part)
+    return h.hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def require_tools() -> None:
+    for tool in ("glslc", "spirv-val"):
+        if shutil.which(tool) is None:
+            raise BuildError(f"{tool} not found on PATH; install the Debian packages: "
+                             "sudo apt-get install glslc spirv-tools")
+
+
+def compile_one(v: Variant, root: Path, outdir: Path) -> tuple[Variant, str | None]:
+    out = outdir / f"{v.name}.spv"
+    cmd = ["glslc", *GLSLC_FLAGS, "-I", str(root / "glsl"), *(f"-D{d}" for d in v.defines),
+           str(v.source), "-o", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=root)
+    if r.returncode != 0:
+        return v, "glslc failed:\n" + (r.stderr + r.stdout).strip()
+    r = subprocess.run(["spirv-val", "--target-env", "vulkan1.1", str(out)], capture_output=True, text=True)
+    if r.returncode != 0:
+        return v, "spirv-val failed:\n" + (r.stderr + r.stdout).strip()
+    return v, None
+
+
+def build(root: Path) -> int:
+    require_tools()
+    variants = discover(root)
+    spirv = root / "spirv"
+    spirv.mkdir(exist_ok=True)
+    # Compile into a scratch dir first, so a failed build leaves spirv/ and its manifest consistent.
+    with tempfile.TemporaryDirectory(dir=spirv, prefix=".build-") as tmp:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            results = list(pool.map(lambda v: compile_one(v, root, Path(tmp)), variants))
+        failed = [(v, err) for v, err in results if err]
+        for v, err in failed:
+            print(f"error: {v.name} ({v.rel}, defines: {' '.join(v.defines) or 'none'})\n{err}\n", file=sys.stderr)
+        if failed:
+            print(f"{len(failed)} of {len(variants)} shader variant(s) failed", file=sys.stderr)
+            return 1
+        for v in variants:
+            os.replace(Path(tmp) / f"{v.name}.spv", spirv / f"{v.name}.spv")
+    names = {v.name for v in variants}
+    for stale in spirv.glob("*.spv"):
+        if stale.stem not in names:
+            stale.unlink()
+            print(f"removed stale {stale.relative_to(root).as_posix()}")
+    shaders = {v.name: {"source": v.rel, "defines": list(v.defines), "source_hash": source_hash(v, root),
+                        "spirv_sha256": sha256_file(spirv / f"{v.name}.spv")} for v in variants}
+    manifest = json.dumps({"version": 1, "shaders": shaders}, indent=2, sort_keys=True) + "\n"
+    (spirv / "manifest.json").write_text(manifest)
+    print(f"built {len(variants)} shader variant(s) into spirv/")
+    return 0
+
+
+def check(root: Path) -> int:
+    variants = {v.name: v for v in discover(root)}
+    spirv = root / "spirv"
+    try:
+        listed = json.loads((spirv / "manifest.json").read_text()).get("shaders", {})
+    except (OSError, ValueError) as e:
+        print(f"spirv/manifest.json unreadable ({e}); run tools/build_shaders.py")
+        return 1
+    problems = []
+    for name, v in sorted(variants.items()):
+        entry, spv = listed.get(name), spirv / f"{name}.spv"
+        if entry is None:
+            problems.append(f"missing: {name} (not in manifest)")
+        elif not spv.is_file():
+            problems.append(f"missing: {name} ({spv.name} not found)")
+        elif entry.get("source_hash") != source_hash(v, root) or entry.get("defines") != list(v.defines):
+            problems.append(f"stale: {name} (source, headers or defines changed)")
+        elif entry.get("spirv_sha256") != sha256_file(spv):
+            problems.append(f"stale: {name} ({spv.name} does not match manifest)")
+    extra = (set(listed) | {p.stem for p in spirv.glob("*.spv")}) - set(variants)
+    problems += [f"extra: {name} (no such variant in glsl/)" for name in sorted(extra)]
+    for p in problems:
+        print(p)
+    if problems:
+        print("spirv/ is out of date; run: python tools/build_shaders.py")
+        return 1
+    print(f"spirv/ is up to date ({len(variants)} shaders)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="verify spirv/ is up to date without compiling")
+    mode.add_argument("--list", action="store_true", help="list variant names and defines")
+    ap.add_argument("--root", type=Path, help="repo root (default: $MINIRT_ROOT, else the parent of tools/)")
+    args = ap.parse_args(argv)
+    root = (args.root or Path(os.environ.get("MINIRT_ROOT") or Path(__file__).resolve().parent.parent)).resolve()
+    try:
+        if args.list:
+            for v in discover(root):
+                print(f"{v.name:32} {' '.join('-D' + d for d in v.defines)}".rstrip())
+            return 0
+        return check(root) if args.check else build(root)
+    except BuildError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

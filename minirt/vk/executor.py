@@ -313,6 +313,9 @@ class Executor:
         C, T = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_PIPELINE_STAGE_TRANSFER_BIT
         SR, SW = vk.VK_ACCESS_SHADER_READ_BIT, vk.VK_ACCESS_SHADER_WRITE_BIT
         TR, TW = vk.VK_ACCESS_TRANSFER_READ_BIT, vk.VK_ACCESS_TRANSFER_WRITE_BIT
+        if self.plan.poison:   # before the inputs arrive: in textures, poisoned images may alias them
+            self._poison(cmd)
+            self._memory_barrier(cmd, T, TW, T, TW)
         # inputs: staging -> device
         for name, (buf, _, t) in self.inputs.items():
             w = self.where[name]
@@ -322,8 +325,6 @@ class Executor:
                 self._image_barrier(cmd, [w[1]], vk.VK_IMAGE_LAYOUT_UNDEFINED, 0, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT,
                                     TW, T)
                 vk.vkCmdCopyBufferToImage(cmd, buf, w[1], vk.VK_IMAGE_LAYOUT_GENERAL, 1, [self._region(w[3])])
-        if self.plan.poison:
-            self._poison(cmd)
         if self.inputs or self.plan.poison:
             self._memory_barrier(cmd, T, TW, C, SR | SW)
         self.barriers = 0
@@ -371,14 +372,9 @@ class Executor:
         vk = self.vk
         nan = 0x7FC00000
         if not self.texture:
-            skip = sorted(self.ranges[n] for n in self.inputs)
-            start = 0
-            for s, e in skip + [(self.arena_bytes, self.arena_bytes)]:
-                if s > start:
-                    vk.vkCmdFillBuffer(cmd, self.arena, start, (s - start) // 4 * 4, nan)
-                start = max(start, e)
+            vk.vkCmdFillBuffer(cmd, self.arena, 0, max(self.arena_bytes, 16) // 4 * 4, nan)
             return
-        imgs = [self.where[n][1] for n in self.ranges if n not in self.inputs]
+        imgs = [self.where[n][1] for n in self.ranges]
         if imgs:
             self._image_barrier(cmd, imgs, vk.VK_IMAGE_LAYOUT_UNDEFINED, 0, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT,
                                 vk.VK_ACCESS_TRANSFER_WRITE_BIT, vk.VK_PIPELINE_STAGE_TRANSFER_BIT)

@@ -1,0 +1,77 @@
+"""The Session API: onnxruntime-like calls, clear input errors, usable after a failure, memory reuse."""
+import numpy as np
+import pytest
+from onnx import helper
+
+from minirt import InputError, MinirtError, Session
+from oracle import make_model, rand
+
+
+def _chain(n=6, shape=(3, 37)):
+    nodes, prev = [], "x"
+    for i in range(n):
+        out = "y" if i == n - 1 else f"h{i}"
+        nodes.append(helper.make_node("Tanh" if i % 2 else "Sigmoid", [prev], [out]))
+        prev = out
+    return make_model(nodes, {"x": shape}, ["y"])
+
+
+def _ref(x, n=6):
+    for i in range(n):
+        x = np.tanh(x) if i % 2 else 1 / (1 + np.exp(-x))
+    return x
+
+
+@pytest.mark.parametrize("storage", ["buffer", "texture"])
+def test_run_forms_and_metadata(storage):
+    x = rand(3, 37)
+    with Session(_chain(), storage=storage, options={"poison": True}) as s:
+        assert [i.name for i in s.inputs] == ["x"] and s.inputs[0].shape == (3, 37)
+        assert [o.name for o in s.outputs] == ["y"] and s.outputs[0].shape == (3, 37)
+        y1 = s.run(x)
+        (y2,) = s.run(None, {"x": x})
+        (y3,) = s.run(["y"], {"x": x})
+    ref = _ref(x.astype(np.float64))
+    for y in (y1, y2, y3):
+        np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_bad_inputs_are_clear_and_the_session_stays_usable():
+    x = rand(3, 37)
+    with Session(_chain()) as s:
+        for bad, match in [({"nope": x}, "nope"), ({"x": x[:, :5]}, r"expects shape \[3, 37\]"),
+                           ({"x": x.astype(np.float64)}, "float32"), ({"x": [1, 2]}, "numpy array"),
+                           ({}, "missing")]:
+            with pytest.raises(InputError, match=match):
+                s.run(None, bad)
+        with pytest.raises(InputError, match="not an output"):
+            s.run(["zzz"], {"x": x})
+        np.testing.assert_allclose(s.run(x), _ref(x.astype(np.float64)), rtol=1e-5, atol=1e-6)
+
+
+def test_closed_session_refuses_to_run():
+    s = Session(_chain())
+    s.close()
+    with pytest.raises(MinirtError, match="closed"):
+        s.run(rand(3, 37))
+    s.close()   # closing twice is harmless
+
+
+@pytest.mark.parametrize("storage", ["buffer", "texture"])
+def test_intermediates_reuse_memory(storage):
+    with Session(_chain(8, (64, 64)), storage=storage) as s:
+        plan = s.plan
+        ex = next(iter(s._execs.values()))
+        one = plan.tensors["h0"].nbytes
+        # 7 intermediates + in + out, but never more than 3 alive at once
+        assert ex.arena_bytes <= 3 * (one + 4096)
+        spans = [plan.lifetimes[n] for n in plan.lifetimes]
+        assert len(spans) == 9
+
+
+def test_symbolic_batch_is_planned_at_run_time():
+    m = _chain(2, ("batch", 5))
+    with Session(m) as s:
+        for b in (1, 3):
+            x = rand(b, 5)
+            np.testing.assert_allclose(s.run(x), _ref(x.astype(np.float64), 2), rtol=1e-5, atol=1e-6)

@@ -138,6 +138,42 @@ def plan(model, storage, shapes):
         _fail(e)
 
 
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("input", required=False, type=click.Path(dir_okay=False))
+@storage_opt
+@click.option("--runs", default=20, show_default=True, help="Timed runs; the report gives medians.")
+@click.option("--warmup", default=3, show_default=True, help="Untimed runs first.")
+@click.option("--top", type=int, default=None, help="Show only the N slowest dispatches in the table.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the records as JSON.")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="Write the records as CSV.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
+              help="Write a Chrome trace (open it in Perfetto).")
+def profile(model, input, storage, runs, warmup, top, json_path, csv_path, trace_path):
+    """Per-dispatch GPU time from a Vulkan timestamp query pool.
+
+    INPUT is a .npy file; without it a seeded random input of the model's shape is used.
+
+    \b
+    Example:
+      minirt profile models/whisper-tiny-encoder.onnx --runs 50 --trace whisper.json
+    """
+    from . import profile as prof
+    from .session import Session
+    try:
+        with Session(model, storage=storage, profile=True) as s:
+            x = prof.load_input(s, input)
+            res = prof.profile_session(s, x, runs=runs, warmup=warmup)
+        click.echo(prof.format_report(res, top))
+        for path, fn in ((json_path, prof.to_json), (csv_path, prof.to_csv), (trace_path, prof.to_trace)):
+            if path:
+                with open(path, "w") as f:
+                    f.write(fn(res))
+                click.echo(f"wrote {path}")
+    except MinirtError as e:
+        _fail(e)
+
+
 def format_plan(p) -> str:
     lines = [f"storage {p.storage}; {len(p.dispatches)} dispatches; "
              f"{sum(d.flops for d in p.dispatches) / 1e9:.3f} GFLOP"]

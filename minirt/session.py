@@ -40,8 +40,10 @@ class Session:
     device: a device index as listed by `minirt devices` (default: MINIRT_DEVICE or the best GPU).
     """
 
-    def __init__(self, model, *, storage="auto", device=None, weights=None, options=None):
+    def __init__(self, model, *, storage="auto", device=None, weights=None, options=None, profile=False):
         self._lock = threading.Lock()
+        self.profiling = bool(profile)
+        self._last = None
         self._execs = {}
         self.graph = load(model, weights=weights)
         self.options = dict(options or {})
@@ -70,7 +72,7 @@ class Session:
         if ex is None:
             from .vk.executor import Executor
             plan = self.plan_for(shapes)
-            ex = Executor(self.device, plan)
+            ex = Executor(self.device, plan, profile=self.profiling)
             self._execs[key] = ex
             self.plan = plan
         return ex
@@ -95,6 +97,7 @@ class Session:
                 raise MinirtError("this Session is closed")
             ex = self._executor({k: v.shape for k, v in feeds.items()})
             res = ex.run(feeds)
+            self._last = ex
         return res[names[0]] if single else [res[n] for n in names]
 
     def _check_feeds(self, feed):
@@ -118,6 +121,16 @@ class Session:
                 raise InputError(f"input '{name}' expects shape {list(decl)}, got {list(x.shape)}")
             out[name] = x if x.flags.c_contiguous else np.ascontiguousarray(x).reshape(x.shape)
         return out
+
+    def profile_records(self):
+        """Per-dispatch GPU timing of the last run (Session(..., profile=True)): a list of
+        minirt.profile.DispatchRecord, in dispatch order."""
+        from .profile import records_of
+        if not self.profiling:
+            raise MinirtError("profiling is off: create the Session with profile=True")
+        if self._last is None:
+            raise MinirtError("no run yet: call run() first")
+        return records_of(self._last.plan, self._last.dispatch_times_ns(), self.device.profile)
 
     # -- lifetime ---------------------------------------------------------------------------
     def close(self):

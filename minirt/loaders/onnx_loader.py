@@ -57,6 +57,7 @@ def load_onnx(model, weights=None) -> Graph:
             g.const(n.output[0], _constant_value(n, name, base, source))
             continue
         attrs = {a.name: _attr(a, base, source) for a in n.attribute}
+        attrs["_opset"] = g.opset   # for ops whose meaning changed between opsets (Softmax < 13)
         g.nodes.append(Node(n.op_type, name, list(n.input), list(n.output), attrs, n.domain))
         for o in n.output:
             if o and o not in g.tensors:

@@ -17,11 +17,13 @@ from ..planner.plan import CONSTANT, INPUT, OUTPUT, WEIGHT
 from .kernels import Kernels
 
 UPLOAD_CHUNK = 64 << 20
+QUERIES_PER_POOL = 4096
 
 
 class Executor:
-    def __init__(self, dev, plan):
+    def __init__(self, dev, plan, profile=False):
         self.dev, self.vk, self.plan = dev, dev.vk, plan
+        self.profiling = bool(profile) and dev.profile.timestamp_valid_bits > 0
         self.d = dev.device
         self._trash = []          # (destroy function, handle), destroyed in reverse order
         self._maps = []           # mapped memories
@@ -40,6 +42,8 @@ class Executor:
             self._alloc_activations()
             self._alloc_constants()
             self._alloc_host()
+            if self.profiling:
+                self._make_query_pools()
             self._record()
         except BaseException:
             self.close()
@@ -328,6 +332,10 @@ class Executor:
         if self.inputs or self.plan.poison:
             self._memory_barrier(cmd, T, TW, C, SR | SW)
         self.barriers = 0
+        if self.profiling:
+            for pool, n in self.query_pools:
+                vk.vkCmdResetQueryPool(cmd, pool, 0, n)
+            self._stamp(cmd, 0)
         written, read = [], []
         # (poisoned images were just cleared to GENERAL; a transition from UNDEFINED would discard the NaNs)
         fresh = set() if self.plan.poison else {n for n in self.ranges
@@ -355,6 +363,8 @@ class Executor:
             groups = [-(-g // l) for g, l in zip(d.global_size, d.local_size)]
             if min(groups) > 0:
                 vk.vkCmdDispatch(cmd, *groups)
+            if self.profiling:
+                self._stamp(cmd, i + 1)
         self._memory_barrier(cmd, C, SW, T, TR)
         for name, (buf, _, t, _) in self.outputs.items():
             w = self.where[name]
@@ -381,6 +391,40 @@ class Executor:
             color = vk.VkClearColorValue(float32=[float("nan")] * 4)
             for img in imgs:
                 vk.vkCmdClearColorImage(cmd, img, vk.VK_IMAGE_LAYOUT_GENERAL, color, 1, [self._range()])
+
+    # -- profiling ----------------------------------------------------------------------------
+    def _make_query_pools(self):
+        """One timestamp before the first dispatch and one after each: dispatch i's time is the
+        gap between stamps i and i+1, so the times add up to the whole run. Pools hold at most
+        QUERIES_PER_POOL queries each, so any number of dispatches fits."""
+        vk = self.vk
+        n = len(self.plan.dispatches) + 1
+        self.query_pools = []
+        for start in range(0, n, QUERIES_PER_POOL):
+            cnt = min(QUERIES_PER_POOL, n - start)
+            pool = self._own(vk.vkDestroyQueryPool, vk.vkCreateQueryPool(self.d, vk.VkQueryPoolCreateInfo(
+                queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=cnt), None))
+            self.query_pools.append((pool, cnt))
+
+    def _stamp(self, cmd, q):
+        pool, _ = self.query_pools[q // QUERIES_PER_POOL]
+        self.vk.vkCmdWriteTimestamp(cmd, self.vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, q % QUERIES_PER_POOL)
+
+    def dispatch_times_ns(self):
+        """GPU nanoseconds per dispatch of the last run, or None when the device gives no usable clock."""
+        vk, ffi = self.vk, self.vk.ffi
+        p = self.dev.profile
+        if not p.timestamp_period or not p.timestamp_valid_bits:
+            return None
+        ticks = []
+        for pool, cnt in self.query_pools:
+            buf = ffi.new("uint64_t[]", cnt)
+            vk.vkGetQueryPoolResults(self.d, pool, 0, cnt, cnt * 8, buf, 8,
+                                     vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT)
+            ticks.extend(buf[0:cnt])
+        mask = (1 << p.timestamp_valid_bits) - 1 if p.timestamp_valid_bits < 64 else (1 << 64) - 1
+        # differences modulo the valid bits survive a counter wrap within the run
+        return [((b - a) & mask) * p.timestamp_period for a, b in zip(ticks, ticks[1:])]
 
     def _memory_barrier(self, cmd, src_stage, src_access, dst_stage, dst_access):
         vk = self.vk

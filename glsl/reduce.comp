@@ -1,0 +1,45 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// variants: storage=buffer,texture
+// ReduceSum/Mean/Max/Min over any set of WHCN dims: one invocation per output texel, each lane looping
+// over its reduced elements. The output may drop the reduced dims (keepdims=0): its linear index equals
+// that of the keepdims shape, which maps straight onto the input.
+#include "common.glslh"
+
+#define INF_F uintBitsToFloat(0x7f800000u)
+
+layout(constant_id = 3) const int OP = 0;  // 0 sum, 1 mean, 2 max, 3 min
+
+TENSOR_OUT(t_out, 0)
+TENSOR_IN(t_in, 1)
+
+layout(push_constant) uniform Params {
+  ivec4 out_sizes;
+  ivec4 in_sizes;
+  ivec4 cfg;  // packed dims of out and in, reduced-dims mask
+} p;
+
+void main() {
+  ivec3 pos = ivec3(gl_GlobalInvocationID);
+  if (!texel_in_range(pos, p.out_sizes, p.cfg.x)) return;
+  ivec4 o = texel_origin(pos, p.out_sizes, p.cfg.x);
+  int mask = p.cfg.z;
+  ivec4 red = ivec4(1);   // extents of the reduced dims
+  ivec4 keep = p.in_sizes;  // the keepdims output shape
+  for (int d = 0; d < 4; ++d) if (((mask >> d) & 1) != 0) { red[d] = p.in_sizes[d]; keep[d] = 1; }
+  int n = red.x * red.y * red.z * red.w;
+  vec4 r = vec4(0.0);
+  for (int l = 0; l < 4; ++l) {
+    ivec4 i = o;
+    i[p.cfg.x] += l;
+    if (i[p.cfg.x] >= p.out_sizes[p.cfg.x]) break;
+    ivec4 base = unlin(lin(i, p.out_sizes), keep);
+    float acc = OP == 2 ? -INF_F : OP == 3 ? INF_F : 0.0;
+    for (int k = 0; k < n; ++k) {
+      float v = LOAD(t_in, base + unlin(k, red), p.in_sizes, p.cfg.y);
+      acc = OP == 2 ? max(acc, v) : OP == 3 ? min(acc, v) : acc + v;
+    }
+    r[l] = OP == 1 ? acc / float(n) : acc;
+  }
+  STORE4(t_out, o, p.out_sizes, p.cfg.x, r);
+}

@@ -1,0 +1,124 @@
+"""Row normalisations: LayerNormalization and Softmax. Both reduce over a set of trailing dims (one dim
+for Softmax >= 13) with one work group per row; see glsl/rows.glslh for the work split."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ModelError
+from ..planner.plan import Push
+from . import Op, attr, register
+from ._util import norm_axis, same
+
+THREADS_MAX = 128     # threads cooperating on one row
+GROUPS_MAX = 65535    # per dispatch axis: rows are spread over y and z
+
+
+def _mask(dims):
+    """Bitmask of WHCN dims."""
+    return sum(1 << d for d in dims)
+
+
+def row_dispatch(ctx, kernel, out, x, mask, extra_args=(), push_tail=(), spec=(), flops_per=4):
+    w, h, c, n = x.whcn
+    ts = list(x.whcn)
+    ts[x.packed_dim] = (ts[x.packed_dim] + 3) // 4
+    per_row = int(np.prod([ts[d] for d in range(4) if mask >> d & 1]))
+    rows = int(np.prod(ts)) // per_row
+    threads = min(THREADS_MAX, 1 << (per_row - 1).bit_length())
+    gy = min(rows, GROUPS_MAX)
+    p = Push().sizes(x).ivec4(x.packed_dim, mask)
+    for v in push_tail:
+        p.vec4(v)
+    ctx.dispatch(ctx.variant(kernel), [(out.name, "w"), (x.name, "r"), *extra_args], p, spec,
+                 (threads, gy, -(-rows // gy)), "reduction", flops=flops_per * x.numel, nbytes=4 * 4 * x.numel)
+
+
+@register
+class LayerNormalization(Op):
+    name = "LayerNormalization"
+    limits = ("Scale and B must be constants; the Mean and InvStdDev outputs are not supported; "
+              "computes in fp32 whatever stash_type says")
+
+    def infer(self, node, ins):
+        shape = ins[0].shape
+        axis = norm_axis(node, attr(node, "axis", -1), len(shape))
+        stats = tuple(shape[:axis]) + (1,) * (len(shape) - axis)
+        return [(shape, ins[0].dtype), (stats, "float32"), (stats, "float32")]
+
+    def reference(self, node, x, scale, bias=None):
+        axis = norm_axis(node, attr(node, "axis", -1), x.ndim)
+        dims = tuple(range(axis, x.ndim))
+        mean = x.mean(dims, keepdims=True)
+        inv = 1 / np.sqrt(((x - mean) ** 2).mean(dims, keepdims=True) + attr(node, "epsilon", 1e-5))
+        y = (x - mean) * inv * scale + (0 if bias is None else bias)
+        return [y.astype(x.dtype), mean.astype(np.float32), inv.astype(np.float32)]
+
+    def check(self, node, ins):
+        if any(node.outputs[1:]):
+            return "the Mean and InvStdDev outputs are not supported (only Y)"
+        for i, what in ((1, "Scale"), (2, "B")):
+            if i < len(ins) and ins[i] is not None and not ins[i].is_const:
+                return f"{what} ('{node.inputs[i]}') is computed at run time; minirt needs it to be a constant"
+        if ins[0].is_static:
+            norm = ins[0].shape[norm_axis(node, attr(node, "axis", -1), len(ins[0].shape)):]
+            for t in ins[1:]:
+                if t is not None and not _broadcasts_to(t.shape, norm):
+                    return f"'{t.name}' of shape {list(t.shape)} does not broadcast to the normalised shape {list(norm)}"
+
+    def lower(self, node, ctx):
+        x, out = ctx.t(node.inputs[0]), ctx.t(node.outputs[0])
+        rank = len(x.shape)
+        k = rank - norm_axis(node, attr(node, "axis", -1), rank)   # normalised dims: WHCN 0..k-1
+        consts = [ctx.graph.tensor(n).data for n in node.inputs[1:3] if n]
+        affine = np.concatenate([_per_texel(a, x.shape[rank - k:], x.packed_dim) for a in consts])
+        w = ctx.weight(f"{node.name}/scale_bias", affine)
+        row_dispatch(ctx, "layer_norm", out, x, _mask(range(k)), [(w.name, "r")],
+                     [attr(node, "epsilon", 1e-5)], (len(consts) > 1,), flops_per=8)
+
+
+def _broadcasts_to(shape, target):
+    try:
+        return np.broadcast_shapes(shape, target) == tuple(target)
+    except ValueError:
+        return False
+
+
+def _per_texel(a, norm_shape, pd):
+    """Scale or bias laid out as one vec4 per texel of a row (row-major over the row's texels): the
+    lanes along pd when pd is normalised, else the texel's one element repeated for its 4 lanes."""
+    k = len(norm_shape)
+    a = np.broadcast_to(np.asarray(a, np.float32), norm_shape)
+    if pd >= k:
+        return np.repeat(a.reshape(-1), 4)
+    ax = k - 1 - pd
+    a = np.pad(a, [(0, -a.shape[ax] % 4 if i == ax else 0) for i in range(k)])
+    a = a.reshape(a.shape[:ax] + (-1, 4) + a.shape[ax + 1:])
+    return np.moveaxis(a, ax + 1, -1).reshape(-1)
+
+
+@register
+class Softmax(Op):
+    name = "Softmax"
+    limits = "rank <= 4"
+
+    @staticmethod
+    def _dims(node, rank):
+        """ONNX dims reduced over: one axis (opset >= 13) or all from the axis on (older: coerce to 2-D)."""
+        legacy = attr(node, "_opset", 13) < 13
+        axis = norm_axis(node, attr(node, "axis", 1 if legacy else -1), rank)
+        return tuple(range(axis, rank)) if legacy else (axis,)
+
+    def infer(self, node, ins):
+        if not ins[0].shape:
+            raise ModelError(f"{node}: Softmax needs an input of rank >= 1")
+        return same(node, ins)
+
+    def reference(self, node, x):
+        dims = self._dims(node, x.ndim)
+        e = np.exp(x - x.max(dims, keepdims=True))
+        return [(e / e.sum(dims, keepdims=True)).astype(x.dtype)]
+
+    def lower(self, node, ctx):
+        x, out = ctx.t(node.inputs[0]), ctx.t(node.outputs[0])
+        rank = len(x.shape)
+        row_dispatch(ctx, "softmax", out, x, _mask(rank - 1 - a for a in self._dims(node, rank)))

@@ -1,6 +1,7 @@
 """The `minirt` command line."""
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 
@@ -40,38 +41,84 @@ storage_opt = click.option("--storage", type=click.Choice(["auto", "texture", "b
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the (first) output to this .npy file.")
 @storage_opt
 @click.option("--device", type=int, default=None, help="Device index from `minirt devices` (default: best GPU).")
-def run(model, input, output, storage, device):
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Run N times and report distinct outputs; exit 5 if they differ.")
+@click.option("--local-size", default=None, metavar="X,Y,Z",
+              help="Force one local work-group size (experiments; also MINIRT_LOCAL_SIZE).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+def run(model, input, output, storage, device, repeat, local_size, quiet):
     """Run MODEL on INPUT (.npy) and summarise the output.
 
     \b
-    Example:
+    Examples:
       minirt run models/whisper-tiny-encoder.onnx models/whisper-tiny-input.npy -o out.npy
+      minirt run model.onnx x.npy --repeat 60      # determinism check; exit 5 if outputs differ
     """
     from .session import Session
     try:
-        try:
-            x = np.load(input, allow_pickle=False)
-        except Exception as e:
-            raise InputError(f"{input}: not a readable .npy file ({e})") from None
-        with Session(model, storage=storage, device=device) as s:
+        x = _load_input(input)
+        with Session(model, storage=storage, device=device, local_size=local_size) as s:
             if len(s.inputs) != 1:
                 raise InputError(f"{model} has {len(s.inputs)} inputs; `minirt run` feeds one")
-            if x.dtype != np.float32 and np.issubdtype(x.dtype, np.floating):
-                x = x.astype(np.float32)
             s.run(x)   # warm-up: the first run pays for planning when shapes are dynamic
-            t0 = time.perf_counter()
-            y = s.run(x)
-            wall = time.perf_counter() - t0
+            outs, walls = [], []
+            with _progress(repeat, "running", quiet or repeat < 3) as bar:
+                for _ in range(repeat):
+                    t0 = time.perf_counter()
+                    outs.append(s.run(x))
+                    walls.append(time.perf_counter() - t0)
+                    bar.update(1)
+            y = outs[0]
             p = s.device.profile
             click.echo(f"output   {s.outputs[0].name}: shape {list(y.shape)} {y.dtype}")
             click.echo(f"values   min {y.min():.6g}  max {y.max():.6g}  mean {y.mean():.6g}")
             click.echo(f"device   {p.name} ({p.device_type}, {p.driver}), storage {s.storage}")
-            click.echo(f"run      {wall * 1e3:.2f} ms wall (Session.run, upload and download included)")
+            walls_ms = sorted(w * 1e3 for w in walls)
+            click.echo(f"run      {walls_ms[len(walls_ms) // 2]:.2f} ms wall, median of {repeat} "
+                       f"(Session.run, upload and download included)")
+            code = EXIT_OK
+            if repeat > 1:
+                digests = {hashlib.sha256(o.tobytes()).hexdigest() for o in outs}
+                dev = max(float(np.max(np.abs(o.astype(np.float64) - y))) for o in outs)
+                click.echo(f"repeat   {repeat} runs: {len(digests)} distinct output(s), max deviation {dev:.3g}, "
+                           f"wall min {walls_ms[0]:.2f} / max {walls_ms[-1]:.2f} ms")
+                if len(digests) > 1:
+                    click.echo("error: outputs differ between runs of the same input", err=True)
+                    code = EXIT_NONDETERMINISTIC
         if output:
             np.save(output, y)
             click.echo(f"wrote    {output}")
+        sys.exit(code)
     except MinirtError as e:
         _fail(e)
+
+
+def _load_input(path):
+    try:
+        x = np.load(path, allow_pickle=False)
+    except Exception as e:
+        raise InputError(f"{path}: not a readable .npy file ({e})") from None
+    if x.dtype != np.float32 and np.issubdtype(x.dtype, np.floating):
+        x = x.astype(np.float32)
+    return x
+
+
+class _NoBar:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        pass
+
+    def update(self, n):
+        pass
+
+
+def _progress(total, label, quiet):
+    """A progress bar on a terminal; nothing when piped or quiet."""
+    if quiet or not sys.stderr.isatty():
+        return _NoBar()
+    return click.progressbar(length=total, label=label, file=sys.stderr)
 
 
 @main.command()

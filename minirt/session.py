@@ -1,6 +1,7 @@
 """Session: load -> plan -> execute, with an onnxruntime-like face."""
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 
@@ -26,6 +27,20 @@ def get_device(index=None):
         return _devices[key]
 
 
+def parse_local_size(v) -> tuple:
+    """(x, y, z) from a tuple or a string such as "16,4,1" or "16x4x1"."""
+    try:
+        if isinstance(v, str):
+            v = v.replace("x", ",").split(",")
+        t = tuple(int(a) for a in v)
+        t = t + (1,) * (3 - len(t))
+        if len(t) != 3 or min(t) < 1:
+            raise ValueError
+        return t
+    except (TypeError, ValueError):
+        raise MinirtError(f"a local size is 1 to 3 positive integers such as 16,4,1; got {v!r}") from None
+
+
 @dataclass(frozen=True)
 class IOInfo:
     name: str
@@ -40,13 +55,17 @@ class Session:
     device: a device index as listed by `minirt devices` (default: MINIRT_DEVICE or the best GPU).
     """
 
-    def __init__(self, model, *, storage="auto", device=None, weights=None, options=None, profile=False):
+    def __init__(self, model, *, storage="auto", device=None, weights=None, options=None, profile=False,
+                 local_size=None):
         self._lock = threading.Lock()
         self.profiling = bool(profile)
         self._last = None
         self._execs = {}
         self.graph = load(model, weights=weights)
         self.options = dict(options or {})
+        forced = local_size or os.environ.get("MINIRT_LOCAL_SIZE") or None
+        if forced:
+            self.options["local_size"] = parse_local_size(forced)
         static = all(self.graph.tensor(n).is_static for n in self.graph.inputs)
         # Validate the whole model (supported ops, shapes) before any GPU work.
         self._prepared = prepare(self.graph.copy())

@@ -7,14 +7,15 @@ Pass order (each pass is one module of this package):
 The planner never imports vulkan: everything it decides is plain data in the Plan."""
 from __future__ import annotations
 
-from ..errors import UnsupportedError
-from ..lwg import pick_local_size
+from ..errors import MinirtError, UnsupportedError
+from ..lwg import FAMILIES, check_local_size, pick_local_size
 from . import memory_plan
 from .lower import lower
 from .plan import Plan
 from .storage_layout import check_limits, resolve_storage
 
-GRAPH_PASSES: list = []     # (name, function(graph, options) -> graph), run in order
+GRAPH_PASSES: list = []
+FORCEABLE = tuple(f for f in FAMILIES if f != "reduction")     # (name, function(graph, options) -> graph), run in order
 
 
 def make_plan(graph, profile, storage="auto", options=None) -> Plan:
@@ -25,8 +26,16 @@ def make_plan(graph, profile, storage="auto", options=None) -> Plan:
     plan = lower(g, resolve_storage(storage, profile), profile, options)
     check_limits(plan, profile)
     forced = options.get("local_size")
+    families = options.get("local_size_families", FORCEABLE)
+    if forced:
+        try:
+            check_local_size(forced, profile)
+        except ValueError as e:
+            raise MinirtError(f"forced local size {list(forced)} is refused: {e}") from None
     for d in plan.dispatches:
-        d.local_size = pick_local_size(d.family, d.global_size, profile, forced)
+        # Reduction kernels size their cooperation from the local size; a forced size never applies to them.
+        f = forced if forced and d.family in families and d.family != "reduction" else None
+        d.local_size = pick_local_size(d.family, d.global_size, profile, f)
         groups = [-(-g // l) for g, l in zip(d.global_size, d.local_size)]
         for axis, (n, lim) in enumerate(zip(groups, profile.max_group_count)):
             if n > lim:

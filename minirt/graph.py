@@ -51,6 +51,10 @@ class Graph:
     name: str = ""
     source: str = "<memory>"          # where it was loaded from, for error messages
     opset: int = 0
+    notes: dict = field(default_factory=dict)   # node name -> planner notes (why a rewrite fired or not)
+
+    def note(self, node_name: str, text: str) -> None:
+        self.notes.setdefault(node_name, []).append(text)
 
     def tensor(self, name: str) -> Tensor:
         try:
@@ -122,6 +126,7 @@ class Graph:
         g.nodes = [Node(n.op, n.name, list(n.inputs), list(n.outputs), dict(n.attrs), n.domain)
                    for n in self.nodes]
         g.inputs, g.outputs = list(self.inputs), list(self.outputs)
+        g.notes = {k: list(v) for k, v in self.notes.items()}
         return g
 
     def remove_unused(self) -> None:

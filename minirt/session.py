@@ -56,13 +56,15 @@ class Session:
     """
 
     def __init__(self, model, *, storage="auto", device=None, weights=None, options=None, profile=False,
-                 local_size=None):
+                 local_size=None, conv1d_rewrite=True):
         self._lock = threading.Lock()
         self.profiling = bool(profile)
         self._last = None
         self._execs = {}
         self.graph = load(model, weights=weights)
         self.options = dict(options or {})
+        if not conv1d_rewrite:
+            self.options["conv1d_rewrite"] = False
         forced = local_size or os.environ.get("MINIRT_LOCAL_SIZE") or None
         if forced:
             self.options["local_size"] = parse_local_size(forced)

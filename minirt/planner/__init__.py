@@ -1,25 +1,31 @@
 """The planner: graph-to-graph passes in a fixed order, then lowering to a Plan.
 
 Pass order (each pass is one module of this package):
-  1. lowering      (lower.py)            graph nodes -> dispatches, storage and layout per tensor
-  2. local sizes   (minirt.lwg)          one deterministic local size per dispatch
-  3. memory plan   (memory_plan.py)      lifetimes for memory reuse
+  1. conv1d_as_conv2d (conv1d_as_conv2d.py) eligible 1-D convs become 2-D convs over a height of 1
+  2. conv routing     (conv_routing.py)     every Conv gets one kernel: im2col, pointwise, depthwise, direct
+  3. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
+  4. local sizes      (minirt.lwg)          one deterministic local size per dispatch
+  5. memory plan      (memory_plan.py)      lifetimes for memory reuse
 The planner never imports vulkan: everything it decides is plain data in the Plan."""
 from __future__ import annotations
 
+import os
+
 from ..errors import MinirtError, UnsupportedError
 from ..lwg import FAMILIES, check_local_size, pick_local_size
-from . import memory_plan
+from . import conv1d_as_conv2d, conv_routing, memory_plan
 from .lower import lower
 from .plan import Plan
 from .storage_layout import check_limits, resolve_storage
 
-GRAPH_PASSES: list = []
+GRAPH_PASSES = [("conv1d_as_conv2d", conv1d_as_conv2d.rewrite), ("conv_routing", conv_routing.annotate)]
 FORCEABLE = tuple(f for f in FAMILIES if f != "reduction")     # (name, function(graph, options) -> graph), run in order
 
 
 def make_plan(graph, profile, storage="auto", options=None) -> Plan:
     options = dict(options or {})
+    if os.environ.get(conv1d_as_conv2d.ENV, "") not in ("", "0"):
+        options.setdefault("conv1d_rewrite", False)
     g = graph.copy()
     for _name, fn in GRAPH_PASSES:
         g = fn(g, options)

@@ -19,7 +19,8 @@ class LowerCtx:
         self.storage = storage
         self.profile = profile
         self.options = options or {}
-        self.plan = Plan(storage=storage, inputs=list(graph.inputs), outputs=list(graph.outputs))
+        self.plan = Plan(storage=storage, inputs=list(graph.inputs), outputs=list(graph.outputs),
+                         notes={k: list(v) for k, v in graph.notes.items()})
         self.node = None
 
     # -- tensors --------------------------------------------------------------------------
@@ -65,7 +66,8 @@ class LowerCtx:
 
     def can_view(self, dst: TensorSpec, src: TensorSpec) -> bool:
         """A reshape is free when both shapes put every element at the same place in memory."""
-        if src.role == CONSTANT or dst.role == OUTPUT and src.role == INPUT:
+        root = self.plan.tensors[self.plan.root(src.name)].role   # src may itself be a view of an input
+        if root == CONSTANT or dst.role == OUTPUT and root == INPUT:
             return False
         if self.storage == "buffer":
             return True

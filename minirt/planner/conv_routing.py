@@ -1,0 +1,50 @@
+"""Conv routing: every Conv gets one kernel choice, decided here and nowhere else.
+
+  depthwise  groups == C_in == C_out (weight [C, 1, ...])             -> the depthwise kernel
+  pointwise  1x1 kernel, groups 1                                     -> a GEMM on the activation directly
+  im2col     groups 1, dilation 1, kernel not 1x1, C_out >= 128,
+             2-D, batch a concrete 1                                  -> im2col into scratch + tiled GEMM
+  direct     everything else                                          -> the direct kernel
+
+The C_out threshold is ExecuTorch's: below it the im2col gather costs more than the GEMM saves."""
+from __future__ import annotations
+
+IM2COL_MIN_COUT = 128
+ROUTES = ("im2col", "pointwise", "depthwise", "direct")
+
+
+def route(node, graph) -> tuple[str, str]:
+    """(route, reason) for a Conv node of a shape-inferred graph."""
+    w = graph.tensor(node.inputs[1])
+    x = graph.tensor(node.inputs[0])
+    g = int(node.attrs.get("group", 1))
+    oc, icg, *ks = w.shape
+    if g > 1 and icg == 1 and oc == g:
+        return "depthwise", f"depthwise: groups {g} == channels"
+    if g != 1:
+        return "direct", f"groups {g} != 1"
+    if all(k == 1 for k in ks):
+        return "pointwise", "1x1 kernel: a GEMM on the activation"
+    dil = list(node.attrs.get("dilations", [1] * len(ks)))
+    if any(d != 1 for d in dil):
+        return "direct", f"dilation {dil} != 1"
+    if oc < IM2COL_MIN_COUT:
+        return "direct", f"out_channels {oc} < {IM2COL_MIN_COUT} (im2col threshold)"
+    if len(ks) != 2:
+        return "direct", "1-D conv not rewritten to 2-D (im2col runs 2-D convs)"
+    if not isinstance(x.shape[0], int) or x.shape[0] != 1:
+        return "direct", f"batch {x.shape[0]} is not a concrete 1"
+    return "im2col", "im2col + tiled GEMM"
+
+
+def annotate(graph, options):
+    """Record each Conv's route in its attrs (minirt-private key) and the reason in the notes."""
+    for node in graph.nodes:
+        if node.op == "Conv":
+            r, why = route(node, graph)
+            forced = options.get("conv_route")
+            if forced:
+                r, why = forced, f"forced by option conv_route={forced}"
+            node.attrs["_route"] = r
+            graph.note(node.name, f"route: {r} ({why})")
+    return graph

@@ -1,8 +1,9 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // variants: storage=buffer,texture
-// LayerNormalization over the WHCN dims in `mask` (all dims from the axis inwards), two-pass in fp32
-// (mean, then mean of squared deviations: no cancellation for large offsets). See rows.glslh.
+// LayerNormalization over the WHCN dims in `mask` (all dims from the axis inwards), two-pass in fp32:
+// mean, then mean of squared deviations (no cancellation for large offsets). Both passes work on x minus
+// the row's first element, so a large common offset costs no precision in the mean either. See rows.glslh.
 #include "common.glslh"
 #include "rows.glslh"
 
@@ -28,24 +29,27 @@ void main() {
   int step = int(gl_WorkGroupSize.x);
   float inv_len = 1.0 / float(count_of(s, mask));
 
+  vec4 pivot = live ? LOAD4(t_in, row_origin(g, 0, ts, mask, pd), s, pd) : vec4(0.0);
+  if (lanes_in_row) pivot = vec4(pivot.x);
+
   vec4 sum = vec4(0.0);
   for (int r = int(gl_LocalInvocationID.x); live && r < n; r += step) {
     ivec4 o = row_origin(g, r, ts, mask, pd);
-    sum += mix(vec4(0.0), LOAD4(t_in, o, s, pd), lanes_valid(o, s, pd));
+    sum += mix(vec4(0.0), LOAD4(t_in, o, s, pd) - pivot, lanes_valid(o, s, pd));
   }
-  vec4 mean = fold_sum(group_sum(sum), lanes_in_row) * inv_len;
+  vec4 shift = fold_sum(group_sum(sum), lanes_in_row) * inv_len;  // mean - pivot
 
   vec4 sq = vec4(0.0);
   for (int r = int(gl_LocalInvocationID.x); live && r < n; r += step) {
     ivec4 o = row_origin(g, r, ts, mask, pd);
-    vec4 d = LOAD4(t_in, o, s, pd) - mean;
+    vec4 d = (LOAD4(t_in, o, s, pd) - pivot) - shift;
     sq += mix(vec4(0.0), d * d, lanes_valid(o, s, pd));
   }
   vec4 rstd = inversesqrt(fold_sum(group_sum(sq), lanes_in_row) * inv_len + p.eps.x);
 
   for (int r = int(gl_LocalInvocationID.x); live && r < n; r += step) {
     ivec4 o = row_origin(g, r, ts, mask, pd);
-    vec4 y = (LOAD4(t_in, o, s, pd) - mean) * rstd * w_affine[r];
+    vec4 y = ((LOAD4(t_in, o, s, pd) - pivot) - shift) * rstd * w_affine[r];
     if (HAS_BIAS) y += w_affine[n + r];
     STORE4(t_out, o, s, pd, mix(vec4(0.0), y, lanes_valid(o, s, pd)));
   }

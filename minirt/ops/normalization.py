@@ -19,7 +19,7 @@ def _mask(dims):
 
 
 def row_dispatch(ctx, kernel, out, x, mask, extra_args=(), push_tail=(), spec=(), flops_per=4):
-    w, h, c, n = x.whcn
+    """One work group per texel row of x (see rows.glslh); mask = the reduced WHCN dims."""
     ts = list(x.whcn)
     ts[x.packed_dim] = (ts[x.packed_dim] + 3) // 4
     per_row = int(np.prod([ts[d] for d in range(4) if mask >> d & 1]))
@@ -30,7 +30,8 @@ def row_dispatch(ctx, kernel, out, x, mask, extra_args=(), push_tail=(), spec=()
     for v in push_tail:
         p.vec4(v)
     ctx.dispatch(ctx.variant(kernel), [(out.name, "w"), (x.name, "r"), *extra_args], p, spec,
-                 (threads, gy, -(-rows // gy)), "reduction", flops=flops_per * x.numel, nbytes=4 * 4 * x.numel)
+                 (threads, gy, -(-rows // gy)), "reduction", flops=flops_per * x.numel,
+                 nbytes=16 * x.numel)   # x read 3 times, out written once
 
 
 @register
@@ -63,7 +64,8 @@ class LayerNormalization(Op):
             norm = ins[0].shape[norm_axis(node, attr(node, "axis", -1), len(ins[0].shape)):]
             for t in ins[1:]:
                 if t is not None and not _broadcasts_to(t.shape, norm):
-                    return f"'{t.name}' of shape {list(t.shape)} does not broadcast to the normalised shape {list(norm)}"
+                    return (f"'{t.name}' of shape {list(t.shape)} does not broadcast to the normalised "
+                            f"shape {list(norm)}")
 
     def lower(self, node, ctx):
         x, out = ctx.t(node.inputs[0]), ctx.t(node.outputs[0])
@@ -99,7 +101,6 @@ def _per_texel(a, norm_shape, pd):
 @register
 class Softmax(Op):
     name = "Softmax"
-    limits = "rank <= 4"
 
     @staticmethod
     def _dims(node, rank):

@@ -1,0 +1,81 @@
+"""Reductions over any set of axes: ReduceSum, ReduceMean, ReduceMax, ReduceMin (one kernel, the
+function chosen by a specialization constant). Axes come from the attribute (before opset 18; 13 for
+ReduceSum) or from the second input, which must be a constant."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..planner.plan import Push
+from . import Op, attr, register
+from ._util import norm_axis
+from .elementwise import copy_dispatch
+
+
+class Reduce(Op):
+    code = 0
+    limits = ("the axes input must be a constant; one invocation per output element loops over all its "
+              "reduced elements (fine for rows, slow for reducing a whole large tensor to a few values)")
+
+    def axes(self, node, rank, axes_input=None):
+        """Normalised reduced axes, or None for a no-op (empty axes with noop_with_empty_axes)."""
+        axes = axes_input if axes_input is not None else attr(node, "axes")
+        axes = [] if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]
+        if not axes:
+            return None if attr(node, "noop_with_empty_axes", 0) else tuple(range(rank))
+        return tuple(sorted({norm_axis(node, a, rank) for a in axes}))
+
+    def _axes_of(self, node, ins):
+        t = ins[1] if len(ins) > 1 else None
+        return self.axes(node, len(ins[0].shape), None if t is None else t.data)
+
+    def infer(self, node, ins):
+        axes, shape = self._axes_of(node, ins), tuple(ins[0].shape)
+        if axes is not None:
+            keep = attr(node, "keepdims", 1)
+            shape = tuple(1 if i in axes else d for i, d in enumerate(shape) if keep or i not in axes)
+        return [(shape, ins[0].dtype)]
+
+    def reference(self, node, x, axes=None):
+        ax = self.axes(node, x.ndim, axes)
+        if ax is None:
+            return [x]
+        return [np.asarray(self.fn(x, ax, keepdims=bool(attr(node, "keepdims", 1)))).astype(x.dtype)]
+
+    def check(self, node, ins):
+        if len(ins) > 1 and ins[1] is not None and not ins[1].is_const:
+            return f"the axes input ('{node.inputs[1]}') is computed at run time; minirt needs it to be a constant"
+
+    def lower(self, node, ctx):
+        x, out = ctx.t(node.inputs[0]), ctx.t(node.outputs[0])
+        axes_in = ctx.graph.tensor(node.inputs[1]).data if len(node.inputs) > 1 and node.inputs[1] else None
+        axes = self.axes(node, len(x.shape), axes_in)
+        if axes is None:
+            if ctx.can_view(out, x):
+                ctx.view(out, x)
+            else:
+                copy_dispatch(ctx, out, x)
+            return
+        mask = sum(1 << (len(x.shape) - 1 - a) for a in axes)
+        p = Push().sizes(out).sizes(x).ivec4(out.packed_dim, x.packed_dim, mask)
+        ctx.dispatch(ctx.variant("reduce"), [(out.name, "w"), (x.name, "r")], p, (self.code,),
+                     out.texel_extents, "elementwise", flops=x.numel, nbytes=4 * (x.numel + out.numel))
+
+
+@register
+class ReduceSum(Reduce):
+    name, code, fn = "ReduceSum", 0, staticmethod(np.sum)
+
+
+@register
+class ReduceMean(Reduce):
+    name, code, fn = "ReduceMean", 1, staticmethod(np.mean)
+
+
+@register
+class ReduceMax(Reduce):
+    name, code, fn = "ReduceMax", 2, staticmethod(np.max)
+
+
+@register
+class ReduceMin(Reduce):
+    name, code, fn = "ReduceMin", 3, staticmethod(np.min)

@@ -69,15 +69,18 @@ class Session:
         if forced:
             self.options["local_size"] = parse_local_size(forced)
         static = all(self.graph.tensor(n).is_static for n in self.graph.inputs)
-        # Validate the whole model (supported ops, shapes) before any GPU work.
-        self._prepared = prepare(self.graph.copy())
+        # Validate the whole model (supported ops, shapes) before any GPU work. Symbolic dims are tried
+        # at 1: shape arithmetic on them only folds once a run binds real shapes.
+        trial = {n: tuple(d if isinstance(d, int) else 1 for d in self.graph.tensor(n).shape or ())
+                 for n in self.graph.inputs}
+        self._prepared = prepare(self.graph.copy() if static else bind_inputs(self.graph, trial))
         self.device = get_device(device)
         from .planner.storage_layout import resolve_storage
         self.storage = resolve_storage(storage, self.device.profile)
         self.inputs = [IOInfo(n, self.graph.tensor(n).shape, self.graph.tensor(n).dtype or "float32")
                        for n in self.graph.inputs]
-        self.outputs = [IOInfo(n, self._prepared.tensor(n).shape, self._prepared.tensor(n).dtype or "float32")
-                        for n in self.graph.outputs]
+        self.outputs = [IOInfo(n, self._prepared.tensor(n).shape if static else self.graph.tensor(n).shape,
+                               self._prepared.tensor(n).dtype or "float32") for n in self.graph.outputs]
         if static:
             self._executor({n: self.graph.tensor(n).shape for n in self.graph.inputs})
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[0] = str(Path(__file__).resolve().parents[1])   # not tools/: tools/profile.py shadows the stdlib
 
 DEFAULT_SIZES = "8x8x1,4x16x1,16x4x1,32x2x1,64x1x1,2x32x1,1x64x1,16x16x1"
 

@@ -1,0 +1,50 @@
+"""The Whisper encoder end to end: both ONNX spellings, both storages, against onnxruntime."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minirt import Session
+from oracle import cosine, onnxruntime_run
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+import whisper_encoder as we  # noqa: E402
+
+
+def _check(model, x, storage, **kw):
+    ref = onnxruntime_run(model, {"input_features": x})[0]
+    with Session(model, storage=storage, options={"poison": True}, **kw) as s:
+        y = s.run(x)
+    assert y.shape == ref.shape
+    cos = cosine(y, ref)
+    err = float(np.abs(y - ref).max())
+    assert cos >= 0.99999, f"cosine {cos}"
+    assert err <= 1e-3 * float(np.abs(ref).max()), f"max abs diff {err}"
+    return y
+
+
+@pytest.mark.parametrize("opset", [17, 20])
+@pytest.mark.parametrize("storage", ["buffer", "texture"])
+def test_whisper_tiny_full(opset, storage):
+    """The real Whisper-tiny encoder shape: input [1, 80, 3000], output [1, 1500, 384]."""
+    model = we.build_whisper_encoder("tiny", opset=opset, seed=opset)
+    x = we.sample_input(seed=np.random.SeedSequence().entropy % 2**31)   # fresh input each run
+    y = _check(model, x, storage)
+    assert y.shape == (1, 1500, 384)
+
+
+@pytest.mark.parametrize("storage", ["buffer", "texture"])
+def test_whisper_small_config_dynamic_batch(storage):
+    model = we.build_whisper_encoder("tiny", layers=1, n_frames=200, dynamic_batch=True, seed=5)
+    x = we.sample_input(n_frames=200, seed=np.random.SeedSequence().entropy % 2**31)
+    _check(model, x, storage)
+
+
+def test_whisper_small_config_is_deterministic():
+    """20 runs of one Session give bit-identical outputs."""
+    model = we.build_whisper_encoder("tiny", layers=2, n_frames=400, seed=7)
+    x = we.sample_input(n_frames=400, seed=3)
+    with Session(model) as s:
+        outs = {s.run(x).tobytes() for _ in range(20)}
+    assert len(outs) == 1

@@ -47,19 +47,22 @@ storage_opt = click.option("--storage", type=click.Choice(["auto", "texture", "b
               help="Force one local work-group size (experiments; also MINIRT_LOCAL_SIZE).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 def run(model, input, output, storage, device, repeat, local_size, quiet):
-    """Run MODEL on INPUT (.npy) and summarise the output.
+    """Run MODEL on INPUT (.npy, or a 16 kHz .wav for Whisper encoders) and summarise the output.
 
     \b
     Examples:
       minirt run models/whisper-tiny-encoder.onnx models/whisper-tiny-input.npy -o out.npy
+      minirt run whisper-tiny.en/model.safetensors models/speech-sample.wav   # log-mel computed
       minirt run model.onnx x.npy --repeat 60      # determinism check; exit 5 if outputs differ
     """
     from .session import Session
     try:
-        x = _load_input(input)
+        x = None if input.lower().endswith(".wav") else _load_input(input)
         with Session(model, storage=storage, device=device, local_size=local_size) as s:
             if len(s.inputs) != 1:
                 raise InputError(f"{model} has {len(s.inputs)} inputs; `minirt run` feeds one")
+            if x is None:
+                x = _load_wav(input, s.inputs[0])
             s.run(x)   # warm-up: the first run pays for planning when shapes are dynamic
             outs, walls = [], []
             with _progress(repeat, "running", quiet or repeat < 3) as bar:
@@ -101,6 +104,16 @@ def _load_input(path):
     if x.dtype != np.float32 and np.issubdtype(x.dtype, np.floating):
         x = x.astype(np.float32)
     return x
+
+
+def _load_wav(path, inp):
+    """Whisper's log-mel of a WAV, shaped for the model's input [1, n_mels, n_frames]."""
+    from .audio import whisper_features
+    shape = inp.shape
+    if shape is None or len(shape) != 3 or not all(isinstance(d, int) for d in shape[1:]):
+        raise InputError(f"{path}: a .wav input needs a Whisper encoder whose input is [1, n_mels, n_frames]; "
+                         f"'{inp.name}' is {list(shape) if shape else 'of unknown shape'}")
+    return whisper_features(path, n_mels=shape[1], n_frames=shape[2])
 
 
 class _NoBar:

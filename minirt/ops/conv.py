@@ -84,29 +84,115 @@ class Conv(Op):
         return [y.astype(np.result_type(x, w), copy=False)]
 
     def lower(self, node, ctx):
-        x, y = ctx.t(node.inputs[0]), ctx.t(node.outputs[0])
-        w = np.asarray(ctx.graph.tensor(node.inputs[1]).data, np.float32)
-        b = ctx.graph.tensor(node.inputs[2]).data if len(node.inputs) > 2 and node.inputs[2] else None
-        strides, dil, pb, _, out = conv_params(node, x.shape[2:], w.shape[2:])
-        conv1d = w.ndim == 3
-        if conv1d:  # a 1-D conv is a 2-D one of height 1
-            w, strides, dil, pb, out = w[:, :, None, :], [1] + strides, [1] + dil, [0] + pb, [1] + out
-        oc, icg, kh, kw = w.shape
-        g = int(attr(node, "group", 1))
-        ocb = -(-oc // 4)
-        # [O/4][I/g][kh][kw] vec4: lane l of block o4 is output channel 4*o4 + l (zeros past O)
-        wp = np.zeros((ocb * 4, icg, kh, kw), np.float32)
-        wp[:oc] = w
-        wp = wp.reshape(ocb, 4, icg, kh, kw).transpose(0, 2, 3, 4, 1)
-        bp = np.zeros(ocb * 4, np.float32)
-        if b is not None:
-            bp[:oc] = b
-        wt = ctx.weight(node.inputs[1], wp)
-        bt = ctx.weight(node.inputs[2] if b is not None else f"{node.outputs[0]}.zero_bias", bp)
-        n, (oh, ow) = x.shape[0], out
-        p = (Push().sizes(y).sizes(x).ivec4(kh, kw, icg, oc // g).ivec4(strides[0], strides[1], dil[0], dil[1])
-             .ivec4(pb[0], pb[1], x.packed_dim, y.packed_dim))
-        macs = n * oc * oh * ow * icg * kh * kw
-        ctx.dispatch(ctx.variant("conv"), [(y.name, "w"), (x.name, "r"), (wt.name, "r"), (bt.name, "r")], p,
-                     (int(conv1d),), (-(-ow // 4), oh, ocb * n), "conv", flops=2 * macs,
-                     nbytes=4 * (x.numel + y.numel + wp.size + bp.size))
+        route = node.attrs.get("_route", "direct")
+        {"im2col": _lower_im2col, "pointwise": _lower_pointwise, "depthwise": _lower_depthwise,
+         "direct": _lower_direct}[route](node, ctx)
+
+
+IM2COL_SCRATCH_BUDGET = 16 << 20   # bytes; larger convs run in tiles of output rows sharing one scratch
+
+
+def _operands(node, ctx):
+    x, y = ctx.t(node.inputs[0]), ctx.t(node.outputs[0])
+    w = np.asarray(ctx.graph.tensor(node.inputs[1]).data, np.float32)
+    b = ctx.graph.tensor(node.inputs[2]).data if len(node.inputs) > 2 and node.inputs[2] else None
+    strides, dil, pb, _, out = conv_params(node, x.shape[2:], w.shape[2:])
+    if w.ndim == 3:  # a 1-D conv is a 2-D one of height 1
+        w, strides, dil, pb, out = w[:, :, None, :], [1] + strides, [1] + dil, [0] + pb, [1] + out
+    return x, y, w, b, strides, dil, pb, out
+
+
+def _as4d(ctx, t):
+    """A rank-3 [N, C, L] tensor as [N, C, 1, L]: a view in buffers, a copy between texture packings."""
+    if len(t.shape) == 4:
+        return t
+    from .shape_ops import view_or_copy
+    t4 = ctx.temp(f"{t.name}@4d", (t.shape[0], t.shape[1], 1, t.shape[2]))
+    view_or_copy(ctx, t4, t)
+    return t4
+
+
+def _from4d(ctx, y4, y):
+    if y4 is not y:
+        from .shape_ops import view_or_copy
+        view_or_copy(ctx, y, y4)
+
+
+def _out4d(ctx, y):
+    return y if len(y.shape) == 4 else ctx.temp(f"{y.name}@4d", (y.shape[0], y.shape[1], 1, y.shape[2]))
+
+
+def _lower_im2col(node, ctx):
+    from .gemm import gemm_dispatch, pack_bias, pack_weight
+    x, y, w, b, strides, dil, pb, (oh, ow) = _operands(node, ctx)
+    oc, c, kh, kw = w.shape
+    k = c * kh * kw
+    kp = -(-k // 4) * 4
+    # k ordered (kh, kw, c), as im2col writes it
+    wt, n4 = pack_weight(ctx, node.inputs[1], w.transpose(2, 3, 1, 0).reshape(k, oc))
+    bt = pack_bias(ctx, f"{node.name}.bias", b, oc)
+    m = oh * ow
+    # whole output rows per tile while one fits the budget, else part of a row (a 1-D conv has one row)
+    rows = max(1, IM2COL_SCRATCH_BUDGET // (kp * 4))
+    rows = min(m, rows // ow * ow if rows >= ow else rows)
+    scratch = ctx.scratch("im2col.scratch", rows * kp)
+    act = node.attrs.get("_act")
+    tiles = -(-m // rows)
+    for t in range(tiles):
+        m0, r = t * rows, min(rows, m - t * rows)
+        p = (Push().sizes(x).ivec4(kh, kw, strides[0], strides[1]).ivec4(pb[0], pb[1], dil[0], dil[1])
+             .ivec4(c, kp, m0, r).ivec4(ow, x.packed_dim, k, 0))
+        ctx.dispatch(ctx.variant("im2col"), [(scratch.name, "w"), (x.name, "r")], p, (), (kp // 4, r, 1), "im2col",
+                     nbytes=4 * (r * kp * 2))
+        gemm_dispatch(ctx, y, scratch, wt, bt, r, oc, k, n4, out_mode=1, act=act, m0=m0, lda=kp, scratch=True)
+    ctx.note(f"im2col + tiled GEMM: M {m}, K {k}, N {oc}; scratch {rows * kp * 4 / 2**20:.1f} MiB, {tiles} tile(s)")
+
+
+def _lower_pointwise(node, ctx):
+    from .gemm import gemm_dispatch, pack_bias, pack_weight
+    x, y, w, b, *_ = _operands(node, ctx)
+    oc, c = w.shape[:2]
+    x4, y4 = _as4d(ctx, x), _out4d(ctx, y)
+    wt, n4 = pack_weight(ctx, node.inputs[1], w.reshape(oc, c).T)
+    bt = pack_bias(ctx, f"{node.name}.bias", b, oc)
+    m = x4.shape[2] * x4.shape[3]
+    gemm_dispatch(ctx, y4, x4, wt, bt, m, oc, c, n4, a_mode=1, out_mode=1, act=node.attrs.get("_act"))
+    _from4d(ctx, y4, y)
+
+
+def _lower_depthwise(node, ctx):
+    x, y, w, b, strides, dil, pb, _ = _operands(node, ctx)
+    c, _, kh, kw = w.shape
+    x4, y4 = _as4d(ctx, x), _out4d(ctx, y)
+    wt = ctx.weight(node.inputs[1], w.reshape(-1))
+    bt = ctx.weight(f"{node.name}.bias", np.zeros(c, np.float32) if b is None else b)
+    act = {None: 0, "relu": 1, "gelu": 2}[node.attrs.get("_act")]
+    p = (Push().sizes(y4).sizes(x4).ivec4(kh, kw, strides[0], strides[1]).ivec4(pb[0], pb[1], dil[0], dil[1])
+         .ivec4(y4.packed_dim, x4.packed_dim, act, 0))
+    ctx.dispatch(ctx.variant("conv_dw"), [(y4.name, "w"), (x4.name, "r"), (wt.name, "r"), (bt.name, "r")], p, (),
+                 y4.texel_extents, "conv", flops=2 * y4.numel * kh * kw, nbytes=4 * (x4.numel + y4.numel + w.size))
+    _from4d(ctx, y4, y)
+
+
+def _lower_direct(node, ctx):
+    x, y, w, b, strides, dil, pb, out = _operands(node, ctx)
+    conv1d = len(x.shape) == 3
+    oc, icg, kh, kw = w.shape
+    g = int(attr(node, "group", 1))
+    ocb = -(-oc // 4)
+    # [O/4][I/g][kh][kw] vec4: lane l of block o4 is output channel 4*o4 + l (zeros past O)
+    wp = np.zeros((ocb * 4, icg, kh, kw), np.float32)
+    wp[:oc] = w
+    wp = wp.reshape(ocb, 4, icg, kh, kw).transpose(0, 2, 3, 4, 1)
+    bp = np.zeros(ocb * 4, np.float32)
+    if b is not None:
+        bp[:oc] = b
+    wt = ctx.weight(node.inputs[1], wp)
+    bt = ctx.weight(node.inputs[2] if b is not None else f"{node.outputs[0]}.zero_bias", bp)
+    n, (oh, ow) = x.shape[0], out
+    p = (Push().sizes(y).sizes(x).ivec4(kh, kw, icg, oc // g).ivec4(strides[0], strides[1], dil[0], dil[1])
+         .ivec4(pb[0], pb[1], x.packed_dim, y.packed_dim))
+    macs = n * oc * oh * ow * icg * kh * kw
+    ctx.dispatch(ctx.variant("conv"), [(y.name, "w"), (x.name, "r"), (wt.name, "r"), (bt.name, "r")], p,
+                 (int(conv1d),), (-(-ow // 4), oh, ocb * n), "conv", flops=2 * macs,
+                 nbytes=4 * (x.numel + y.numel + wp.size + bp.size))

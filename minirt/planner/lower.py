@@ -64,6 +64,17 @@ class LowerCtx:
         self.plan.tensors[name] = spec
         return spec
 
+    def scratch(self, name: str, floats: int) -> TensorSpec:
+        """One scratch buffer per name, shared by every user (sized for the largest): consecutive
+        users reuse it, and barriers between them come from the executor's hazard tracking."""
+        spec = self.plan.tensors.get(name)
+        if spec is None:
+            spec = TensorSpec(name, (floats,), SCRATCH, "buffer", 0)
+            self.plan.tensors[name] = spec
+        elif spec.shape[0] < floats:
+            spec.shape = (floats,)
+        return spec
+
     def can_view(self, dst: TensorSpec, src: TensorSpec) -> bool:
         """A reshape is free when both shapes put every element at the same place in memory."""
         root = self.plan.tensors[self.plan.root(src.name)].role   # src may itself be a view of an input

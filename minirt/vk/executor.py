@@ -105,37 +105,40 @@ class Executor:
         return [t for t in self.plan.tensors.values() if t.role in roles and not t.view_of]
 
     def _alloc_activations(self):
+        """Buffer-storage activations share one arena buffer, texture ones one memory block for their
+        images; offsets come from the memory plan, so tensors alive at different times share bytes."""
         vk, plan = self.vk, self.plan
         roots = [t for t in plan.tensors.values() if t.name in plan.lifetimes and not t.view_of]
         align = max(self.dev.profile.min_storage_buffer_offset_alignment, 16)
-        if not self.texture:
-            items = [(t.name, t.nbytes, align, *plan.lifetimes[t.name]) for t in roots]
-            offsets, total = assign_offsets(items, align)
-            usage = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
-                     | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
-            self.arena, _, _ = self._buffer(total, usage, vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, "activations")
-            self.arena_bytes = total
-            for t in roots:
-                self.where[t.name] = ("buffer", self.arena, offsets[t.name], t.nbytes)
-                self.ranges[t.name] = (offsets[t.name], offsets[t.name] + t.nbytes)
-            return
+        bufs = [t for t in roots if t.storage == "buffer"]
+        items = [(t.name, t.nbytes, align, *plan.lifetimes[t.name]) for t in bufs]
+        offsets, total = assign_offsets(items, align)
+        usage = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
+                 | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
+        self.arena, _, _ = self._buffer(total, usage, vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, "activations")
+        self.arena_bytes = total
+        for t in bufs:
+            self.where[t.name] = ("buffer", self.arena, offsets[t.name], t.nbytes)
+            self.ranges[t.name] = (offsets[t.name], offsets[t.name] + t.nbytes)
+        texs = [t for t in roots if t.storage == "texture"]
         images, items, bits = {}, [], ~0
-        for t in roots:
+        for t in texs:
             img = self._image(t.texel_extents)
             req = vk.vkGetImageMemoryRequirements(self.d, img)
             images[t.name] = img
             items.append((t.name, req.size, req.alignment, *plan.lifetimes[t.name]))
             bits &= req.memoryTypeBits
         offsets, total = assign_offsets(items, align)
-        self.arena_bytes = total
-        if roots:
+        self.image_bytes = total
+        if texs:
             req = type("Req", (), {"size": total, "memoryTypeBits": bits})
             mem, _ = self._alloc(req, vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, "activation textures")
+            base = -(-self.arena_bytes // 16) * 16   # hazard ranges of images sit after the arena's
             for (name, size, *_rest) in items:
                 vk.vkBindImageMemory(self.d, images[name], mem, offsets[name])
                 t = plan.tensors[name]
                 self.where[name] = ("image", images[name], self._view(images[name]), t.texel_extents)
-                self.ranges[name] = (offsets[name], offsets[name] + size)
+                self.ranges[name] = (base + offsets[name], base + offsets[name] + size)
 
     def _alloc_constants(self):
         """Weights (and constants) are uploaded once, through a bounded staging buffer."""
@@ -381,10 +384,8 @@ class Executor:
         writes shows up in the output (a testing aid: Session(..., options={"poison": True}))."""
         vk = self.vk
         nan = 0x7FC00000
-        if not self.texture:
-            vk.vkCmdFillBuffer(cmd, self.arena, 0, max(self.arena_bytes, 16) // 4 * 4, nan)
-            return
-        imgs = [self.where[n][1] for n in self.ranges]
+        vk.vkCmdFillBuffer(cmd, self.arena, 0, max(self.arena_bytes, 16) // 4 * 4, nan)
+        imgs = [self.where[n][1] for n in self.ranges if self.where[n][0] == "image"]
         if imgs:
             self._image_barrier(cmd, imgs, vk.VK_IMAGE_LAYOUT_UNDEFINED, 0, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT,
                                 vk.VK_ACCESS_TRANSFER_WRITE_BIT, vk.VK_PIPELINE_STAGE_TRANSFER_BIT)

@@ -1,0 +1,38 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// variants: storage=buffer,texture
+// im2col for a 2-D conv (batch 1): scratch[r, k] = input at output position m0 + r, tap and channel k,
+// with k ordered (kh, kw, c) so 4 consecutive k of a channels-packed texture share one tap; zero where
+// the tap falls in the padding. The scratch is a plain buffer [rows, Kp] (Kp = K rounded up to 4) in
+// both storages; the GEMM reads it as A.
+#include "common.glslh"
+
+layout(set = 0, binding = 0, std430) writeonly buffer s_buf { float scratch[]; };
+TENSOR_IN(t_in, 1)
+
+layout(push_constant) uniform Params {
+  ivec4 in_sizes;  // WHCN of the input [1, C, H, W]
+  ivec4 kern;      // KH, KW, stride h, stride w
+  ivec4 pad;       // pad top, pad left, dilation h, dilation w
+  ivec4 geo;       // C, Kp, m0, rows
+  ivec4 ext;       // OW, input packed dim, K, unused
+} p;
+
+void main() {
+  int k4 = int(gl_GlobalInvocationID.x), r = int(gl_GlobalInvocationID.y);
+  if (k4 * 4 >= p.geo.y || r >= p.geo.w) return;
+  int m = p.geo.z + r;
+  int oh = m / p.ext.x, ow = m % p.ext.x;
+  for (int l = 0; l < 4; ++l) {
+    int k = k4 * 4 + l;
+    float v = 0.0;
+    if (k < p.ext.z) {
+      int c = k % p.geo.x, tap = k / p.geo.x;
+      int ih = oh * p.kern.z - p.pad.x + (tap / p.kern.y) * p.pad.z;
+      int iw = ow * p.kern.w - p.pad.y + (tap % p.kern.y) * p.pad.w;
+      if (ih >= 0 && ih < p.in_sizes.y && iw >= 0 && iw < p.in_sizes.x)
+        v = LOAD(t_in, ivec4(iw, ih, c, 0), p.in_sizes, p.ext.y);
+    }
+    scratch[r * p.geo.y + k] = v;
+  }
+}

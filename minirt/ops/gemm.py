@@ -1,0 +1,45 @@
+"""The tiled GEMM dispatch (glsl/gemm.comp), shared by conv routes (im2col, pointwise) and linear layers.
+
+Tile shape: each invocation computes TM rows x 4*TN4 columns; the work group (its local size chosen by
+the "gemm" family picker) stages BK-deep slices of A and B in shared memory."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..planner.plan import Push
+
+ACTS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
+
+
+def tile_config(profile) -> tuple[int, int, int]:
+    """(TM, TN4, BK) for a device: 4x4 outputs per invocation, 16-deep stages. Keeping 16 accumulators
+    per invocation stays clear of register spills on every GPU we know of."""
+    return 4, 1, 16
+
+
+def pack_weight(ctx, name: str, b_kn: np.ndarray):
+    """B [K, N] -> a [Kp][N4] vec4 weight buffer, zero past K and N."""
+    k, n = b_kn.shape
+    kp, n4 = -(-k // 4) * 4, -(-n // 4)
+    w = np.zeros((kp, n4 * 4), np.float32)
+    w[:k, :n] = b_kn
+    return ctx.weight(name, w), n4
+
+
+def pack_bias(ctx, name: str, bias, n: int):
+    b = np.zeros(-(-n // 4) * 4, np.float32)
+    if bias is not None:
+        b[:n] = np.asarray(bias, np.float32).reshape(-1)
+    return ctx.weight(name, b)
+
+
+def gemm_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, a_mode=0, out_mode=0, act=None, m0=0, lda=None,
+                  scratch=False):
+    """out[m0 : m0 + m] = act(A @ B + bias); `a` is the A tensor (activation or im2col scratch)."""
+    tm, tn4, bk = tile_config(ctx.profile)
+    p = (Push().sizes(out).sizes(a).ivec4(m, n, k, n4)
+         .ivec4(m0, lda if lda is not None else k, a.packed_dim, 0))
+    kernel = f"gemm_{ctx.storage}_{'scratch' if scratch else 'act'}"
+    ctx.dispatch(kernel, [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r")], p,
+                 (tm, tn4, bk, a_mode, out_mode, ACTS[act]), (-(-n4 // tn4), -(-m // tm), 1), "gemm",
+                 flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n))

@@ -1,0 +1,69 @@
+"""The routing and correctness matrix of issue 3 (at a short length on lavapipe), and 2-D conv stacks."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from minirt import Session
+from oracle import check_model, make_model, rand
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import conv_matrix  # noqa: E402
+
+
+@pytest.mark.parametrize("storage", ["buffer", "texture"])
+def test_routing_matrix(storage):
+    rows = conv_matrix.run_matrix(length=123, storages=(storage,), seed=np.random.SeedSequence().entropy % 2**31)
+    for r in rows:
+        assert r["route"] == r["expected"], r
+        assert r["rewritten"] == (r["expected"] == "im2col"), r
+        want = set(conv_matrix.KERNEL_OF[r["route"]])
+        got = {k.split("_")[0] if not k.startswith("conv_dw") else "conv_dw" for k in r["kernels"]}
+        # textures may add a relayout copy between width-packed [N, C, L] and channels-packed [N, C, 1, L]
+        assert got - {"copy"} == want and (storage == "texture" or "copy" not in got), r
+        assert r["cosine"] >= 0.99999 and r["max_abs_diff"] <= 1e-3 * r["max_ref"], r
+
+
+def test_im2col_splits_scratch_by_output_rows(monkeypatch):
+    """With a tiny budget the conv runs as several im2col + GEMM pairs sharing one scratch."""
+    import minirt.ops.conv as conv
+    monkeypatch.setattr(conv, "IM2COL_SCRATCH_BUDGET", 4096)
+    m = conv_matrix.case_model(80, 128, 3, dict(pads=[1, 1]), 200)
+    x = rand(1, 80, 200)
+    check_model(m, {"x": x})
+    with Session(m) as s:
+        kinds = [d.kernel.split("_")[0] for d in s.plan.dispatches if d.node == "conv"]
+        scratch = {a for d in s.plan.dispatches for a, _ in d.args if a == "im2col.scratch"}
+    assert kinds.count("im2col") == kinds.count("gemm") > 1
+    assert len(scratch) == 1
+
+
+def test_conv1d_rewrite_can_be_turned_off():
+    m = conv_matrix.case_model(80, 384, 3, dict(pads=[1, 1]), 64)
+    with Session(m, conv1d_rewrite=False) as s:
+        assert {d.kernel for d in s.plan.dispatches} == {"conv_buffer"}
+        assert any("off" in n for n in s.plan.notes["conv"])
+
+
+@pytest.mark.parametrize("storage", ["buffer", "texture"])
+def test_resnet_like_2d_stack(storage):
+    """Strides, padding, 1x1 and 3x3, groups and depthwise, with Relu between, against onnxruntime."""
+    def w(o, i, k):
+        return rand(o, i, k, k, low=-0.3, high=0.3)
+    inits = {"w1": w(128, 3, 3), "b1": rand(128), "w2": w(128, 1, 3), "w3": w(160, 128, 1), "b3": rand(160),
+             "w4": w(160, 40, 3), "w5": w(192, 160, 3), "b5": rand(192), "w6": w(64, 192, 1)}
+    n = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+         helper.make_node("Relu", ["c1"], ["r1"]),
+         helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], group=128),
+         helper.make_node("Conv", ["c2", "w3", "b3"], ["c3"]),
+         helper.make_node("Relu", ["c3"], ["r3"]),
+         helper.make_node("Conv", ["r3", "w4"], ["c4"], pads=[1, 1, 1, 1], group=4),
+         helper.make_node("Conv", ["c4", "w5", "b5"], ["c5"], pads=[0, 1, 1, 0], strides=[2, 1]),
+         helper.make_node("Conv", ["c5", "w6"], ["y"])]
+    m = make_model(n, {"x": (1, 3, 33, 29)}, ["y"], inits)
+    check_model(m, {"x": rand(1, 3, 33, 29)}, storages=(storage,))
+    with Session(m, storage=storage) as s:
+        kernels = {d.kernel.rsplit("_", 1)[0] if "gemm" not in d.kernel else "gemm" for d in s.plan.dispatches}
+    assert {"im2col", "gemm", "conv_dw", "conv"} <= kernels

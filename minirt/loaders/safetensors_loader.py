@@ -18,7 +18,6 @@ Half-precision tensors (F16, BF16) are widened to float32.
 from __future__ import annotations
 
 import json
-import os
 import re
 import struct
 from pathlib import Path
@@ -154,7 +153,9 @@ def apply_weights(graph: Graph, weights, *, allow_extra: bool = False) -> Graph:
     Every floating-point initializer must be in the file (integer ones, such as reshape targets, are
     structure and may stay in the model); a tensor of the file that names no initializer is an error
     unless allow_extra (it would otherwise be silently unused: a sign the file belongs to another model
-    or a name is misspelt). Shapes must match exactly; floats are cast to the initializer's dtype."""
+    or a name is misspelt). Shapes must match exactly; floats are cast to the initializer's dtype.
+    The graph's constants must be just its initializers, as when load_onnx calls this (Constant nodes
+    become constants after it)."""
     if isinstance(weights, dict):
         source, names = "<weights dict>", list(weights)
         def get(k):
@@ -168,7 +169,8 @@ def apply_weights(graph: Graph, weights, *, allow_extra: bool = False) -> Graph:
             return f.get(k, float32=False)
     inits = {k: t for k, t in graph.tensors.items() if t.is_const}
     extra = [k for k in names if k not in inits]
-    missing = [k for k, t in inits.items() if k not in names and np.issubdtype(t.data.dtype, np.floating)]
+    have = set(names)
+    missing = [k for k, t in inits.items() if k not in have and np.issubdtype(t.data.dtype, np.floating)]
     problems = []
     if missing:
         problems.append(f"{len(missing)} initializer(s) of {graph.source} missing from it: " + _some(missing))
@@ -309,9 +311,8 @@ def load_safetensors(path) -> Graph:
         if st.dtype(prefix + k) not in ("F32", "F16", "BF16", "F64"):
             raise ModelError(f"{st.source}: tensor '{prefix + k}' has dtype {st.dtype(prefix + k)}, "
                              f"expected a floating-point type")
-    weights = {k: st.get(prefix + k) for k in shapes}
-    g = build_whisper_encoder_graph(cfg, weights, prefix=prefix, source=str(path))
-    return g
+    # read one tensor at a time: at large-v3 size a second copy of every weight would be 2.5 GB
+    return build_whisper_encoder_graph(cfg, lambda k: st.get(prefix + k), prefix=prefix, source=str(path))
 
 
 class _Builder:
@@ -335,10 +336,11 @@ class _Builder:
         return name
 
 
-def build_whisper_encoder_graph(cfg: dict, w: dict, prefix: str = "", source: str = "<memory>") -> Graph:
-    """The encoder Graph from HF-named parameters `w` (names without prefix, float32, HF layouts:
-    Linear weights [out, in]). Constants are named by their checkpoint names (prefix included);
-    a Linear weight stored transposed for MatMul is named '<name>^T'."""
+def build_whisper_encoder_graph(cfg: dict, w, prefix: str = "", source: str = "<memory>") -> Graph:
+    """The encoder Graph from HF-named parameters `w` (a dict, or a function of the name; names without
+    prefix, HF layouts: Linear weights [out, in]). Constants are named by their checkpoint names (prefix
+    included); a Linear weight stored transposed for MatMul is named '<name>^T'."""
+    get = w.__getitem__ if isinstance(w, dict) else w
     d, h, m = cfg["d_model"], cfg["encoder_attention_heads"], cfg["num_mel_bins"]
     n_pos, n_layers = cfg["max_source_positions"], cfg["encoder_layers"]
     hd = d // h
@@ -348,10 +350,10 @@ def build_whisper_encoder_graph(cfg: dict, w: dict, prefix: str = "", source: st
     f32 = np.float32
 
     def param(k):
-        return b.const(prefix + k, np.ascontiguousarray(w[k], f32))
+        return b.const(prefix + k, np.ascontiguousarray(get(k), f32))
 
     def linear(x, scope, k, bias=True):
-        wt = b.const(f"{prefix}{k}.weight^T", np.ascontiguousarray(np.asarray(w[f"{k}.weight"], f32).T))
+        wt = b.const(f"{prefix}{k}.weight^T", np.ascontiguousarray(np.asarray(get(f"{k}.weight"), f32).T))
         y = b.op("MatMul", [x, wt], scope)
         return b.op("Add", [y, param(f"{k}.bias")], scope) if bias else y
 

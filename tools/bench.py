@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Whisper encoder benchmark: minirt (Session.run wall time and GPU time from the timestamp query pool)
+beside PyTorch CUDA fp32 eager and with a CUDA graph (when torch with CUDA imports) and onnxruntime
+CPU, on the same model (seeded random weights) and input, in one process. Prints a table with ratios
+and writes JSON.
+
+  python tools/bench.py --sizes tiny,base --runs 50 --json bench.json
+
+Every figure is a median over --runs timed calls after --warmup untimed ones. Wall time is per call
+with the input starting in host memory and the output ending in host memory, for every runtime.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[0] = str(ROOT)   # not tools/: tools/profile.py shadows the stdlib `profile` that torch imports
+sys.path.insert(1, str(ROOT / "models"))
+
+
+def timed(fn, runs, warmup):
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ts), min(ts)
+
+
+def cosine(a, b):
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def bench_minirt(model, x, runs, warmup, storage, options):
+    from minirt import Session
+    res = {}
+    with Session(model, storage=storage, options=options) as s:
+        y = s.run(x)
+        res["wall_ms"], res["wall_min_ms"] = timed(lambda: s.run(x), runs, warmup)
+        outs = {s.run(x).tobytes() for _ in range(min(runs, 60))}
+        res["distinct_outputs"] = len(outs)
+        res["dispatches"] = len(s.plan.dispatches)
+        res["gflop"] = sum(d.flops for d in s.plan.dispatches) / 1e9
+        res["device"] = s.device.profile.name
+        res["storage"] = s.storage
+    with Session(model, storage=storage, options=options, profile=True) as s:
+        gpu = []
+        for i in range(runs + warmup):
+            s.run(x)
+            if i >= warmup:
+                gpu.append(sum(r.gpu_ms or 0 for r in s.profile_records()))
+        res["gpu_ms"] = statistics.median(gpu)
+    return y, res
+
+
+def bench_ort(model, x, runs, warmup):
+    import onnxruntime as ort
+    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    y = s.run(None, {"input_features": x})[0]
+    med, mn = timed(lambda: s.run(None, {"input_features": x}), runs, warmup)
+    return y, {"wall_ms": med, "wall_min_ms": mn, "threads": "default"}
+
+
+def bench_torch(model, x, runs, warmup):
+    """HF transformers' WhisperEncoder with the ONNX model's weights, fp32 (TF32 off)."""
+    import torch
+    from transformers import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+    import whisper_encoder as we
+    if not torch.cuda.is_available():
+        return None, None
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    sd = we.hf_state_dict(model, prefix="")
+    d = sd["conv1.weight"].shape[0]
+    layers = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("layers."))
+    cfg = WhisperConfig(d_model=d, encoder_layers=layers, encoder_attention_heads=d // 64, encoder_ffn_dim=4 * d,
+                        num_mel_bins=sd["conv1.weight"].shape[1], max_source_positions=sd["embed_positions.weight"].shape[0])
+    enc = WhisperEncoder(cfg).eval()
+    missing, unexpected = enc.load_state_dict({k: torch.from_numpy(v) for k, v in sd.items()}, strict=False)
+    assert not unexpected and all("k_proj.bias" in k for k in missing), (missing, unexpected)
+    enc = enc.cuda()
+    res = {}
+    with torch.no_grad():
+        def eager():
+            return enc(torch.from_numpy(x).cuda()).last_hidden_state.cpu()
+        y = eager().numpy()
+        res["eager_wall_ms"], res["eager_wall_min_ms"] = timed(eager, runs, warmup)
+        static_in = torch.from_numpy(x).cuda()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                enc(static_in)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = enc(static_in).last_hidden_state
+        host_in = torch.from_numpy(x).pin_memory()
+
+        def replay():
+            static_in.copy_(host_in, non_blocking=True)
+            graph.replay()
+            return static_out.cpu()
+        yg = replay().numpy()
+        res["graph_wall_ms"], res["graph_wall_min_ms"] = timed(replay, runs, warmup)
+        res["graph_cosine_vs_eager"] = cosine(yg, y)
+        res["torch"] = torch.__version__
+        res["gpu"] = torch.cuda.get_device_name()
+    return y, res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="tiny,base")
+    ap.add_argument("--runs", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--storage", default="auto", choices=["auto", "buffer", "texture"])
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--no-ort", action="store_true")
+    ap.add_argument("--json", help="write all figures here")
+    a = ap.parse_args(argv)
+    import whisper_encoder as we
+    results = []
+    for size in a.sizes.split(","):
+        model = we.build_whisper_encoder(size, opset=17, seed=0)
+        x = we.sample_input(seed=1)
+        r = {"size": size}
+        y, r["minirt"] = bench_minirt(model, x, a.runs, a.warmup, a.storage, None)
+        if not a.no_ort:
+            yo, r["onnxruntime_cpu"] = bench_ort(model, x, max(5, a.runs // 5), 2)
+            r["minirt"]["cosine_vs_onnxruntime"] = cosine(y, yo)
+            r["minirt"]["max_abs_diff_vs_onnxruntime"] = float(np.abs(y - yo).max())
+        if not a.no_torch:
+            try:
+                yt, tr = bench_torch(model, x, a.runs, a.warmup)
+            except ImportError as e:
+                yt, tr = None, None
+                print(f"torch not available: {e}", file=sys.stderr)
+            if tr:
+                tr["cosine_vs_minirt"] = cosine(yt, y)
+                r["torch_cuda_fp32"] = tr
+        results.append(r)
+        print_table(r)
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1))
+        print(f"wrote {a.json}")
+    return 0
+
+
+def print_table(r):
+    m = r["minirt"]
+    base = m["wall_ms"]
+    print(f"\nWhisper-{r['size']} encoder, input [1, 80, 3000]; {m['gflop']:.1f} GFLOP in {m['dispatches']} dispatches; "
+          f"{m['device']}, storage {m['storage']}")
+    print(f"{'runtime':<34} {'median ms':>10} {'min ms':>8} {'vs minirt wall':>15}")
+    rows = [("minirt Session.run (wall)", m["wall_ms"], m["wall_min_ms"]),
+            ("minirt GPU time (query pool)", m["gpu_ms"], None)]
+    t = r.get("torch_cuda_fp32")
+    if t:
+        rows += [("PyTorch CUDA fp32 eager", t["eager_wall_ms"], t["eager_wall_min_ms"]),
+                 ("PyTorch CUDA fp32 + CUDA graph", t["graph_wall_ms"], t["graph_wall_min_ms"])]
+    o = r.get("onnxruntime_cpu")
+    if o:
+        rows.append(("onnxruntime CPU", o["wall_ms"], o["wall_min_ms"]))
+    for name, med, mn in rows:
+        print(f"{name:<34} {med:>10.3f} {('%.3f' % mn) if mn else '':>8} {med / base:>14.2f}x")
+    extra = [f"GPU throughput {m['gflop'] / m['gpu_ms']:.2f} TFLOP/s", f"{m['distinct_outputs']} distinct output(s)"]
+    if "cosine_vs_onnxruntime" in m:
+        extra.append(f"cosine vs onnxruntime {m['cosine_vs_onnxruntime']:.8f}")
+    if t:
+        extra.append(f"cosine torch vs minirt {t['cosine_vs_minirt']:.8f}")
+    print("; ".join(extra))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

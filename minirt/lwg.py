@@ -129,8 +129,16 @@ def _gemm(g, profile: DeviceProfile) -> tuple[int, int, int]:
     # of x/y.  Effective table: (8,8) if x,y >= 5; (64,1) (32,2) (16,4) for
     # y = 1, 2, 3..4 and the transposes.  z stays 1: batches go to group count.
     need, budget = _need(g, profile), _budget(profile)
-    start = _clamp([min(GEMM_SHAPE[i], need[i]) for i in (0, 1)] + [1], profile, budget)
+    shape = GEMM_SHAPE
+    if profile.vendor in DESKTOP_VENDORS:
+        # Big GPUs hide latency with 256-invocation groups: 16x16 measured faster than 8x8 on an H200.
+        budget = min(256, _pow2_floor(profile.max_invocations))
+        shape = (16, 16)
+    start = _clamp([min(shape[i], need[i]) for i in (0, 1)] + [1], profile, budget)
     return _grow(start, need, [i for i in _largest_first(g) if i < 2], budget)
+
+
+DESKTOP_VENDORS = ("nvidia", "amd")
 
 
 def _im2col(g, profile: DeviceProfile) -> tuple[int, int, int]:

@@ -20,7 +20,9 @@ def test_routing_matrix(storage):
         assert r["route"] == r["expected"], r
         assert r["rewritten"] == (r["expected"] == "im2col"), r
         want = set(conv_matrix.KERNEL_OF[r["route"]])
-        got = {k.split("_")[0] if not k.startswith("conv_dw") else "conv_dw" for k in r["kernels"]}
+        # linear_* is the fast buffer GEMM, gemm_* the general one: both are the tiled GEMM
+        got = {"conv_dw" if k.startswith("conv_dw") else {"linear": "gemm"}.get(k.split("_")[0], k.split("_")[0])
+               for k in r["kernels"]}
         # textures may add a relayout copy between width-packed [N, C, L] and channels-packed [N, C, 1, L]
         assert got - {"copy"} == want and (storage == "texture" or "copy" not in got), r
         assert r["cosine"] >= 0.99999 and r["max_abs_diff"] <= 1e-3 * r["max_ref"], r
@@ -34,7 +36,8 @@ def test_im2col_splits_scratch_by_output_rows(monkeypatch):
     x = rand(1, 80, 200)
     check_model(m, {"x": x})
     with Session(m) as s:
-        kinds = [d.kernel.split("_")[0] for d in s.plan.dispatches if d.node == "conv"]
+        kinds = [{"linear": "gemm"}.get(d.kernel.split("_")[0], d.kernel.split("_")[0])
+                 for d in s.plan.dispatches if d.node == "conv"]
         scratch = {a for d in s.plan.dispatches for a, _ in d.args if a == "im2col.scratch"}
     assert kinds.count("im2col") == kinds.count("gemm") > 1
     assert len(scratch) == 1
@@ -65,5 +68,6 @@ def test_resnet_like_2d_stack(storage):
     m = make_model(n, {"x": (1, 3, 33, 29)}, ["y"], inits)
     check_model(m, {"x": rand(1, 3, 33, 29)}, storages=(storage,))
     with Session(m, storage=storage) as s:
-        kernels = {d.kernel.rsplit("_", 1)[0] if "gemm" not in d.kernel else "gemm" for d in s.plan.dispatches}
+        kernels = {d.kernel.rsplit("_", 1)[0] if "gemm" not in d.kernel and "linear" not in d.kernel else "gemm"
+                   for d in s.plan.dispatches}
     assert {"im2col", "gemm", "conv_dw", "conv"} <= kernels

@@ -100,10 +100,16 @@ def test_gemm_and_im2col_shapes(pname):
             assert local[2] == 1  # batches go to the group count
             if p.vendor != "adreno" or family == "im2col":
                 assert all(local[i] == 1 for i in (0, 1) if g[i] == 1), (family, g, local)
-    if p is KNOWN_PROFILES.get(pname) and p.vendor != "adreno":
+    if p is KNOWN_PROFILES.get(pname) and p.vendor in ("nvidia", "amd"):
+        # 256-invocation groups on desktop GPUs
+        assert pick_local_size("gemm", (512, 512, 1), p) == (16, 16, 1)
+        assert pick_local_size("gemm", (4096, 1, 1), p) == (256, 1, 1)
+        assert pick_local_size("gemm", (4096, 3, 8), p) == (64, 4, 1)
+    elif p is KNOWN_PROFILES.get(pname) and p.vendor != "adreno":
         assert pick_local_size("gemm", (512, 512, 1), p) == (8, 8, 1)
         assert pick_local_size("gemm", (4096, 1, 1), p) == (64, 1, 1)
         assert pick_local_size("gemm", (4096, 3, 8), p) == (16, 4, 1)
+    if p is KNOWN_PROFILES.get(pname) and p.vendor != "adreno":
         assert pick_local_size("im2col", (4096, 300, 1), p) == (16, 4, 1)
         assert pick_local_size("im2col", (1, 300, 1), p) == (1, 64, 1)
 

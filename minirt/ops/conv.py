@@ -123,7 +123,7 @@ def _out4d(ctx, y):
 
 
 def _lower_im2col(node, ctx):
-    from .gemm import gemm_dispatch, pack_bias, pack_weight
+    from .gemm import gemm_dispatch, linear_dispatch, linear_ok, pack_bias, pack_weight
     x, y, w, b, strides, dil, pb, (oh, ow) = _operands(node, ctx)
     oc, c, kh, kw = w.shape
     k = c * kh * kw
@@ -144,7 +144,11 @@ def _lower_im2col(node, ctx):
              .ivec4(c, kp, m0, r).ivec4(ow, x.packed_dim, k, 0))
         ctx.dispatch(ctx.variant("im2col"), [(scratch.name, "w"), (x.name, "r")], p, (), (kp // 4, r, 1), "im2col",
                      nbytes=4 * (r * kp * 2))
-        gemm_dispatch(ctx, y, scratch, wt, bt, r, oc, k, n4, out_mode=1, act=act, m0=m0, lda=kp, scratch=True)
+        if linear_ok(ctx, kp):
+            linear_dispatch(ctx, y, scratch, wt, bt, r, oc, kp, n4, out_mode=1, act=act, m0=m0, lda4=kp // 4,
+                            m_total=m)
+        else:
+            gemm_dispatch(ctx, y, scratch, wt, bt, r, oc, k, n4, out_mode=1, act=act, m0=m0, lda=kp, scratch=True)
     ctx.note(f"im2col + tiled GEMM: M {m}, K {k}, N {oc}; scratch {rows * kp * 4 / 2**20:.1f} MiB, {tiles} tile(s)")
 
 

@@ -43,3 +43,33 @@ def gemm_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, a_mode=0, out_mode=0, act
     ctx.dispatch(kernel, [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r")], p,
                  (tm, tn4, bk, a_mode, out_mode, ACTS[act]), (-(-n4 // tn4), -(-m // tm), 1), "gemm",
                  flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n))
+
+
+def linear_tile(ctx, m, n):
+    """Tile variant of glsl/linear.comp: big tiles (more work per invocation) when the problem still
+    fills a large GPU with them, else 4x4 per invocation. Session(options={"gemm_tile": ...}) overrides."""
+    forced = ctx.options.get("gemm_tile")
+    if forced:
+        return forced
+    if ctx.profile.device_type != "discrete":
+        return "t44"
+    lx, ly = (16, 16)
+    blocks = -(-m // (ly * 8)) * -(-n // (lx * 4))
+    return "t84" if blocks >= 96 else "t44"
+
+
+def linear_ok(ctx, k) -> bool:
+    """glsl/linear.comp reads A rows as vec4 from buffers: buffer storage and K a multiple of 4."""
+    return ctx.storage == "buffer" and k % 4 == 0 and not ctx.options.get("no_fast_gemm")
+
+
+def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=0, act=None, m0=0, lda4=None, m_total=0,
+                    residual=None):
+    """out (rows m0 .. m0 + m) = act(A @ B + bias) (+ residual) on the fast buffer GEMM."""
+    tile = linear_tile(ctx, m, n)
+    tm, tn4 = {"t44": (4, 1), "t84": (8, 1), "t88": (8, 2)}[tile]
+    p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, 0)
+    res = residual if residual is not None else bt
+    ctx.dispatch(f"linear_{tile}", [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
+                 p, (out_mode, ACTS[act], residual is not None), (-(-n4 // tn4), -(-m // tm), 1), "gemm",
+                 flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)))

@@ -14,6 +14,7 @@ from ..errors import DeviceError, MinirtError
 from ..layout import from_texels, to_texels
 from ..planner.memory_plan import assign_offsets
 from ..planner.plan import CONSTANT, INPUT, OUTPUT, WEIGHT
+from ..timing import Phases
 from .kernels import Kernels
 
 UPLOAD_CHUNK = 64 << 20
@@ -21,15 +22,19 @@ QUERIES_PER_POOL = 4096
 
 
 class Executor:
-    def __init__(self, dev, plan, profile=False):
+    def __init__(self, dev, plan, profile=False, progress=None):
         self.dev, self.vk, self.plan = dev, dev.vk, plan
+        self.startup_ms = {}      # phase -> ms (alloc, upload, pipelines, record): Session.startup_ms
+        phase = Phases(self.startup_ms, progress)
         self.profiling = bool(profile) and dev.profile.timestamp_valid_bits > 0
         self.d = dev.device
         self._trash = []          # (destroy function, handle), destroyed in reverse order
         self._maps = []           # mapped memories
         self.timeout_ns = int(float(os.environ.get("MINIRT_TIMEOUT_S", "600")) * 1e9)
         try:
+            phase("pipelines")                    # opening the on-disk pipeline cache
             self.kernels = Kernels(dev)
+            phase("alloc", "allocating")
             self.texture = plan.storage == "texture"
             if self.texture:
                 self.sampler = self._own(self.vk.vkDestroySampler, self.vk.vkCreateSampler(self.d, self.vk.VkSamplerCreateInfo(
@@ -40,11 +45,17 @@ class Executor:
             self.where = {}       # tensor name -> ("buffer", VkBuffer, offset, size) | ("image", VkImage, VkImageView, extents)
             self.ranges = {}      # root name -> (start, end) in the activation memory, for hazards
             self._alloc_activations()
+            phase("upload", "uploading weights")
             self._alloc_constants()
+            phase("alloc")
             self._alloc_host()
             if self.profiling:
                 self._make_query_pools()
+            phase("record", "creating pipelines and recording")
             self._record()
+            phase(None)
+            self.startup_ms["pipelines"] += self.kernels.pipeline_s * 1e3   # spent inside _record
+            self.startup_ms["record"] -= self.kernels.pipeline_s * 1e3
         except BaseException:
             self.close()
             raise
@@ -377,7 +388,13 @@ class Executor:
                 vk.vkCmdCopyImageToBuffer(cmd, w[1], vk.VK_IMAGE_LAYOUT_GENERAL, buf, 1, [self._region(w[3])])
         self._memory_barrier(cmd, T, TW, vk.VK_PIPELINE_STAGE_HOST_BIT, vk.VK_ACCESS_HOST_READ_BIT)
         vk.vkEndCommandBuffer(cmd)
-        self._submit_info = vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cmd])
+        # The replay path calls the raw C entry points with cdata built once here (each wrapper call
+        # costs microseconds of Python); these objects must outlive every run.
+        ffi = vk.ffi
+        self._cmds = ffi.new("VkCommandBuffer[1]", [cmd])
+        self._submit = ffi.new("VkSubmitInfo*", {"sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, "commandBufferCount": 1,
+                                                 "pCommandBuffers": self._cmds})
+        self._fences = ffi.new("VkFence[1]", [self.fence])
 
     def _poison(self, cmd):
         """Fill every activation except inputs with NaN before each run, so an element no kernel
@@ -455,8 +472,18 @@ class Executor:
                 view[:] = to_texels(x, t.packed_dim).reshape(-1)
             else:
                 np.copyto(view, x.reshape(-1), casting="no")
+        lib, vk = self.vk.lib, self.vk
         with self.dev.lock:
-            self._submit_wait(self.cmd, self.fence, self._submit_info)
+            rc = lib.vkQueueSubmit(self.dev.queue, 1, self._submit, self.fence)
+            if rc == vk.VK_SUCCESS:
+                rc = lib.vkWaitForFences(self.d, 1, self._fences, 1, self.timeout_ns)
+            lib.vkResetFences(self.d, 1, self._fences)
+        if rc != vk.VK_SUCCESS:
+            if rc == vk.VK_TIMEOUT:
+                raise DeviceError(f"the GPU did not finish within {self.timeout_ns / 1e9:.0f} s "
+                                  f"(MINIRT_TIMEOUT_S raises the limit)")
+            what = vk.exception_codes[rc].__name__ if rc in vk.exception_codes else f"VkResult {rc}"
+            raise DeviceError(f"the GPU failed while running: {what}")
         out = {}
         for name, (_, view, t, rng) in self.outputs.items():
             if rng is not None:

@@ -1,0 +1,125 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+// variants: tile=t44,t84,t88
+// Fast fp32 GEMM for buffers: out = act(A[M, K] @ B[K, N] + bias) (+ residual), A row-major with K a
+// multiple of 4 (rows read as vec4), B a weight prepacked as [K][N4] vec4. A work group computes a
+// BM x BN block (BM = local y * TM, BN = local x * 4 * TN4); each BK-deep slice of A and B is staged
+// in shared memory while the next slice is already being fetched into registers. Each invocation
+// owns TM rows (groups of 4 at ty + g * LY) by TN4 vec4 columns (tx + g * LX), so shared reads are
+// vec4 broadcasts (A) and consecutive vec4s (B). Tile sizes are #defines so every loop unrolls and
+// the accumulators stay in registers.
+//   OUT_MODE 0: out row-major [M, N] (linear layers). OUT_MODE 1: out NCHW [N, M_total] with the
+//   dispatch's rows starting at M0 (a conv's output channels by spatial positions).
+#include "common.glslh"
+
+#if defined(TILE_T44)
+#define TM 4
+#define TN4 1
+#elif defined(TILE_T84)
+#define TM 8
+#define TN4 1
+#else
+#define TM 8
+#define TN4 2
+#endif
+#define BK 16
+#define TMG (TM / 4)
+
+layout(constant_id = 3) const int OUT_MODE = 0;
+layout(constant_id = 4) const int ACT = 0;          // 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh)
+layout(constant_id = 5) const bool HAS_RES = false; // + residual[m, n] (OUT_MODE 0)
+
+layout(set = 0, binding = 0, std430) writeonly buffer o_buf { float o[]; };
+layout(set = 0, binding = 1, std430) readonly buffer a_buf { vec4 a4[]; };
+layout(set = 0, binding = 2, std430) readonly buffer b_buf { vec4 b4[]; };
+layout(set = 0, binding = 3, std430) readonly buffer bias_buf { vec4 bias4[]; };
+layout(set = 0, binding = 4, std430) readonly buffer r_buf { float res[]; };
+
+layout(push_constant) uniform Params {
+  ivec4 dims;   // M (rows of this dispatch), N, K, N4
+  ivec4 geo;    // M0 (first output row), LDA4 (A row stride in vec4), M_total (OUT_MODE 1), unused
+} p;
+
+const int LX = int(gl_WorkGroupSize.x);
+const int LY = int(gl_WorkGroupSize.y);
+const int NT = LX * LY;
+const int BM4 = LY * TMG;        // row groups of 4 in a block
+const int BN4 = LX * TN4;        // vec4 columns in a block
+const int A_LOADS = (BM4 * 4 * (BK / 4) + NT - 1) / NT;   // vec4 loads of A per invocation per slice
+const int B_LOADS = (BK * BN4 + NT - 1) / NT;
+
+shared vec4 a_sh[BK * BM4];      // [k][m4]: 4 consecutive rows of column k
+shared vec4 b_sh[BK * BN4];      // [k][n4]
+
+float activate(float x) {
+  if (ACT == 1) return max(x, 0.0);
+  if (ACT == 2) return 0.5 * x * (1.0 + erf_f(x * 0.70710678118654752));
+  if (ACT == 3) return 0.5 * x * (1.0 + tanh_f(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+  return x;
+}
+
+void main() {
+  const int tx = int(gl_LocalInvocationID.x), ty = int(gl_LocalInvocationID.y);
+  const int tid = ty * LX + tx;
+  const int m_base = int(gl_WorkGroupID.y) * BM4 * 4;
+  const int n4_base = int(gl_WorkGroupID.x) * BN4;
+  const int M = p.dims.x, K4 = p.dims.z >> 2, N4 = p.dims.w;
+
+  vec4 acc[TM][TN4];
+  [[unroll]] for (int i = 0; i < TM; ++i)
+    [[unroll]] for (int j = 0; j < TN4; ++j) acc[i][j] = vec4(0.0);
+
+  vec4 a_reg[A_LOADS];
+  vec4 b_reg[B_LOADS];
+  // A slice: BM rows x BK/4 vec4; invocation e takes row e / (BK/4), vec4 e % (BK/4) (contiguous per row).
+  #define FETCH(k4_0) { \
+    [[unroll]] for (int l = 0; l < A_LOADS; ++l) { \
+      int e = tid + l * NT; int r = e / (BK / 4), q = e % (BK / 4); int m = m_base + r, k4 = (k4_0) + q; \
+      a_reg[l] = (e < BM4 * 4 * (BK / 4) && m < M && k4 < K4) ? a4[m * p.geo.y + k4] : vec4(0.0); } \
+    [[unroll]] for (int l = 0; l < B_LOADS; ++l) { \
+      int e = tid + l * NT; int kk = e / BN4, c = e % BN4; int k = (k4_0) * 4 + kk, n4 = n4_base + c; \
+      b_reg[l] = (e < BK * BN4 && k < p.dims.z && n4 < N4) ? b4[k * N4 + n4] : vec4(0.0); } }
+  #define STAGE() { \
+    [[unroll]] for (int l = 0; l < A_LOADS; ++l) { \
+      int e = tid + l * NT; if (e < BM4 * 4 * (BK / 4)) { int r = e / (BK / 4), q = e % (BK / 4); \
+        [[unroll]] for (int c = 0; c < 4; ++c) a_sh[(q * 4 + c) * BM4 + (r >> 2)][r & 3] = a_reg[l][c]; } } \
+    [[unroll]] for (int l = 0; l < B_LOADS; ++l) { int e = tid + l * NT; if (e < BK * BN4) b_sh[e] = b_reg[l]; } }
+
+  FETCH(0)
+  for (int k4_0 = 0; k4_0 < K4; k4_0 += BK / 4) {
+    STAGE()
+    barrier();
+    if (k4_0 + BK / 4 < K4) FETCH(k4_0 + BK / 4)   // the next slice travels while this one is used
+    [[unroll]] for (int kk = 0; kk < BK; ++kk) {
+      vec4 a[TMG], b[TN4];
+      [[unroll]] for (int g = 0; g < TMG; ++g) a[g] = a_sh[kk * BM4 + ty + g * LY];
+      [[unroll]] for (int j = 0; j < TN4; ++j) b[j] = b_sh[kk * BN4 + tx + j * LX];
+      [[unroll]] for (int g = 0; g < TMG; ++g)
+        [[unroll]] for (int i = 0; i < 4; ++i)
+          [[unroll]] for (int j = 0; j < TN4; ++j) acc[g * 4 + i][j] += a[g][i] * b[j];
+    }
+    barrier();
+  }
+
+  [[unroll]] for (int g = 0; g < TMG; ++g)
+    [[unroll]] for (int i = 0; i < 4; ++i) {
+      int m = m_base + (ty + g * LY) * 4 + i;
+      if (m >= M) continue;
+      [[unroll]] for (int j = 0; j < TN4; ++j) {
+        int n4 = n4_base + tx + j * LX;
+        if (n4 >= N4) continue;
+        vec4 v = acc[g * 4 + i][j] + bias4[n4];
+        v = vec4(activate(v.x), activate(v.y), activate(v.z), activate(v.w));
+        int n = n4 * 4, rem = min(p.dims.y - n, 4);
+        if (OUT_MODE == 0) {
+          int base = (p.geo.x + m) * p.dims.y + n;
+          [[unroll]] for (int l = 0; l < 4; ++l)
+            if (l < rem) o[base + l] = v[l] + (HAS_RES ? res[base + l] : 0.0);
+        } else {
+          [[unroll]] for (int l = 0; l < 4; ++l)
+            if (l < rem) o[(n + l) * p.geo.z + p.geo.x + m] = v[l];
+        }
+      }
+    }
+}

@@ -55,7 +55,7 @@ class Executor:
             self._record()
             phase(None)
             self.startup_ms["pipelines"] += getattr(self.kernels, "pipeline_s", 0.0) * 1e3   # spent inside _record
-            self.startup_ms["record"] -= self.kernels.pipeline_s * 1e3
+            self.startup_ms["record"] -= getattr(self.kernels, "pipeline_s", 0.0) * 1e3
         except BaseException:
             self.close()
             raise

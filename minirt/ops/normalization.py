@@ -72,10 +72,29 @@ class LayerNormalization(Op):
         rank = len(x.shape)
         k = rank - norm_axis(node, attr(node, "axis", -1), rank)   # normalised dims: WHCN 0..k-1
         consts = [ctx.graph.tensor(n).data for n in node.inputs[1:3] if n]
+        if k == 1 and x.shape[-1] % 4 == 0 and ctx.storage == "buffer" and ctx.profile.vendor in FAST_ROWS_VENDORS:
+            return _lower_rows(node, ctx, x, out, consts)
         affine = np.concatenate([_per_texel(a, x.shape[rank - k:], x.packed_dim) for a in consts])
         w = ctx.weight(f"{node.name}/scale_bias", affine)
         row_dispatch(ctx, "layer_norm", out, x, _mask(range(k)), [(w.name, "r")],
                      [attr(node, "epsilon", 1e-5)], (len(consts) > 1,), flops_per=8)
+
+
+# Subgroup arithmetic is required by the row kernel; these drivers have it (and buffers are their storage).
+FAST_ROWS_VENDORS = ("nvidia", "amd", "intel", "llvmpipe")
+
+
+def _lower_rows(node, ctx, x, out, consts):
+    """LayerNorm over a last dim that is a multiple of 4, in buffers: one subgroup per row."""
+    from ..planner.plan import Push
+    length = x.shape[-1]
+    rows = int(np.prod(x.shape[:-1]))
+    per = max(1, 64 // max(ctx.profile.subgroup_size, 1))      # rows per 64-invocation work group
+    aff = np.concatenate([np.broadcast_to(np.asarray(a, np.float32), (length,)) for a in consts])
+    w = ctx.weight(f"{node.name}/scale_bias", aff)
+    p = Push().ivec4(rows, length // 4, per).vec4(attr(node, "epsilon", 1e-5))
+    ctx.dispatch("layer_norm_rows", [(out.name, "w"), (x.name, "r"), (w.name, "r")], p, (len(consts) > 1,),
+                 (64, -(-rows // per), 1), "reduction", flops=8 * x.numel, nbytes=8 * x.numel)
 
 
 def _broadcasts_to(shape, target):

@@ -1,0 +1,45 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+// LayerNormalization over the last dim of a dense buffer whose rows are a multiple of 4 long: one subgroup
+// per row, subgroup adds instead of shared-memory trees and barriers. Same numerics as layer_norm.comp:
+// two passes over x minus the row's first element (no cancellation for large offsets).
+// A work group takes a block of ROWS rows; its subgroups stride over them, so any subgroup size works.
+#include "common.glslh"
+
+layout(constant_id = 3) const bool HAS_BIAS = true;
+
+layout(set = 0, binding = 0, std430) writeonly buffer o_buf { vec4 o[]; };
+layout(set = 0, binding = 1, std430) readonly buffer x_buf { vec4 x[]; };
+layout(set = 0, binding = 2, std430) readonly buffer w_buf { vec4 w[]; };  // scale [L4] then bias [L4]
+
+layout(push_constant) uniform Params {
+  ivec4 cfg;   // rows, L4 (row length / 4), rows per work group
+  vec4 eps;
+} p;
+
+void main() {
+  int L4 = p.cfg.y;
+  float inv_len = 1.0 / float(4 * L4);
+  int lane = int(gl_SubgroupInvocationID), width = int(gl_SubgroupSize);
+  for (int rr = int(gl_SubgroupID); rr < p.cfg.z; rr += int(gl_NumSubgroups)) {
+    int row = int(gl_WorkGroupID.y) * p.cfg.z + rr;
+    if (row >= p.cfg.x) break;            // uniform per subgroup: no barriers here
+    int base = row * L4;
+    float pivot = x[base].x;
+    vec4 s = vec4(0.0);
+    for (int i = lane; i < L4; i += width) s += x[base + i] - pivot;
+    float shift = subgroupAdd(s.x + s.y + s.z + s.w) * inv_len;
+    vec4 q = vec4(0.0);
+    for (int i = lane; i < L4; i += width) {
+      vec4 d = (x[base + i] - pivot) - shift;
+      q += d * d;
+    }
+    float rstd = inversesqrt(subgroupAdd(q.x + q.y + q.z + q.w) * inv_len + p.eps.x);
+    for (int i = lane; i < L4; i += width) {
+      vec4 y = ((x[base + i] - pivot) - shift) * rstd * w[i];
+      if (HAS_BIAS) y += w[L4 + i];
+      o[base + i] = y;
+    }
+  }
+}

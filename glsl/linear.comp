@@ -5,10 +5,11 @@
 // Fast fp32 GEMM for buffers: out = act(A[M, K] @ B[K, N] + bias) (+ residual), A row-major with K a
 // multiple of 4 (rows read as vec4), B a weight prepacked as [K][N4] vec4. A work group computes a
 // BM x BN block (BM = local y * TM, BN = local x * 4 * TN4); each BK-deep slice of A and B is staged
-// in shared memory while the next slice is already being fetched into registers. Each invocation
-// owns TM rows (groups of 4 at ty + g * LY) by TN4 vec4 columns (tx + g * LX), so shared reads are
-// vec4 broadcasts (A) and consecutive vec4s (B). Tile sizes are #defines so every loop unrolls and
-// the accumulators stay in registers.
+// in shared memory while the next slice is already being fetched into registers. A is staged row-major
+// (one vec4 store per fetched vec4, no bank conflicts); each invocation owns TM rows (groups of 4 at
+// ty + g * LY) by TN4 vec4 columns (tx + g * LX) and per 4 k reads one vec4 of A per row (a broadcast
+// within the half-warp) and 4 consecutive-column vec4s of B. Tile sizes are #defines so every loop
+// unrolls and the accumulators stay in registers.
 //   OUT_MODE 0: out row-major [M, N] (linear layers). OUT_MODE 1: out NCHW [N, M_total] with the
 //   dispatch's rows starting at M0 (a conv's output channels by spatial positions).
 #include "common.glslh"
@@ -52,7 +53,7 @@ const int BN4 = LX * TN4;        // vec4 columns in a block
 const int A_LOADS = (BM4 * 4 * (BK / 4) + NT - 1) / NT;   // vec4 loads of A per invocation per slice
 const int B_LOADS = (BK * BN4 + NT - 1) / NT;
 
-shared vec4 a_sh[BK * BM4];      // [k][m4]: 4 consecutive rows of column k
+shared vec4 a_sh[BM4 * 4 * (BK / 4)];  // [m][k4]: row-major, so staging is one conflict-free vec4 store
 shared vec4 b_sh[BK * BN4];      // [k][n4]
 
 float activate(float x) {
@@ -84,9 +85,7 @@ void main() {
       int e = tid + l * NT; int kk = e / BN4, c = e % BN4; int k = (k4_0) * 4 + kk, n4 = n4_base + c; \
       b_reg[l] = (e < BK * BN4 && k < p.dims.z && n4 < N4) ? b4[k * N4 + n4] : vec4(0.0); } }
   #define STAGE() { \
-    [[unroll]] for (int l = 0; l < A_LOADS; ++l) { \
-      int e = tid + l * NT; if (e < BM4 * 4 * (BK / 4)) { int r = e / (BK / 4), q = e % (BK / 4); \
-        [[unroll]] for (int c = 0; c < 4; ++c) a_sh[(q * 4 + c) * BM4 + (r >> 2)][r & 3] = a_reg[l][c]; } } \
+    [[unroll]] for (int l = 0; l < A_LOADS; ++l) { int e = tid + l * NT; if (e < BM4 * 4 * (BK / 4)) a_sh[e] = a_reg[l]; } \
     [[unroll]] for (int l = 0; l < B_LOADS; ++l) { int e = tid + l * NT; if (e < BK * BN4) b_sh[e] = b_reg[l]; } }
 
   FETCH(0)
@@ -94,13 +93,20 @@ void main() {
     STAGE()
     barrier();
     if (k4_0 + BK / 4 < K4) FETCH(k4_0 + BK / 4)   // the next slice travels while this one is used
-    [[unroll]] for (int kk = 0; kk < BK; ++kk) {
-      vec4 a[TMG], b[TN4];
-      [[unroll]] for (int g = 0; g < TMG; ++g) a[g] = a_sh[kk * BM4 + ty + g * LY];
-      [[unroll]] for (int j = 0; j < TN4; ++j) b[j] = b_sh[kk * BN4 + tx + j * LX];
+    [[unroll]] for (int kq = 0; kq < BK / 4; ++kq) {
+      vec4 b[4][TN4];   // 4 consecutive k of this invocation's columns
+      [[unroll]] for (int c = 0; c < 4; ++c)
+        [[unroll]] for (int j = 0; j < TN4; ++j) b[c][j] = b_sh[(kq * 4 + c) * BN4 + tx + j * LX];
       [[unroll]] for (int g = 0; g < TMG; ++g)
-        [[unroll]] for (int i = 0; i < 4; ++i)
-          [[unroll]] for (int j = 0; j < TN4; ++j) acc[g * 4 + i][j] += a[g][i] * b[j];
+        [[unroll]] for (int i = 0; i < 4; ++i) {
+          vec4 a = a_sh[((ty + g * LY) * 4 + i) * (BK / 4) + kq];   // 4 consecutive k of one row
+          [[unroll]] for (int j = 0; j < TN4; ++j) {   // four dependent FMAs per lane
+            acc[g * 4 + i][j] += a.x * b[0][j];
+            acc[g * 4 + i][j] += a.y * b[1][j];
+            acc[g * 4 + i][j] += a.z * b[2][j];
+            acc[g * 4 + i][j] += a.w * b[3][j];
+          }
+        }
     }
     barrier();
   }

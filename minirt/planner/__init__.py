@@ -6,9 +6,10 @@ Pass order (each pass is one module of this package):
   3. fuse_gelu        (fuse_gelu.py)        the Erf GELU pattern becomes one Gelu node
   4. fuse_activation  (fuse_activation.py)  Relu/Gelu after a conv goes into the conv's GEMM epilogue
   5. fuse_linear      (fuse_linear.py)      MatMul + bias + scale + activation + residual -> one Linear
-  6. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
-  7. local sizes      (minirt.lwg)          one deterministic local size per dispatch
-  8. memory plan      (memory_plan.py)      lifetimes for memory reuse
+  6. fuse_attention   (fuse_attention.py)   head splits + MatMul + Softmax + MatMul -> one Attention
+  7. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
+  8. local sizes      (minirt.lwg)          one deterministic local size per dispatch
+  9. memory plan      (memory_plan.py)      lifetimes for memory reuse
 The planner never imports vulkan: everything it decides is plain data in the Plan."""
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import os
 
 from ..errors import MinirtError, UnsupportedError
 from ..lwg import FAMILIES, check_local_size, pick_local_size
-from . import conv1d_as_conv2d, conv_routing, fuse_activation, fuse_gelu, fuse_linear, memory_plan
+from . import conv1d_as_conv2d, conv_routing, fuse_activation, fuse_attention, fuse_gelu, fuse_linear, memory_plan
 from .lower import lower
 from .plan import Plan
 from .storage_layout import check_limits, resolve_storage
@@ -24,7 +25,8 @@ from .storage_layout import check_limits, resolve_storage
 # (name, function(graph, options) -> graph), run in this order
 GRAPH_PASSES = [("conv1d_as_conv2d", conv1d_as_conv2d.rewrite), ("conv_routing", conv_routing.annotate),
                 ("fuse_gelu", fuse_gelu.rewrite), ("fuse_activation", fuse_activation.rewrite),
-                ("fuse_linear", fuse_linear.rewrite)]
+                ("fuse_linear", fuse_linear.rewrite),
+                ("fuse_attention", fuse_attention.rewrite)]
 FORCEABLE = tuple(f for f in FAMILIES if f != "reduction")
 
 

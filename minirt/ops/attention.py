@@ -1,0 +1,87 @@
+"""Attention (domain minirt): multi-head softmax(scale * q k^T) v in one flash-style kernel
+(glsl/attention.comp), made by the fuse_attention pass from the exporters' head-split MatMul/Softmax
+chain. q [B, Tq, D], k and v [B, Tk, D], out [B, Tq, D]; head h is columns h*dh .. h*dh + dh - 1."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import ModelError, UnsupportedError
+from ..planner.plan import Push
+from . import Op, attr, register
+
+MAX_HEAD_DIM = 128
+# (threads, column groups KG, rows per thread RT) in order of preference (measured on an H200: 128-thread groups
+# with 5 rows each are fastest for dh = 64); the first whose KG divides dh / 4 and whose tiles fit the shared
+# memory wins. A work group owns RT * threads / KG query rows and steps over 4 KG keys at a time.
+TILES = ((128, 16, 5), (128, 16, 3), (128, 8, 4), (64, 16, 4), (64, 8, 4)) + \
+    tuple((32, kg, rt) for kg in (16, 8, 4, 2, 1) for rt in (4, 2, 1))   # small groups for any other head dim
+# CPU drivers (lavapipe) gain more from fewer, taller work groups (less K/V restaging) than from short blocks.
+CPU_TILES = ((128, 8, 3),)
+
+
+def shared_bytes(dh, threads, kg, rt):
+    p4, bq, bk = dh // 4 + 1, rt * threads // kg, 4 * kg
+    return 16 * p4 * (bq + bk) + 4 * bq * (bk + 4 + kg)
+
+
+def tiles(dh, shared, cpu=False):
+    """(threads, KG, RT) for head dim dh within `shared` bytes of shared memory, or None."""
+    order = CPU_TILES + TILES if cpu else TILES
+    return next((t for t in order if (dh // 4) % t[1] == 0 and shared_bytes(dh, *t) <= shared), None)
+
+
+@register
+class Attention(Op):
+    name, domain = "Attention", "minirt"
+    limits = (f"internal, made by the fuse_attention pass (Session option fuse_attention=False turns it off); "
+              f"head dim a multiple of 4 up to {MAX_HEAD_DIM}; no mask, no causal; fp32 only")
+
+    def infer(self, node, ins):
+        q, k, v = (t.shape for t in ins)
+        if len(q) != 3 or len(k) != 3 or len(v) != 3 or k != v or q[0] != k[0] or q[2] != k[2]:
+            raise ModelError(f"{node}: expects q [B, Tq, D], k and v [B, Tk, D], got {list(q)} {list(k)} {list(v)}")
+        return [(q, ins[0].dtype)]
+
+    @staticmethod
+    def head_problem(d, heads):
+        """Why D split into `heads` heads cannot run on the kernel, or None (the fusion pass asks first)."""
+        if heads < 1 or d % heads:
+            return f"D = {d} is not divisible by heads = {heads}"
+        dh = d // heads
+        if dh % 4 or dh > MAX_HEAD_DIM:
+            return f"head dim {dh} is not a multiple of 4 in 4 .. {MAX_HEAD_DIM}"
+        return None
+
+    def check(self, node, ins):
+        d = ins[0].shape[-1] if ins[0].shape else None
+        return self.head_problem(d, attr(node, "heads", 1)) if isinstance(d, int) else None
+
+    def reference(self, node, q, k, v):
+        h, scale = attr(node, "heads", 1), attr(node, "scale", 1.0)
+
+        def split(x):   # [B, T, D] -> [B, H, T, dh]
+            return x.reshape(x.shape[0], x.shape[1], h, -1).transpose(0, 2, 1, 3)
+
+        s = split(q) @ split(k).transpose(0, 1, 3, 2) * np.asarray(scale, q.dtype)
+        e = np.exp(s - s.max(-1, keepdims=True))
+        o = (e / e.sum(-1, keepdims=True)) @ split(v)
+        return [o.transpose(0, 2, 1, 3).reshape(q.shape).astype(q.dtype, copy=False)]
+
+    def lower(self, node, ctx):
+        out, q, k, v = ctx.t(node.outputs[0]), *(ctx.t(i) for i in node.inputs)
+        heads, scale = attr(node, "heads", 1), float(attr(node, "scale", 1.0))
+        B, Tq, D = q.shape
+        Tk = k.shape[1]
+        dh = D // heads
+        tile = tiles(dh, ctx.profile.max_shared_memory, ctx.profile.device_type == "cpu")
+        if tile is None:
+            raise UnsupportedError(f"{node}: head dim {dh} needs more shared memory than this device's "
+                                   f"{ctx.profile.max_shared_memory} bytes")
+        threads, kg, rt = tile
+        push = Push().ivec4(Tq, Tk, heads, D // 4).vec4(scale * math.log2(math.e))
+        # family "reduction": the local x is the global x given, so one work group = `threads` invocations
+        ctx.dispatch(ctx.variant("attention"), [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")],
+                     push, (dh, kg, rt), (threads, -(-Tq // (rt * threads // kg)), B * heads), "reduction",
+                     flops=4 * B * heads * Tq * Tk * dh, nbytes=4 * (2 * q.numel + k.numel + v.numel))

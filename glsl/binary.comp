@@ -19,6 +19,7 @@ layout(push_constant) uniform Params {
 
 float pow_f(float a, float b) {
   if (b == 0.0) return 1.0;
+  if (isnan(a) || isnan(b)) return a + b;   // GLSL pow of NaN is undefined
   float r = pow(abs(a), b);
   if (a < 0.0) {
     if (fract(b) != 0.0) return NAN_F;

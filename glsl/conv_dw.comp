@@ -38,7 +38,7 @@ void main() {
         s += w[(c * p.kern.x + kh) * p.kern.y + kw] * LOAD(t_in, ivec4(iw, ih, c, i.w), p.in_sizes, p.pd.y);
       }
     }
-    r[l] = p.pd.z == 1 ? max(s, 0.0) : p.pd.z == 2 ? 0.5 * s * (1.0 + erf_f(s * 0.70710678118654752)) : s;
+    r[l] = p.pd.z == 1 ? relu_f(s) : p.pd.z == 2 ? 0.5 * s * (1.0 + erf_f(s * 0.70710678118654752)) : s;
   }
   STORE4(t_out, o, p.out_sizes, p.pd.x, r);
 }

@@ -55,7 +55,7 @@ float a_at(int m, int k) {
 }
 
 float activate(float x) {
-  if (ACT == 1) return max(x, 0.0);
+  if (ACT == 1) return relu_f(x);
   if (ACT == 2) return 0.5 * x * (1.0 + erf_f(x * 0.70710678118654752));
   if (ACT == 3) return 0.5 * x * (1.0 + tanh_f(0.7978845608028654 * (x + 0.044715 * x * x * x)));
   return x;

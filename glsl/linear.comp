@@ -57,7 +57,7 @@ shared vec4 a_sh[BM4 * 4 * (BK / 4)];  // [m][k4]: row-major, so staging is one 
 shared vec4 b_sh[BK * BN4];      // [k][n4]
 
 float activate(float x) {
-  if (ACT == 1) return max(x, 0.0);
+  if (ACT == 1) return relu_f(x);
   if (ACT == 2) return 0.5 * x * (1.0 + erf_f(x * 0.70710678118654752));
   if (ACT == 3) return 0.5 * x * (1.0 + tanh_f(0.7978845608028654 * (x + 0.044715 * x * x * x)));
   return x;

@@ -25,7 +25,7 @@ float apply(float x) {
     float u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
     return 0.5 * x * (1.0 + tanh_f(u));
   }
-  if (OP == 5) return max(x, 0.0);
+  if (OP == 5) return relu_f(x);
   if (OP == 6) return 1.0 / (1.0 + exp(-x));
   if (OP == 7) return tanh_f(x);
   if (OP == 8) return -x;

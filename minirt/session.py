@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,6 +11,7 @@ import numpy as np
 from .errors import InputError, MinirtError
 from .infer import bind_inputs, prepare
 from .loaders import load
+from .timing import Phases
 
 _devices: dict = {}
 _devices_lock = threading.Lock()
@@ -53,15 +55,24 @@ class Session:
 
     storage: "auto" (textures on Adreno, Mali and PowerVR, buffers elsewhere), "texture" or "buffer".
     device: a device index as listed by `minirt devices` (default: MINIRT_DEVICE or the best GPU).
+    progress: called with a short label ("loading", "planning", "uploading weights", ...) as each
+    start-up phase begins (the command line shows it on a terminal).
+    startup_ms: milliseconds per start-up phase: load, check, device, plan, alloc, upload, pipelines,
+    record (the executor's, for the first planned shape) and first_run (the first run's execution).
     """
 
     def __init__(self, model, *, storage="auto", device=None, weights=None, options=None, profile=False,
-                 local_size=None, conv1d_rewrite=True):
+                 local_size=None, conv1d_rewrite=True, progress=None):
         self._lock = threading.Lock()
         self.profiling = bool(profile)
         self._last = None
         self._execs = {}
+        self._progress = progress
+        self.startup_ms = {}
+        phase = Phases(self.startup_ms, progress)
+        phase("load", "loading")
         self.graph = load(model, weights=weights)
+        phase("check", "checking")
         self.options = dict(options or {})
         if not conv1d_rewrite:
             self.options["conv1d_rewrite"] = False
@@ -74,7 +85,9 @@ class Session:
         trial = {n: tuple(d if isinstance(d, int) else 1 for d in self.graph.tensor(n).shape or ())
                  for n in self.graph.inputs}
         self._prepared = prepare(self.graph.copy() if static else bind_inputs(self.graph, trial))
+        phase("device", "opening the device")
         self.device = get_device(device)
+        phase(None)
         from .planner.storage_layout import resolve_storage
         self.storage = resolve_storage(storage, self.device.profile)
         self.inputs = [IOInfo(n, self.graph.tensor(n).shape, self.graph.tensor(n).dtype or "float32")
@@ -95,9 +108,16 @@ class Session:
         ex = self._execs.get(key)
         if ex is None:
             from .vk.executor import Executor
+            times = {}
+            phase = Phases(times, self._progress)
+            phase("plan", "planning")
             plan = self.plan_for(shapes)
-            ex = Executor(self.device, plan, profile=self.profiling)
+            phase(None)
+            ex = Executor(self.device, plan, profile=self.profiling, progress=self._progress)
             self._execs[key] = ex
+            if "record" not in self.startup_ms:      # the first executor is the start-up cost
+                self.startup_ms.update(times)
+                self.startup_ms.update(ex.startup_ms)
             self.plan = plan
         return ex
 
@@ -120,7 +140,9 @@ class Session:
             if self._execs is None:
                 raise MinirtError("this Session is closed")
             ex = self._executor({k: v.shape for k, v in feeds.items()})
+            t0 = time.perf_counter()
             res = ex.run(feeds)
+            self.startup_ms.setdefault("first_run", (time.perf_counter() - t0) * 1e3)
             self._last = ex
         return res[names[0]] if single else [res[n] for n in names]
 
@@ -158,10 +180,18 @@ class Session:
 
     # -- lifetime ---------------------------------------------------------------------------
     def close(self):
+        """Free every GPU resource of this Session; idempotent. Every executor is closed even when
+        one fails to (the first failure is raised after)."""
         with self._lock:
-            for ex in (self._execs or {}).values():
-                ex.close()
-            self._execs = None
+            execs, self._execs, self._last = self._execs or {}, None, None
+            first = None
+            for ex in execs.values():
+                try:
+                    ex.close()
+                except Exception as e:
+                    first = first or e
+            if first is not None:
+                raise first
 
     def __enter__(self):
         return self

@@ -93,7 +93,7 @@ def test_missing_file_names_it(tmp_path):
 
 
 def test_cycle_is_refused():
-    nodes = [helper.make_node("Relu", ["x", "b"], ["a"], name="n1"), helper.make_node("Relu", ["a"], ["b"], name="n2"),
+    nodes = [helper.make_node("Add", ["x", "b"], ["a"], name="n1"), helper.make_node("Relu", ["a"], ["b"], name="n2"),
              helper.make_node("Relu", ["b"], ["y"], name="n3")]
     m = make_model(nodes, {"x": (3,)}, ["y"])
     with pytest.raises(ModelError, match="cycle"):

@@ -14,4 +14,9 @@ def load(model, weights=None):
         from .safetensors_loader import load_safetensors
         return load_safetensors(model)
     from .onnx_loader import load_onnx
+    import onnx
+    if not isinstance(model, (str, os.PathLike, bytes, bytearray, memoryview, onnx.ModelProto)):
+        from ..errors import ModelError
+        raise ModelError(f"a model is an ONNX or safetensors path, ONNX bytes or an onnx.ModelProto; got "
+                         f"{type(model).__name__}")
     return load_onnx(model, weights=weights)

@@ -48,6 +48,9 @@ class Conv(Op):
         if rank not in (3, 4):
             return (f"{rank - 2}-D convolution (rank-{rank} tensors) is not supported; minirt runs 1-D and 2-D Conv"
                     if rank else "the weight's rank is unknown")
+        b = ins[2] if len(ins) > 2 else None
+        if b is not None and b.shape is not None and w.shape is not None and tuple(b.shape) != (w.shape[0],):
+            return f"bias '{node.inputs[2]}' has shape {list(b.shape)}, expected [{w.shape[0]}] (one per output channel)"
         for i, what in ((1, "weight"), (2, "bias")):
             if len(ins) > i and ins[i] is not None and not ins[i].is_const:
                 return (f"{what} '{node.inputs[i]}' is computed at run time; minirt needs Conv {what}s to be "

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 from ..device_profile import DeviceProfile, classify_vendor
@@ -31,10 +32,27 @@ def _version(v: int) -> str:
     return f"{v >> 22}.{(v >> 12) & 0x3FF}.{v & 0xFFF}"
 
 
+VALIDATION_LAYER = "VK_LAYER_KHRONOS_validation"
+DEBUG_UTILS = "VK_EXT_debug_utils"
+
+
+def validation_enabled() -> bool:
+    return os.environ.get("MINIRT_VALIDATION", "") not in ("", "0")
+
+
+# Every validation message of warning or error severity, in order, as "SEVERITY [id] text", with a
+# "PERFORMANCE " prefix for messages that are only performance advice (MINIRT_VALIDATION=1 with
+# VK_EXT_debug_utils present). Shared by every Device of the process
+# (they share the one VkInstance); tests read it around each test (tests/conftest.py --validation).
+validation_messages: list = []
+
+
 class _Instance:
     """One VkInstance per process, shared by every Session; created on first use."""
     _lock = threading.Lock()
     _inst = None
+    _messenger = None     # VkDebugUtilsMessengerEXT, lives as long as the instance
+    _callback = None      # the cffi callback: must stay referenced while the messenger exists
 
     @classmethod
     def get(cls):
@@ -43,21 +61,86 @@ class _Instance:
                 cls._inst = cls._create()
             return cls._inst
 
-    @staticmethod
-    def _create():
+    @classmethod
+    def _create(cls):
         vk = import_vulkan()
         app = vk.VkApplicationInfo(pApplicationName="minirt", applicationVersion=1, pEngineName="minirt",
                                    engineVersion=1, apiVersion=vk.VK_MAKE_VERSION(1, 1, 0))
-        layers = []
-        if os.environ.get("MINIRT_VALIDATION", "") not in ("", "0"):
-            layers = ["VK_LAYER_KHRONOS_validation"]
+        layers, exts, messenger_info = [], [], None
+        if validation_enabled():
+            have = _instance_layers(vk)
+            if VALIDATION_LAYER not in have:
+                raise DeviceError(f"MINIRT_VALIDATION is set but the Vulkan validation layer {VALIDATION_LAYER} "
+                                  f"is not installed: on Debian or Ubuntu `apt-get install vulkan-validationlayers` "
+                                  f"(or unset MINIRT_VALIDATION)")
+            layers = [VALIDATION_LAYER]
+            if DEBUG_UTILS in _instance_extensions(vk, None) | _instance_extensions(vk, VALIDATION_LAYER):
+                exts = [DEBUG_UTILS]
+                messenger_info = cls._messenger_info(vk)
         info = vk.VkInstanceCreateInfo(pApplicationInfo=app, enabledLayerCount=len(layers),
-                                       ppEnabledLayerNames=layers or None)
+                                       ppEnabledLayerNames=layers or None, enabledExtensionCount=len(exts),
+                                       ppEnabledExtensionNames=exts or None)
+        if messenger_info is not None:
+            info.pNext = messenger_info      # messages from vkCreateInstance itself
         try:
-            return vk.vkCreateInstance(info, None)
+            inst = vk.vkCreateInstance(info, None)
         except vk.VkError as e:
             raise DeviceError(f"vkCreateInstance failed ({type(e).__name__}): no usable Vulkan driver. "
                               + INSTALL_HINT) from None
+        if messenger_info is not None:
+            try:
+                create = vk.vkGetInstanceProcAddr(inst, "vkCreateDebugUtilsMessengerEXT")
+                cls._messenger = create(inst, messenger_info, None)
+            except Exception as e:
+                raise DeviceError(f"MINIRT_VALIDATION: could not create the {DEBUG_UTILS} messenger "
+                                  f"({type(e).__name__}: {e})") from None
+        return inst
+
+    @classmethod
+    def _messenger_info(cls, vk):
+        """A VkDebugUtilsMessengerCreateInfoEXT (cdata pointer) whose callback appends warnings and errors
+        to validation_messages and prints them to stderr (with a messenger, the layer prints nothing itself). The cffi callback is kept on the class: freeing it while the layer can
+        still call it would crash the process."""
+        ffi = vk.ffi
+        names = {vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT: "ERROR",
+                 vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT: "WARNING"}
+        perf = vk.VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT
+
+        def on_message(severity, types, data, user):
+            try:
+                ident = ffi.string(data.pMessageIdName).decode(errors="replace") if data.pMessageIdName else ""
+                text = ffi.string(data.pMessage).decode(errors="replace") if data.pMessage else ""
+                kind = "PERFORMANCE " if types & perf and not types & ~perf else ""
+                msg = f"{kind}{names.get(severity, severity)} [{ident}] {text}"
+                validation_messages.append(msg)
+                print(f"minirt: Vulkan validation: {msg}", file=sys.stderr, flush=True)   # as the layer would
+            except Exception as e:     # never let an exception cross back into the driver
+                validation_messages.append(f"ERROR [minirt] could not read a validation message: {e!r}")
+            return vk.VK_FALSE
+
+        cls._callback = ffi.callback("PFN_vkDebugUtilsMessengerCallbackEXT", on_message)
+        return ffi.new("VkDebugUtilsMessengerCreateInfoEXT*", {
+            "sType": vk.VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT,
+            "messageSeverity": vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT
+                               | vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT,
+            "messageType": vk.VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT
+                           | vk.VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT
+                           | vk.VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT,
+            "pfnUserCallback": cls._callback})
+
+
+def _instance_layers(vk) -> set:
+    try:
+        return {p.layerName for p in vk.vkEnumerateInstanceLayerProperties()}
+    except vk.VkError:
+        return set()
+
+
+def _instance_extensions(vk, layer) -> set:
+    try:
+        return {p.extensionName for p in vk.vkEnumerateInstanceExtensionProperties(layer)}
+    except vk.VkError:
+        return set()
 
 
 def physical_devices():
@@ -142,6 +225,7 @@ class Device:
         self.mem_props = vk.vkGetPhysicalDeviceMemoryProperties(self.pd)
         self.lock = threading.Lock()      # serialises queue submission across Sessions
         self.live = 0                     # Sessions using it
+        self.validation_messages = validation_messages   # MINIRT_VALIDATION=1: warnings and errors, in order
 
     def memory_type(self, type_bits: int, want: int, avoid: int = 0) -> int:
         """First memory type allowed by type_bits with all `want` flags, preferring ones without `avoid`."""

@@ -7,10 +7,11 @@ through host-cached readback buffers."""
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 
-from ..errors import DeviceError, MinirtError
+from ..errors import DeviceError, MinirtError, UnsupportedError
 from ..layout import from_texels, to_texels
 from ..planner.memory_plan import assign_offsets
 from ..planner.plan import CONSTANT, INPUT, OUTPUT, WEIGHT
@@ -19,6 +20,29 @@ from .kernels import Kernels
 
 UPLOAD_CHUNK = 64 << 20
 QUERIES_PER_POOL = 4096
+
+# Live Vulkan objects of all executors (buffers, memories, images, views, samplers, pools, fences,
+# query pools, and each executor's pipelines, pipeline and set layouts and shader modules):
+# +1 in _own, -1 in close. Tests check that it returns to its start (no leak).
+_live = 0
+_live_lock = threading.Lock()
+
+
+def live_objects() -> int:
+    """Vulkan objects created by executors and not destroyed yet."""
+    return _live
+
+
+def _count_live(n):
+    global _live
+    with _live_lock:
+        _live += n
+
+
+def _kernel_objects(k) -> int:
+    cache = getattr(getattr(k, "cache", None), "handle", None)      # the VkPipelineCache, when there is one
+    return (sum(len(getattr(k, a, ())) for a in ("pipelines", "pipe_layouts", "set_layouts", "modules"))
+            + (cache is not None))
 
 
 class Executor:
@@ -56,13 +80,23 @@ class Executor:
             phase(None)
             self.startup_ms["pipelines"] += getattr(self.kernels, "pipeline_s", 0.0) * 1e3   # spent inside _record
             self.startup_ms["record"] -= getattr(self.kernels, "pipeline_s", 0.0) * 1e3
-        except BaseException:
-            self.close()
+            # the Kernels' pipelines, layouts and modules count as live objects too (all made by now)
+            self._kernel_objects = _kernel_objects(self.kernels)
+            _count_live(self._kernel_objects)
+        except BaseException as e:
+            try:
+                self.close()
+            except Exception:
+                pass        # the first error is the one to report
+            if isinstance(e, self.vk.VkError):     # e.g. out of host or device memory creating a buffer
+                raise DeviceError(f"creating the Vulkan resources of this model on '{dev.profile.name}' failed: "
+                                  f"{type(e).__name__}") from e
             raise
 
     # -- helpers ----------------------------------------------------------------------------
     def _own(self, destroy, handle):
         self._trash.append((destroy, handle))
+        _count_live(1)
         return handle
 
     def _alloc(self, req, flags, what, avoid=0):
@@ -92,6 +126,9 @@ class Executor:
     def _image(self, extents):
         vk = self.vk
         x, y, z = extents
+        if min(x, y, z) < 1:    # a zero extent is invalid Vulkan usage (lavapipe crashes binding its memory)
+            raise UnsupportedError(f"a texture of extents {[x, y, z]} (a tensor with a zero-size dim) cannot be "
+                                   f"created; minirt runs empty tensors only in storage='buffer'")
         return self._own(vk.vkDestroyImage, vk.vkCreateImage(self.d, vk.VkImageCreateInfo(
             imageType=vk.VK_IMAGE_TYPE_3D, format=vk.VK_FORMAT_R32G32B32A32_SFLOAT,
             extent=vk.VkExtent3D(x, y, z), mipLevels=1, arrayLayers=1, samples=vk.VK_SAMPLE_COUNT_1_BIT,
@@ -206,6 +243,7 @@ class Executor:
         mapped = self._map(smem, size)
         view = np.frombuffer(mapped, np.uint8, size)
         pool = self._own(vk.vkDestroyCommandPool, vk.vkCreateCommandPool(self.d, vk.VkCommandPoolCreateInfo(
+            flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,   # cmd is begun again for each chunk
             queueFamilyIndex=self.dev.family), None))
         cmd = vk.vkAllocateCommandBuffers(self.d, vk.VkCommandBufferAllocateInfo(
             commandPool=pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
@@ -215,7 +253,8 @@ class Executor:
             vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
             fn()
             vk.vkEndCommandBuffer(cmd)
-            self._submit_wait(cmd, fence)
+            with self.dev.lock:     # the queue is shared with other Sessions' runs (Vulkan: externally synchronised)
+                self._submit_wait(cmd, fence)
 
         for data, kind, dst, where in uploads:
             raw = data.view(np.uint8)
@@ -340,8 +379,8 @@ class Executor:
             if w[0] == "buffer":
                 vk.vkCmdCopyBuffer(cmd, buf, w[1], 1, [vk.VkBufferCopy(0, w[2], t.nbytes)])
             else:
-                self._image_barrier(cmd, [w[1]], vk.VK_IMAGE_LAYOUT_UNDEFINED, 0, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT,
-                                    TW, T)
+                # after the poison clears (transfer) and any earlier reader (compute) of this memory
+                self._image_barrier(cmd, [w[1]], vk.VK_IMAGE_LAYOUT_UNDEFINED, TW, T | C, TW, T)
                 vk.vkCmdCopyBufferToImage(cmd, buf, w[1], vk.VK_IMAGE_LAYOUT_GENERAL, 1, [self._region(w[3])])
         if self.inputs or self.plan.poison:
             self._memory_barrier(cmd, T, TW, C, SR | SW)
@@ -395,6 +434,7 @@ class Executor:
         self._submit = ffi.new("VkSubmitInfo*", {"sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, "commandBufferCount": 1,
                                                  "pCommandBuffers": self._cmds})
         self._fences = ffi.new("VkFence[1]", [self.fence])
+        self._pending = False      # a run timed out and its fence has not signalled yet
 
     def _poison(self, cmd):
         """Fill every activation except inputs with NaN before each run, so an element no kernel
@@ -407,7 +447,10 @@ class Executor:
             self._image_barrier(cmd, imgs, vk.VK_IMAGE_LAYOUT_UNDEFINED, 0, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT,
                                 vk.VK_ACCESS_TRANSFER_WRITE_BIT, vk.VK_PIPELINE_STAGE_TRANSFER_BIT)
             color = vk.VkClearColorValue(float32=[float("nan")] * 4)
-            for img in imgs:
+            T, TW = vk.VK_PIPELINE_STAGE_TRANSFER_BIT, vk.VK_ACCESS_TRANSFER_WRITE_BIT
+            for i, img in enumerate(imgs):
+                if i:   # images may alias: order the clears
+                    self._memory_barrier(cmd, T, TW, T, TW)
                 vk.vkCmdClearColorImage(cmd, img, vk.VK_IMAGE_LAYOUT_GENERAL, color, 1, [self._range()])
 
     # -- profiling ----------------------------------------------------------------------------
@@ -457,12 +500,13 @@ class Executor:
             vk.vkQueueSubmit(self.dev.queue, 1, [info], fence)
             vk.vkWaitForFences(self.d, 1, [fence], vk.VK_TRUE, self.timeout_ns)
         except vk.VkTimeout:
-            raise DeviceError(f"the GPU did not finish within {self.timeout_ns / 1e9:.0f} s "
+            # the work is still pending: its fence may not be reset, and close() waits for the queue
+            # before it destroys anything the work uses
+            raise DeviceError(f"the GPU did not finish within {self.timeout_ns / 1e9:g} s "
                               f"(MINIRT_TIMEOUT_S raises the limit)") from None
         except vk.VkError as e:
             raise DeviceError(f"the GPU failed while running: {type(e).__name__}") from None
-        finally:
-            vk.vkResetFences(self.d, 1, [fence])
+        vk.vkResetFences(self.d, 1, [fence])
 
     def run(self, feeds: dict) -> dict:
         """feeds: {input name: float32 array of the planned shape}. Returns {output name: array}."""
@@ -474,14 +518,26 @@ class Executor:
                 np.copyto(view, x.reshape(-1), casting="no")
         lib, vk = self.vk.lib, self.vk
         with self.dev.lock:
-            rc = lib.vkQueueSubmit(self.dev.queue, 1, self._submit, self.fence)
-            if rc == vk.VK_SUCCESS:
+            rc = vk.VK_SUCCESS
+            if self._pending:
+                # the last run timed out: its command buffer may still execute; it must finish before
+                # the fence is reset and the buffer resubmitted
                 rc = lib.vkWaitForFences(self.d, 1, self._fences, 1, self.timeout_ns)
-            lib.vkResetFences(self.d, 1, self._fences)
+                if rc == vk.VK_SUCCESS:
+                    lib.vkResetFences(self.d, 1, self._fences)
+                    self._pending = False
+            if rc == vk.VK_SUCCESS:
+                rc = lib.vkQueueSubmit(self.dev.queue, 1, self._submit, self.fence)
+                if rc == vk.VK_SUCCESS:
+                    rc = lib.vkWaitForFences(self.d, 1, self._fences, 1, self.timeout_ns)
+                    if rc == vk.VK_TIMEOUT:
+                        self._pending = True
+                    else:
+                        lib.vkResetFences(self.d, 1, self._fences)
         if rc != vk.VK_SUCCESS:
             if rc == vk.VK_TIMEOUT:
                 raise DeviceError(f"the GPU did not finish within {self.timeout_ns / 1e9:.0f} s "
-                                  f"(MINIRT_TIMEOUT_S raises the limit)")
+                                  f"(MINIRT_TIMEOUT_S raises the limit; the next run waits for this one)")
             what = vk.exception_codes[rc].__name__ if rc in vk.exception_codes else f"VkResult {rc}"
             raise DeviceError(f"the GPU failed while running: {what}")
         out = {}
@@ -495,17 +551,42 @@ class Executor:
         return out
 
     def close(self):
+        """Destroy everything this executor created; idempotent, and safe after a failed __init__.
+        Every object is destroyed even when one destroy fails; the first failure is raised after."""
         vk = self.vk
         if getattr(self, "inputs", None) is not None:
             self.inputs, self.outputs = None, None     # drop numpy views before unmapping
+        errors = []
+        if self._trash:
+            # an upload or run that timed out may still be executing: nothing it uses may be destroyed before
+            # it ends (other Sessions' work is never in flight here: they wait for it under the same lock)
+            try:
+                with self.dev.lock:
+                    vk.vkQueueWaitIdle(self.dev.queue)
+            except Exception as e:
+                errors.append(e)
         for mem in self._maps:
-            vk.vkUnmapMemory(self.d, mem)
+            try:
+                vk.vkUnmapMemory(self.d, mem)
+            except Exception as e:
+                errors.append(e)
         self._maps = []
         if hasattr(self, "kernels"):
-            self.kernels.destroy()
-        for destroy, h in reversed(self._trash):
-            destroy(self.d, h, None)
-        self._trash = []
+            try:
+                self.kernels.destroy()
+            except Exception as e:
+                errors.append(e)
+            _count_live(-getattr(self, "_kernel_objects", 0))
+            self._kernel_objects = 0
+        trash, self._trash = self._trash, []
+        for destroy, h in reversed(trash):
+            try:
+                destroy(self.d, h, None)
+            except Exception as e:
+                errors.append(e)
+            _count_live(-1)
+        if errors:
+            raise DeviceError(f"closing the executor failed: {type(errors[0]).__name__}: {errors[0]}") from errors[0]
 
 
 def _overlap(a, b):

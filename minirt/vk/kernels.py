@@ -1,11 +1,14 @@
 """SPIR-V kernels: shader modules from spirv/, descriptor layouts, and pipelines keyed by
-(variant, descriptor types, local size, specialization constants), each created once."""
+(variant, descriptor types, local size, specialization constants), each created once, through the
+on-disk pipeline cache (minirt/cache.py), which is written back when the Kernels are destroyed."""
 from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
+from ..cache import PipelineCache
 from ..errors import MinirtError
 
 SPIRV_DIRS = (Path(__file__).resolve().parents[2] / "spirv", Path(__file__).resolve().parents[1] / "spirv")
@@ -25,14 +28,19 @@ class Kernels:
         self.dir = spirv_dir()
         self.manifest = json.loads((self.dir / "manifest.json").read_text())["shaders"]
         self.modules, self.set_layouts, self.pipe_layouts, self.pipelines = {}, {}, {}, {}
+        self.created = 0          # pipelines this instance created (cache hits included)
+        self.pipeline_s = 0.0     # seconds in vkCreateShaderModule + vkCreateComputePipelines
+        self.cache = PipelineCache(dev)
 
     def module(self, name):
         if name not in self.modules:
             if name not in self.manifest:
                 raise MinirtError(f"kernel '{name}' is not in {self.dir}/manifest.json; rebuild the shaders")
             code = (self.dir / f"{name}.spv").read_bytes()
+            t0 = time.perf_counter()
             info = self.vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code)
             self.modules[name] = self.vk.vkCreateShaderModule(self.dev.device, info, None)
+            self.pipeline_s += time.perf_counter() - t0
         return self.modules[name]
 
     def layout(self, types: tuple):
@@ -65,11 +73,21 @@ class Kernels:
                                                        module=self.module(name), pName="main",
                                                        pSpecializationInfo=sinfo)
             info = vk.VkComputePipelineCreateInfo(stage=stage, layout=pl)
-            self.pipelines[key] = vk.vkCreateComputePipelines(self.dev.device, None, 1, [info], None)[0]
+            t0 = time.perf_counter()
+            self.pipelines[key] = vk.vkCreateComputePipelines(self.dev.device, self.cache.handle, 1, [info], None)[0]
+            self.pipeline_s += time.perf_counter() - t0
+            self.created += 1
         return self.pipelines[key], self.pipe_layouts[types]
 
     def destroy(self):
         vk, d = self.vk, self.dev.device
+        if self.created:
+            try:
+                self.cache.save()
+            except Exception:       # a cache that cannot be written must not break closing
+                pass
+        self.cache.destroy()
+        self.created = 0
         for p in self.pipelines.values():
             vk.vkDestroyPipeline(d, p, None)
         for p in self.pipe_layouts.values():

@@ -1,0 +1,617 @@
+"""Bad input never crashes, hangs or leaves half-built state: every failure is a MinirtError subclass
+that says what is wrong, raised before GPU work where it can be, and no Vulkan object outlives it."""
+import os
+import struct
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+from safetensors.numpy import save_file
+
+from minirt import DeviceError, InputError, MinirtError, ModelError, Session, UnsupportedError
+from minirt.vk.executor import live_objects
+from oracle import compare, make_model, onnxruntime_run, rand
+
+ROOT = Path(__file__).resolve().parents[1]
+W, B = rand(4, 3, seed=1), rand(3, seed=2)
+
+
+def small_model():
+    """x [2, 4] -> MatMul W -> Add B -> Softmax -> y [2, 3]."""
+    return make_model([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["a"]),
+                       helper.make_node("Softmax", ["a"], ["y"], axis=-1)], {"x": [2, 4]}, ["y"], {"w": W, "b": B})
+
+
+def rich_model():
+    """Conv, LayerNorm, shape arithmetic (Shape/Gather/Unsqueeze/Concat -> Reshape), MatMul, Gelu, Slice,
+    ReduceMean, Softmax: the fuzz target, so mutations reach many parsers and ops."""
+    nodes = [
+        helper.make_node("Conv", ["x", "cw", "cb"], ["c"], kernel_shape=[3], pads=[1, 1], strides=[1]),
+        helper.make_node("Transpose", ["c"], ["t"], perm=[0, 2, 1]),
+        helper.make_node("LayerNormalization", ["t", "g", "bt"], ["ln"], axis=-1, epsilon=1e-5),
+        helper.make_node("Shape", ["ln"], ["sh"]),
+        helper.make_node("Gather", ["sh", "i1"], ["d1"], axis=0),
+        helper.make_node("Unsqueeze", ["d1", "ax0"], ["d1u"]),
+        helper.make_node("Concat", ["one", "d1u", "m1"], ["tgt"], axis=0),
+        helper.make_node("Reshape", ["ln", "tgt"], ["r"]),
+        helper.make_node("MatMul", ["r", "w"], ["mm"]),
+        helper.make_node("Gelu", ["mm"], ["ge"]),
+        helper.make_node("Slice", ["ge", "st", "en", "axs"], ["sl"]),
+        helper.make_node("ReduceMean", ["sl", "axr"], ["rm"], keepdims=1),
+        helper.make_node("Sub", ["sl", "rm"], ["y0"]),
+        helper.make_node("Softmax", ["y0"], ["y"], axis=-1),
+    ]
+    inits = {"cw": rand(8, 4, 3, seed=1), "cb": rand(8, seed=2), "g": rand(8, seed=3), "bt": rand(8, seed=4),
+             "i1": np.array(1, np.int64), "ax0": np.array([0], np.int64), "one": np.array([1], np.int64),
+             "m1": np.array([-1], np.int64), "w": rand(8, 6, seed=5), "st": np.array([1], np.int64),
+             "en": np.array([5], np.int64), "axs": np.array([2], np.int64), "axr": np.array([1], np.int64)}
+    return make_model(nodes, {"x": [1, 4, 6]}, ["y"], inits, opset=20)
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """Every test here ends with as many live Vulkan objects as it started with."""
+    before = live_objects()
+    yield
+    assert live_objects() == before, f"{live_objects() - before} Vulkan object(s) leaked"
+
+
+def refused(exc, model, match=None, **kw):
+    """Session(model) raises exc (matching `match`) and leaves nothing behind."""
+    before = live_objects()
+    with pytest.raises(exc, match=match) as info:
+        Session(model, **kw)
+    assert live_objects() == before
+    return str(info.value)
+
+
+# -- files -------------------------------------------------------------------------------------------
+
+def test_truncated_onnx_files(tmp_path):
+    data = rich_model().SerializeToString()
+    p = tmp_path / "m.onnx"
+    for n in sorted({0, 1, 2, 7, 50, len(data) // 3, len(data) // 2, len(data) - 50, len(data) - 1}):
+        p.write_bytes(data[:n])
+        msg = refused(ModelError, p)
+        assert str(p) in msg
+        refused(ModelError, data[:n])
+
+
+def test_corrupt_onnx_files(tmp_path):
+    p = tmp_path / "garbage.onnx"
+    p.write_bytes(b"\x08\x07garbage" * 40)
+    assert "not a valid ONNX model" in refused(ModelError, p)
+    p.write_bytes(np.random.default_rng(0).bytes(4096))
+    refused(ModelError, p)
+    refused(ModelError, tmp_path / "absent.onnx", match="no such model file")
+    refused(ModelError, tmp_path, match="no such model file")                  # a folder
+    refused(ModelError, None, match="a model is an ONNX or safetensors path")
+    refused(ModelError, 42, match="a model is an ONNX or safetensors path")
+
+
+def _weights(tmp_path, name="w.safetensors"):
+    p = tmp_path / name
+    save_file({"w": rand(4, 3, seed=5), "b": rand(3, seed=6)}, str(p))
+    return p
+
+
+def test_truncated_and_corrupt_safetensors_weights(tmp_path):
+    m = small_model()
+    good = _weights(tmp_path)
+    raw = good.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    bad = tmp_path / "bad.safetensors"
+    cases = {
+        "empty": b"",
+        "short length": raw[:5],
+        "header cut": raw[:8 + n // 2],
+        "data cut": raw[:-7],
+        "huge header length": struct.pack("<Q", 1 << 60) + raw[8:],
+        "header not json": raw[:8] + b"[" * n + raw[8 + n:],
+        "header a list": struct.pack("<Q", 2) + b"[]",
+        "offsets past the end": raw.replace(b"[12,60]", b"[12,99]"),
+        "offsets not matching the shape": raw.replace(b"[12,60]", b"[12,56]"),
+        "unknown dtype": raw.replace(b'"F32","shape":[4,3]', b'"Q32","shape":[4,3]'),
+        "negative shape": raw.replace(b"[4,3]", b"[-4,3]"),
+    }
+    for what, data in cases.items():
+        bad.write_bytes(data)
+        msg = refused(ModelError, m, weights=bad)      # UnsupportedError is a ModelError
+        assert "bad.safetensors" in msg, what
+    with Session(m, weights=good) as s:                # and a good file after all that
+        s.run(rand(2, 4, seed=1))
+    refused(ModelError, m, weights=tmp_path / "absent.safetensors", match="no such safetensors file")
+
+
+def test_truncated_safetensors_checkpoint(tmp_path):
+    p = _weights(tmp_path, "model.safetensors")
+    refused(ModelError, p, match="not a Whisper checkpoint")
+    p.write_bytes(p.read_bytes()[:30])
+    refused(ModelError, p, match="corrupt or truncated")
+
+
+# -- graphs ------------------------------------------------------------------------------------------
+
+def test_unknown_ops_are_listed_at_once():
+    m = make_model([helper.make_node("Foo", ["x"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+                    helper.make_node("Bar", ["r"], ["y"], domain="com.example")], {"x": [2]}, ["y"])
+    msg = refused(UnsupportedError, m)
+    assert "Foo" in msg and "Bar" in msg and "com.example" in msg
+
+
+def test_onnx_ops_named_like_internal_ops_are_refused():
+    """ONNX's Attention (opset 23) is not minirt's internal Attention (domain 'minirt')."""
+    q = helper.make_tensor_value_info
+    for op, ins in (("Attention", ["q", "k", "v"]), ("Linear", ["q", "k"])):
+        g = helper.make_graph([helper.make_node(op, ins, ["y"])], "g",
+                              [q(n, TensorProto.FLOAT, [1, 4, 8]) for n in ins], [q("y", TensorProto.FLOAT, None)])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)])
+        assert "internal" in refused(UnsupportedError, m)
+
+
+def test_cyclic_graphs():
+    m = make_model([helper.make_node("Add", ["x", "b"], ["a"]), helper.make_node("Relu", ["a"], ["b"])],
+                   {"x": [2]}, ["b"])
+    refused(ModelError, m, match="cycle")
+    m = make_model([helper.make_node("Relu", ["a"], ["a"])], {"x": [2]}, ["a"])
+    refused(ModelError, m, match="cycle|defined twice")
+
+
+def test_undefined_and_doubly_defined_tensors():
+    refused(ModelError, make_model([helper.make_node("Add", ["x", "zz"], ["y"])], {"x": [2]}, ["y"]),
+            match="reads 'zz', which no node")
+    refused(ModelError, make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": [2]}, ["q"]),
+            match="produced by no node")
+    refused(ModelError, make_model([helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Neg", ["x"], ["y"])],
+                                   {"x": [2]}, ["y"]), match="'y' is defined twice")
+    refused(ModelError, make_model([helper.make_node("Relu", ["x"], ["w"])], {"x": [2]}, ["w"], {"w": B}),
+            match="'w' is defined twice")
+
+
+def test_outputs_that_are_not_computed():
+    m = make_model([helper.make_node("Add", ["a", "a"], ["y"])], {}, ["y"], {"a": B})
+    refused(UnsupportedError, m, match="constants")
+    refused(UnsupportedError, make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": [3]}, ["x", "y"]),
+            match="graph input or a constant")
+
+
+def test_malformed_attributes_and_names():
+    refused(ModelError, make_model([helper.make_node("Softmax", ["x"], ["y"], axis=7)], {"x": [2, 3]}, ["y"]),
+            match="axis 7")
+    refused(ModelError, make_model([helper.make_node("Transpose", ["x"], ["y"], perm=[0, 0])], {"x": [2, 3]},
+                                   ["y"]), match="perm")
+    m = make_model([helper.make_node("Softmax", ["x"], ["y"], axis=[1])], {"x": [2, 3]}, ["y"])   # INTS for INT
+    refused(ModelError, m, match="attribute 'axis' of Softmax node .* is INTS; ONNX says INT")
+    m = make_model([helper.make_node("Softmax", ["x"], ["y"], axis=1)], {"x": [2, 3]}, ["y"])
+    m.graph.node[0].attribute[0].type = TensorProto.UNDEFINED
+    refused(ModelError, m)
+    data = small_model().SerializeToString().replace(b"Softmax", b"Softm\xc3x")   # invalid UTF-8 op type
+    refused(ModelError, data, match="UTF-8")
+
+
+def test_wrong_ranks_and_dtypes_in_the_model():
+    refused(UnsupportedError, make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": [1, 1, 1, 2, 2]}, ["y"]),
+            match="rank 5")
+    m = make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": [2, 5]}, ["y"])
+    m.graph.input[0].type.tensor_type.elem_type = TensorProto.INT64
+    refused(UnsupportedError, m, match="int64")
+
+
+def test_absurd_declared_shapes_are_refused_before_allocating():
+    """Dims like [10**6, 10**6] (4 TB of float32): a clear error, without the host allocating it."""
+    big = np.array([10**6, 10**6], np.int64)
+    one = numpy_helper.from_array(np.array([1.0], np.float32))
+    huge_init = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[10**6, 10**6], raw_data=b"\0" * 16)
+    g = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [huge_init])
+    models = {
+        "input": make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": [10**6, 10**6]}, ["y"]),
+        "negative dim": make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": [-3, 2]}, ["y"]),
+        "ConstantOfShape": make_model([helper.make_node("ConstantOfShape", ["s"], ["c"], value=one),
+                                       helper.make_node("Add", ["x", "c"], ["y"])], {"x": [1]}, ["y"], {"s": big}),
+        "Expand of a constant": make_model([helper.make_node("Expand", ["c", "s"], ["e"]),
+                                            helper.make_node("Add", ["x", "e"], ["y"])], {"x": [1]}, ["y"],
+                                           {"c": np.ones(1, np.float32), "s": big}),
+        "Expand at run time": make_model([helper.make_node("Expand", ["x", "s"], ["y"])], {"x": [1]}, ["y"],
+                                         {"s": big}),
+        "Range": make_model([helper.make_node("Range", ["a", "b", "c"], ["r"]), helper.make_node("Add", ["x", "r"], ["y"])],
+                            {"x": [1]}, ["y"], {"a": np.array(0, np.float32), "b": np.array(1e12, np.float32),
+                                                "c": np.array(1, np.float32)}),
+        "initializer": helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]),
+    }
+    tracemalloc.start()
+    try:
+        for what, m in models.items():
+            tracemalloc.reset_peak()
+            with pytest.raises(ModelError):
+                Session(m)
+            assert tracemalloc.get_traced_memory()[1] < 64 << 20, what
+    finally:
+        tracemalloc.stop()
+
+
+def test_tensor_too_big_for_the_device_is_refused():
+    from minirt.session import get_device
+    limit = get_device().profile.max_storage_buffer_range
+    n = int(np.sqrt(limit / 4)) + 64
+    m = make_model([helper.make_node("Expand", ["x", "s"], ["y"])], {"x": [1]}, ["y"], {"s": np.array([n, n], np.int64)})
+    refused(MinirtError, m, storage="buffer", match="maxStorageBufferRange|more than")
+
+
+def test_empty_tensors_are_refused():
+    refused(UnsupportedError, make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": [0, 2]}, ["y"]),
+            match="no elements")
+    m = make_model([helper.make_node("Slice", ["x", "s", "e", "a"], ["y"])], {"x": [2, 4]}, ["y"],
+                   {"s": np.array([3], np.int64), "e": np.array([1], np.int64), "a": np.array([1], np.int64)})
+    refused(UnsupportedError, m, match="no elements")
+    with Session(make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": ["n", 2]}, ["y"])) as s:
+        with pytest.raises(InputError, match="no elements"):
+            s.run(np.zeros((0, 2), np.float32))
+        np.testing.assert_array_equal(s.run(np.ones((3, 2), np.float32)), np.ones((3, 2), np.float32))
+
+
+# -- inputs at run time ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("storage", ["buffer", "texture"])
+def test_wrong_inputs_leave_the_session_usable(storage):
+    m = make_model([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+                   {"x": ["n", 4]}, ["y"], {"w": W})
+    x = rand(3, 4, seed=7)
+    ref = onnxruntime_run(m, {"x": x})[0]
+    bad = [((np.zeros((3, 4), np.float64),), "must be float32"),
+           ((np.zeros((3, 4), np.int32),), "must be float32"),
+           ((np.zeros((3, 4, 1), np.float32),), "expects shape"),
+           ((np.zeros((3, 5), np.float32),), "expects shape"),
+           ((np.zeros(4, np.float32),), "expects shape"),
+           ((None, {}), "missing"),
+           ((None, {"x": x, "extra": x}), "unknown"),
+           ((None, {"x": [[1.0] * 4]}), "numpy array"),
+           ((None, {"x": None}), "numpy array"),
+           (([[1.0] * 4],), "needs an input array"),
+           ((None, None), "needs an input array"),
+           ((["nope"], {"x": x}), "not an output")]
+    with Session(m, storage=storage) as s:
+        for args, match in bad:
+            with pytest.raises(InputError, match=match):
+                s.run(*args)
+        compare(s.run(x), ref)
+        compare(s.run(np.asfortranarray(x)), ref)           # not C-contiguous: fine
+    with pytest.raises(MinirtError, match="closed"):
+        s.run(x)
+    s.close()                                                   # twice is fine
+
+
+def _nan_inf_input(shape, seed):
+    x = rand(*shape, seed=seed)
+    flat = x.reshape(-1)
+    rng = np.random.default_rng(seed)
+    idx = rng.choice(flat.size, size=6, replace=False)
+    flat[idx[:2]] = np.nan
+    flat[idx[2:4]] = np.inf
+    flat[idx[4:]] = -np.inf
+    return x
+
+
+def _same_specials(out, ref, what):
+    assert np.array_equal(np.isnan(out), np.isnan(ref)), f"{what}: NaN positions differ from onnxruntime"
+    assert np.array_equal(np.isposinf(out), np.isposinf(ref)), f"{what}: +inf positions differ"
+    assert np.array_equal(np.isneginf(out), np.isneginf(ref)), f"{what}: -inf positions differ"
+    fin = np.isfinite(ref)
+    np.testing.assert_allclose(out[fin], ref[fin], rtol=1e-4, atol=1e-5, err_msg=what)
+
+
+# (strict: the test fails once the bug is fixed, so the mark comes off; Pow's depends on the driver:
+# lavapipe gives 0, NVIDIA's gives NaN)
+KNOWN_NAN_BUGS: dict = {}   # Relu, Tanh and Pow used to drop NaN; fixed in glsl/common.glslh and binary.comp
+
+
+@pytest.mark.parametrize("op", ["Add", "Softmax", "LayerNormalization", "MatMul", "Relu", "Sigmoid", "Tanh", "Exp",
+                                "Gelu", "Erf", "Sqrt", "Abs", "Neg", "Mul", "Sub", "Div", "Pow", "ReduceSum",
+                                "ReduceMean"])
+def test_nan_and_inf_propagate_like_onnxruntime(op, request):
+    if op in KNOWN_NAN_BUGS:
+        reason, strict = KNOWN_NAN_BUGS[op]
+        request.applymarker(pytest.mark.xfail(reason=reason, strict=strict))
+    extra = {"Add": {"b": rand(8, seed=2)}, "Mul": {"b": rand(8, seed=2)}, "Sub": {"b": rand(8, seed=2)},
+             "Div": {"b": rand(8, seed=2)}, "Pow": {"b": np.float32(2.0)}, "MatMul": {"b": rand(8, 5, seed=5)},
+             "LayerNormalization": {"b": rand(8, seed=3), "c": rand(8, seed=4)},
+             "ReduceSum": {"b": np.array([2], np.int64)}, "ReduceMean": {"b": np.array([2], np.int64)}}.get(op, {})
+    kw = {"axis": -1} if op in ("Softmax", "LayerNormalization") else {}
+    m = make_model([helper.make_node(op, ["x", *extra], ["y"], **kw)], {"x": [2, 3, 8]}, ["y"], extra, opset=20)
+    x = _nan_inf_input((2, 3, 8), seed=11)
+    ref = onnxruntime_run(m, {"x": x})[0]
+    for storage in ("buffer", "texture"):
+        with Session(m, storage=storage) as s:
+            _same_specials(s.run(x), ref, f"{op} {storage}")
+
+
+def test_nan_and_inf_through_a_small_network():
+    """Add -> Softmax -> LayerNormalization -> MatMul (Relu, which drops NaN, is tested above)."""
+    m = make_model([helper.make_node("Add", ["x", "b"], ["a"]), helper.make_node("Softmax", ["a"], ["s"], axis=-1),
+                    helper.make_node("LayerNormalization", ["s", "g", "bt"], ["ln"], axis=-1),
+                    helper.make_node("MatMul", ["ln", "w"], ["y"])], {"x": [2, 3, 8]}, ["y"],
+                   {"b": rand(8, seed=1), "g": rand(8, seed=2), "bt": rand(8, seed=3), "w": rand(8, 5, seed=4)})
+    for seed in (1, 2, 3):
+        x = _nan_inf_input((2, 3, 8), seed)
+        ref = onnxruntime_run(m, {"x": x})[0]
+        assert np.isnan(ref).any() and np.isfinite(ref).any()
+        for storage in ("buffer", "texture"):
+            with Session(m, storage=storage) as s:
+                _same_specials(s.run(x), ref, storage)
+
+
+# -- external data -----------------------------------------------------------------------------------
+
+def _external_model(tmp_path, **entries):
+    t = numpy_helper.from_array(W, "w")
+    t.data_location = TensorProto.EXTERNAL
+    for k, v in entries.items():
+        t.external_data.add(key=k, value=str(v))
+    m = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": [2, 4]}, ["y"])
+    m.graph.initializer.append(t)
+    p = tmp_path / "model" / "m.onnx"
+    p.parent.mkdir(exist_ok=True)
+    p.write_bytes(m.SerializeToString())
+    return p, m
+
+
+def test_external_data_outside_the_model_folder_is_refused(tmp_path):
+    (tmp_path / "secret.bin").write_bytes(W.tobytes())
+    (tmp_path / "model").mkdir()
+    os.symlink(tmp_path / "secret.bin", tmp_path / "model" / "link.bin")
+    for loc in ("../secret.bin", str(tmp_path / "secret.bin"), "sub/../../secret.bin", "link.bin"):
+        p, m = _external_model(tmp_path, location=loc)
+        assert "outside the model's folder" in refused(ModelError, p)
+        refused(ModelError, m.SerializeToString(), match="needs the model loaded from a path")
+
+
+def test_bad_external_data_entries(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "w.bin").write_bytes(W.tobytes())
+    refused(ModelError, _external_model(tmp_path, location="missing.bin")[0], match="is missing")
+    refused(ModelError, _external_model(tmp_path, location="w.bin", offset=-5)[0], match="invalid external data")
+    refused(ModelError, _external_model(tmp_path, location="w.bin", length="abc")[0], match="invalid external data")
+    refused(ModelError, _external_model(tmp_path, location="w.bin", offset=40)[0], match="corrupt")   # too short
+    p, _ = _external_model(tmp_path, location="w.bin")
+    x = rand(2, 4, seed=1)
+    with Session(p) as s:
+        np.testing.assert_allclose(s.run(x), x @ W, rtol=1e-5, atol=1e-6)
+
+
+# -- the device --------------------------------------------------------------------------------------
+
+def _failing(monkeypatch, name, exc, at):
+    """Make the `at`-th call (1-based) of vulkan.<name> raise exc; returns a list counting the calls."""
+    import vulkan
+    real = getattr(vulkan, name)
+    calls = []
+
+    def fake(*a, **kw):
+        calls.append(1)
+        if len(calls) == at:
+            raise exc()
+        return real(*a, **kw)
+
+    monkeypatch.setattr(vulkan, name, fake)
+    return calls
+
+
+@pytest.mark.parametrize("storage,call,exc", [
+    ("buffer", "vkAllocateMemory", "VkErrorOutOfDeviceMemory"), ("texture", "vkAllocateMemory", "VkErrorOutOfDeviceMemory"),
+    ("buffer", "vkAllocateMemory", "VkErrorOutOfHostMemory"), ("buffer", "vkCreateBuffer", "VkErrorOutOfHostMemory"),
+    ("texture", "vkCreateImage", "VkErrorOutOfDeviceMemory"), ("texture", "vkCreateImageView", "VkErrorOutOfHostMemory")])
+def test_out_of_memory_is_a_clear_error_and_leaks_nothing(monkeypatch, storage, call, exc):
+    import vulkan
+    m = rich_model()
+    x = rand(1, 4, 6, seed=3)
+    with monkeypatch.context() as mp:           # count the calls a Session makes
+        calls = _failing(mp, call, getattr(vulkan, exc), at=0)
+        with Session(m, storage=storage) as s:
+            ref = s.run(x)
+    total = len(calls)
+    assert total > 0
+    for at in range(1, total + 1):
+        before = live_objects()
+        with monkeypatch.context() as mp:
+            _failing(mp, call, getattr(vulkan, exc), at)
+            with pytest.raises(DeviceError, match="out of memory|OutOf"):
+                Session(m, storage=storage)
+        assert live_objects() == before, f"failure at {call} #{at} leaked"
+    with Session(m, storage=storage) as s:       # the device is fine afterwards
+        np.testing.assert_array_equal(s.run(x), ref)
+
+
+def test_a_run_that_times_out_is_a_clear_error_and_close_is_safe(monkeypatch):
+    sys.path.insert(0, str(ROOT / "models"))
+    import whisper_encoder as we
+    m = we.build_whisper_encoder("tiny", layers=1, n_frames=200, seed=5)
+    monkeypatch.setenv("MINIRT_TIMEOUT_S", "0.000001")
+    with pytest.raises(DeviceError, match="did not finish"):       # the weight upload times out
+        Session(m, storage="buffer")
+    monkeypatch.delenv("MINIRT_TIMEOUT_S")
+    s = Session(m, storage="buffer")
+    for ex in s._execs.values():
+        ex.timeout_ns = 1
+    with pytest.raises(DeviceError, match="did not finish"):
+        s.run(we.sample_input(n_frames=200, seed=1))
+    s.close()          # waits for the queue before destroying what the late run still uses
+
+
+def test_no_vulkan_driver_gives_a_clear_error():
+    code = ("import sys; sys.path.insert(0, 'tests'); from oracle import make_model; from onnx import helper; "
+            "from minirt import Session; Session(make_model([helper.make_node('Relu', ['x'], ['y'])], {'x': [2]}, ['y']))")
+    env = dict(os.environ, VK_ICD_FILENAMES="/nonexistent.json", VK_DRIVER_FILES="/nonexistent.json")
+    env.pop("MINIRT_VALIDATION", None)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "minirt.errors.DeviceError" in r.stderr and "apt-get install" in r.stderr and "driver" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "minirt", "devices"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 4 and "apt-get install" in r.stderr + r.stdout, r.stderr
+
+
+# -- fuzzing -----------------------------------------------------------------------------------------
+
+RICH = rich_model()
+RICH_BYTES = RICH.SerializeToString()
+
+
+def _sane(model_bytes):
+    """Float initializers of ordinary size: outputs can then be held to onnxruntime's (a mutated weight of
+    1e38 makes both runtimes overflow, each its own way)."""
+    m = onnx.load_model_from_string(model_bytes)
+    for t in m.graph.initializer:
+        a = numpy_helper.to_array(t)
+        if np.issubdtype(a.dtype, np.floating) and not (np.isfinite(a).all() and np.abs(a).max(initial=0) < 1e3):
+            return False
+    return True
+
+
+def _ort(model_bytes, feeds):
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    except Exception:
+        return None
+
+
+mutations = st.lists(st.tuples(st.integers(0, len(RICH_BYTES) - 1), st.integers(0, 255)), min_size=1, max_size=4)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(mutations=mutations, cut=st.one_of(st.none(), st.integers(0, len(RICH_BYTES) - 1)),
+       storage=st.sampled_from(["buffer", "texture"]))
+def test_fuzz_mutated_onnx_files(mutations, cut, storage):
+    """A mutated model either runs (matching onnxruntime when its weights stay sane) or raises a
+    MinirtError: never another exception, a crash, a hang or a leak."""
+    b = bytearray(RICH_BYTES)
+    for pos, val in mutations:
+        b[pos] = val
+    b = bytes(b if cut is None else b[:cut])
+    before = live_objects()
+    try:
+        with Session(b, storage=storage) as s:
+            feeds = {i.name: rand(*[d if isinstance(d, int) else 1 for d in i.shape], seed=1) for i in s.inputs}
+            outs = s.run(None, feeds)
+            shapes = [o.shape for o in s.outputs]
+    except MinirtError as e:
+        event(f"refused: {type(e).__name__}")
+        assert live_objects() == before
+        return
+    assert live_objects() == before
+    for o, shape in zip(outs, shapes):
+        assert shape is None or tuple(o.shape) == tuple(d if isinstance(d, int) else o.shape[i] for i, d in enumerate(shape))
+    ref = _ort(b, feeds) if _sane(b) else None
+    event("ran" if ref is None else "ran, compared with onnxruntime")
+    if ref is not None:
+        for o, r in zip(outs, ref):
+            if np.isfinite(r).all():
+                compare(o, r, 1e-3)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(mutations=st.lists(st.tuples(st.integers(0, 179), st.integers(0, 255)), min_size=1, max_size=3),
+       cut=st.one_of(st.none(), st.integers(0, 179)))
+def test_fuzz_mutated_safetensors_weights(tmp_path_factory, mutations, cut):
+    d = tmp_path_factory.mktemp("fuzz")
+    raw = bytearray(_weights(d).read_bytes())
+    assert len(raw) == 180
+    for pos, val in mutations:
+        raw[pos] = val
+    p = d / "m.safetensors"
+    p.write_bytes(bytes(raw if cut is None else raw[:cut]))
+    before = live_objects()
+    try:
+        with Session(small_model(), weights=p, storage="buffer") as s:
+            y = s.run(rand(2, 4, seed=1))
+        assert y.shape == (2, 3)
+    except MinirtError:
+        pass
+    assert live_objects() == before
+
+
+OP_NAMES = sorted(__import__("minirt").ops.OPS)
+field_mutations = st.lists(st.tuples(st.integers(0, 6), st.integers(0, 1 << 16), st.integers(0, 1 << 16),
+                                     st.integers(-6, 9)), min_size=1, max_size=3)
+
+
+def _mutate_fields(m, kind, a, b, v):
+    """One structured change: an attribute, an integer constant (axes, shapes, indices), the input's dims,
+    a node's wiring or op type, a dropped input, a float constant's length."""
+    g = m.graph
+    node = g.node[a % len(g.node)]
+    if kind == 0 and node.attribute:
+        at = node.attribute[b % len(node.attribute)]
+        if at.type == onnx.AttributeProto.INT:
+            at.i = v
+        elif at.type == onnx.AttributeProto.INTS and len(at.ints):
+            at.ints[b % len(at.ints)] = v
+        elif at.type == onnx.AttributeProto.FLOAT:
+            at.f = (0.0, -1.0, 1e30, float("nan"))[b % 4]
+    elif kind == 1:
+        ints = [t for t in g.initializer if t.data_type == TensorProto.INT64]
+        t = ints[a % len(ints)]
+        x = numpy_helper.to_array(t).copy()
+        if x.size:
+            x.reshape(-1)[b % x.size] = v
+        t.CopyFrom(numpy_helper.from_array(x, t.name))
+    elif kind == 2:
+        dims = g.input[0].type.tensor_type.shape.dim
+        dims[a % len(dims)].dim_value = max(v, 1)
+    elif kind == 3 and node.input:
+        names = [t.name for t in g.initializer] + [o for n in g.node for o in n.output] + ["x"]
+        node.input[b % len(node.input)] = names[(a + b) % len(names)]
+    elif kind == 4:
+        node.op_type = OP_NAMES[b % len(OP_NAMES)]
+    elif kind == 5 and node.input:
+        del node.input[b % len(node.input)]
+    elif kind == 6:
+        # (not the Conv bias: a bias of the wrong length is a known bug, test_conv_bias_of_the_wrong_length)
+        fl = [t for t in g.initializer if t.data_type == TensorProto.FLOAT and t.name != "cb"]
+        t = fl[a % len(fl)]
+        x = numpy_helper.to_array(t).reshape(-1)
+        t.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(x[:1 + b % x.size]), t.name))
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(changes=field_mutations, storage=st.sampled_from(["buffer", "texture"]))
+def test_fuzz_mutated_model_fields(changes, storage):
+    """Structured mutations get past the protobuf parser to shape inference, folding, the planner and the
+    kernels: still only a correct run or a MinirtError."""
+    m = onnx.ModelProto()
+    m.CopyFrom(RICH)
+    for change in changes:
+        _mutate_fields(m, *change)
+    before = live_objects()
+    try:
+        with Session(m, storage=storage) as s:
+            feeds = {i.name: rand(*[d if isinstance(d, int) else 1 for d in i.shape], seed=1) for i in s.inputs}
+            outs = s.run(None, feeds)
+    except MinirtError as e:
+        event(f"refused: {type(e).__name__}")
+        assert live_objects() == before
+        return
+    assert live_objects() == before
+    ref = _ort(m.SerializeToString(), feeds)
+    event("ran" if ref is None else "ran, compared with onnxruntime")
+    if ref is not None:
+        for o, r in zip(outs, ref):
+            if np.isfinite(r).all():
+                compare(o, r, 1e-3)
+
+
+def test_conv_bias_of_the_wrong_length_is_refused():
+    m = make_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[3], pads=[1, 1])],
+                   {"x": [1, 4, 6]}, ["y"], {"w": rand(8, 4, 3, seed=1), "b": rand(5, seed=2)})
+    refused(ModelError, m)

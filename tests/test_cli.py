@@ -156,8 +156,10 @@ def test_profile_quiet(files):
     assert "by kernel" in r.output
 
 
-def test_devices_lists_lavapipe():
+def test_devices_lists_every_device():
+    from minirt.vk.device import physical_devices
+    names = [p.name for _, _, p in physical_devices()]
     r = invoke("devices")
     assert r.exit_code == EXIT_OK
-    assert "llvmpipe" in r.output.lower() or "lavapipe" in r.output.lower()
-    assert "*" in r.output
+    assert all(n in r.output for n in names)     # lavapipe in CI, the GPU on a GPU host
+    assert r.output.count("*") >= 1

@@ -130,8 +130,10 @@ def _gemm(g, profile: DeviceProfile) -> tuple[int, int, int]:
     # y = 1, 2, 3..4 and the transposes.  z stays 1: batches go to group count.
     need, budget = _need(g, profile), _budget(profile)
     shape = GEMM_SHAPE
-    if profile.vendor in DESKTOP_VENDORS:
-        # Big GPUs hide latency with 256-invocation groups: 16x16 measured faster than 8x8 on an H200.
+    if profile.vendor in DESKTOP_VENDORS and -(-g[0] // 16) * -(-g[1] // 16) >= DESKTOP_MIN_GROUPS:
+        # Big GPUs hide latency with 256-invocation groups (16x16 measured faster than 8x8 on an H200),
+        # but only while there are enough of them to spread over every multiprocessor; smaller GEMMs
+        # (Whisper's 1500 x 384 outputs) balance better with 4x as many 8x8 groups.
         budget = min(256, _pow2_floor(profile.max_invocations))
         shape = (16, 16)
     start = _clamp([min(shape[i], need[i]) for i in (0, 1)] + [1], profile, budget)
@@ -139,6 +141,7 @@ def _gemm(g, profile: DeviceProfile) -> tuple[int, int, int]:
 
 
 DESKTOP_VENDORS = ("nvidia", "amd")
+DESKTOP_MIN_GROUPS = 256
 
 
 def _im2col(g, profile: DeviceProfile) -> tuple[int, int, int]:
@@ -199,6 +202,9 @@ def describe_rule(family: str, profile: DeviceProfile) -> str:
         if profile.vendor == "adreno":
             return ("gemm on Adreno: fixed 16x4x1 (8x8x1 and 4x16x1 corrupt tiled-GEMM "
                     "work groups on Adreno 840)")
+        if profile.vendor in DESKTOP_VENDORS:
+            return (f"gemm on {profile.vendor}: 16x16x1 when that makes at least {DESKTOP_MIN_GROUPS} groups, else "
+                    f"8x8x1; shrunk to the x/y extent, spare share to the other axis; z=1")
         return f"gemm: 8x8x1 shrunk to the x/y extent, spare share to the other axis, up to {b} invocations; z=1"
     if family == "im2col":
         return "im2col: 16x4x1 as ExecuTorch; 1-D dispatches become n x 1 or 1 x n"

@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""Run an ONNX model in minirt (each storage) and in onnxruntime on the same seeded random input and
+print cosine and max abs difference per output. Exit status 1 when any cosine is below --min-cosine.
+
+  python tools/compare_ort.py model.onnx [--shape NAME=1,80,3000] [--storage buffer,texture]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path[0] = str(Path(__file__).resolve().parents[1])   # not tools/: tools/profile.py shadows the stdlib
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("--shape", action="append", default=[], metavar="NAME=D0,D1,..",
+                    help="concrete shape for an input with symbolic dims (default: 1 for each)")
+    ap.add_argument("--storage", default="buffer,texture")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--min-cosine", type=float, default=0.99999)
+    a = ap.parse_args(argv)
+    import onnxruntime as ort
+    from minirt import Session
+    from minirt.loaders import load
+    g = load(a.model)
+    given = {k: tuple(int(d) for d in v.split(",")) for k, v in (s.split("=", 1) for s in a.shape)}
+    rng = np.random.default_rng(a.seed)
+    feeds = {}
+    for name in g.inputs:
+        shape = given.get(name) or tuple(d if isinstance(d, int) else 1 for d in g.tensor(name).shape)
+        feeds[name] = rng.standard_normal(shape).astype(np.float32)
+    refs = ort.InferenceSession(a.model, providers=["CPUExecutionProvider"]).run(None, feeds)
+    worst = 1.0
+    for st in a.storage.split(","):
+        with Session(a.model, storage=st) as s:
+            outs = s.run(None, feeds)
+            dev = s.device.profile.name
+        for name, y, r in zip(g.outputs, outs, refs):
+            y64, r64 = y.astype(np.float64).ravel(), r.astype(np.float64).ravel()
+            cos = float(y64 @ r64 / (np.linalg.norm(y64) * np.linalg.norm(r64)))
+            worst = min(worst, cos)
+            print(f"{Path(a.model).name} [{st}, {dev}] {name} {list(y.shape)}: cosine {cos:.9f}, "
+                  f"max abs diff {np.abs(y - r).max():.2e} (max abs ref {np.abs(r).max():.3g})")
+    return 0 if worst >= a.min_cosine else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,7 +8,7 @@ import time
 import click
 import numpy as np
 
-from .errors import DeviceError, InputError, MinirtError, ModelError
+from .errors import InputError, MinirtError, ModelError
 
 # Exit codes (documented in the README): distinct so scripts can tell failures apart.
 EXIT_OK, EXIT_USAGE, EXIT_MODEL, EXIT_RUNTIME, EXIT_NONDETERMINISTIC = 0, 2, 3, 4, 5

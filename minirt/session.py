@@ -153,7 +153,7 @@ class Session:
         extra = [k for k in feed if k not in want]
         missing = [k for k in want if k not in feed]
         if extra or missing:
-            raise InputError(f"inputs do not match the model: "
+            raise InputError("inputs do not match the model: "
                              + (f"unknown {extra} " if extra else "") + (f"missing {missing} " if missing else "")
                              + f"(expected {list(want)})")
         out = {}

@@ -3,7 +3,6 @@ with poisoned activations, and compare."""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 STORAGES = ("buffer", "texture")

@@ -1,5 +1,4 @@
 """The conv1d -> conv2d rewrite, checked on the graph itself (no GPU), and its routing."""
-import numpy as np
 import pytest
 from onnx import helper
 

@@ -1,5 +1,4 @@
 """fuse_activation on the graph: Relu/Gelu after an im2col/pointwise/depthwise conv joins its epilogue."""
-import numpy as np
 import pytest
 from onnx import helper
 

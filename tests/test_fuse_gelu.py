@@ -1,7 +1,6 @@
 """fuse_gelu on the graph: every spelling of the Erf GELU pattern becomes one Gelu; near misses stay."""
 import math
 
-import numpy as np
 import pytest
 from onnx import helper
 

@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import DeviceError, MinirtError, UnsupportedError
 from ..layout import from_texels, to_texels
 from ..planner.memory_plan import assign_offsets
-from ..planner.plan import CONSTANT, INPUT, OUTPUT, WEIGHT
+from ..planner.plan import CONSTANT, WEIGHT
 from ..timing import Phases
 from .kernels import Kernels
 
@@ -78,8 +78,8 @@ class Executor:
             phase("record", "creating pipelines and recording")
             self._record()
             phase(None)
-            self.startup_ms["pipelines"] += getattr(self.kernels, "pipeline_s", 0.0) * 1e3   # spent inside _record
-            self.startup_ms["record"] -= getattr(self.kernels, "pipeline_s", 0.0) * 1e3
+            self.startup_ms["pipelines"] += self.kernels.pipeline_s * 1e3   # spent inside _record
+            self.startup_ms["record"] -= self.kernels.pipeline_s * 1e3
             # the Kernels' pipelines, layouts and modules count as live objects too (all made by now)
             self._kernel_objects = _kernel_objects(self.kernels)
             _count_live(self._kernel_objects)
@@ -323,7 +323,6 @@ class Executor:
 
     def _record(self):
         vk, plan = self.vk, self.plan
-        from ..lwg import pick_local_size   # noqa: F401  (local sizes are set by the planner)
         counts = {}
         for d in plan.dispatches:
             for name, a in d.args:

@@ -1,7 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
-// variants: tile=t44,t84,t48,t88
+// variants: tile=t44,t84,t48,t88,t44k32
 // Fast fp32 GEMM for buffers: out = act(A[M, K] @ B[K, N] + bias) (+ residual), A row-major with K a
 // multiple of 4 (rows read as vec4), B a weight prepacked as [K][N4] vec4. A work group computes a
 // BM x BN block (BM = local y * TM, BN = local x * 4 * TN4); each BK-deep slice of A and B is staged
@@ -17,6 +17,10 @@
 #if defined(TILE_T44)
 #define TM 4
 #define TN4 1
+#elif defined(TILE_T44K32)
+#define TM 4
+#define TN4 1
+#define BK 32
 #elif defined(TILE_T84)
 #define TM 8
 #define TN4 1
@@ -27,7 +31,9 @@
 #define TM 8
 #define TN4 2
 #endif
+#ifndef BK
 #define BK 16
+#endif
 #define TMG (TM / 4)
 
 layout(constant_id = 3) const int OUT_MODE = 0;

@@ -63,7 +63,7 @@ def test_linear_matches_onnxruntime(k, n, act, residual):
         assert len(kernels) == 1 and kernels[0].startswith("linear_"), kernels
 
 
-@pytest.mark.parametrize("tile", ["t44", "t84", "t48", "t88"])
+@pytest.mark.parametrize("tile", ["t44", "t84", "t48", "t88", "t44k32"])
 def test_every_tile_variant(tile):
     m = _linear_model(384, 200, "Gelu", True)
     feeds = {"x": rand(1, 37, 384), "r": rand(1, 37, 200)}

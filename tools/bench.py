@@ -129,6 +129,8 @@ def main(argv=None):
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-ort", action="store_true")
     ap.add_argument("--json", help="write all figures here")
+    ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Session option for minirt (experiments), e.g. --option gemm_tile=t84")
     a = ap.parse_args(argv)
     import whisper_encoder as we
     results = []
@@ -136,7 +138,9 @@ def main(argv=None):
         model = we.build_whisper_encoder(size, opset=17, seed=0)
         x = we.sample_input(seed=1)
         r = {"size": size}
-        y, r["minirt"] = bench_minirt(model, x, a.runs, a.warmup, a.storage, None)
+        opts = dict(o.split("=", 1) for o in a.option) or None
+        y, r["minirt"] = bench_minirt(model, x, a.runs, a.warmup, a.storage, opts)
+        r["minirt"]["options"] = opts
         if not a.no_ort:
             yo, r["onnxruntime_cpu"] = bench_ort(model, x, max(5, a.runs // 5), 2)
             r["minirt"]["cosine_vs_onnxruntime"] = cosine(y, yo)

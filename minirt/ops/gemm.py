@@ -67,7 +67,7 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=0, act=None, m
                     residual=None):
     """out (rows m0 .. m0 + m) = act(A @ B + bias) (+ residual) on the fast buffer GEMM."""
     tile = linear_tile(ctx, m, n)
-    tm, tn4 = {"t44": (4, 1), "t84": (8, 1), "t48": (4, 2), "t88": (8, 2)}[tile]
+    tm, tn4 = {"t44": (4, 1), "t84": (8, 1), "t48": (4, 2), "t88": (8, 2), "t44k32": (4, 1)}[tile]
     p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, 0)
     res = residual if residual is not None else bt
     ctx.dispatch(f"linear_{tile}", [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import numpy as np
 
@@ -55,6 +56,8 @@ class Executor:
         self._trash = []          # (destroy function, handle), destroyed in reverse order
         self._maps = []           # mapped memories
         self.timeout_ns = int(float(os.environ.get("MINIRT_TIMEOUT_S", "600")) * 1e9)
+        # MINIRT_SPIN_MS: poll the fence for up to this long before a blocking wait (lower latency, one busy core)
+        self.spin_s = float(os.environ.get("MINIRT_SPIN_MS", "0")) / 1e3
         try:
             phase("pipelines")                    # opening the on-disk pipeline cache
             self.kernels = Kernels(dev)
@@ -527,6 +530,11 @@ class Executor:
                     self._pending = False
             if rc == vk.VK_SUCCESS:
                 rc = lib.vkQueueSubmit(self.dev.queue, 1, self._submit, self.fence)
+                if rc == vk.VK_SUCCESS and self.spin_s:
+                    # poll first: a sleeping wait costs a thread wake-up after the GPU is done
+                    end = time.perf_counter() + self.spin_s
+                    while lib.vkGetFenceStatus(self.d, self.fence) == vk.VK_NOT_READY and time.perf_counter() < end:
+                        pass
                 if rc == vk.VK_SUCCESS:
                     rc = lib.vkWaitForFences(self.d, 1, self._fences, 1, self.timeout_ns)
                     if rc == vk.VK_TIMEOUT:

@@ -46,16 +46,14 @@ def gemm_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, a_mode=0, out_mode=0, act
 
 
 def linear_tile(ctx, m, n):
-    """Tile variant of glsl/linear.comp: big tiles (more work per invocation) when the problem still
-    fills a large GPU with them, else 4x4 per invocation. Session(options={"gemm_tile": ...}) overrides."""
+    """Tile variant of glsl/linear.comp. Discrete GPUs: 4x4 outputs per invocation with 32-deep shared-memory
+    slices (on an H200 it beat 16-deep slices and 8x4 tiles on every Whisper GEMM: docs/benchmarks.md);
+    elsewhere 4x4 with 16-deep slices, which fits any shared-memory size. Session(options={"gemm_tile": ...})
+    overrides."""
     forced = ctx.options.get("gemm_tile")
     if forced:
         return forced
-    if ctx.profile.device_type != "discrete":
-        return "t44"
-    lx, ly = (16, 16)
-    blocks = -(-m // (ly * 8)) * -(-n // (lx * 4))
-    return "t84" if blocks >= 96 else "t44"
+    return "t44k32" if ctx.profile.device_type == "discrete" else "t44"
 
 
 def linear_ok(ctx, k) -> bool:

@@ -28,6 +28,8 @@ GEMM_SHAPE = (8, 8, 1)
 ADRENO_GEMM = (16, 4, 1)
 ADRENO_BAD_GEMM = ((8, 8, 1), (4, 16, 1))
 IM2COL_SHAPE = (16, 4, 1)  # as ExecuTorch, on every vendor
+DESKTOP_VENDORS = ("nvidia", "amd")   # 256-invocation GEMM groups when there are enough of them
+DESKTOP_MIN_GROUPS = 256
 
 
 def _pow2_floor(n: int) -> int:
@@ -138,10 +140,6 @@ def _gemm(g, profile: DeviceProfile) -> tuple[int, int, int]:
         shape = (16, 16)
     start = _clamp([min(shape[i], need[i]) for i in (0, 1)] + [1], profile, budget)
     return _grow(start, need, [i for i in _largest_first(g) if i < 2], budget)
-
-
-DESKTOP_VENDORS = ("nvidia", "amd")
-DESKTOP_MIN_GROUPS = 256
 
 
 def _im2col(g, profile: DeviceProfile) -> tuple[int, int, int]:

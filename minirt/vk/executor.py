@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import namedtuple
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from ..timing import Phases
 from .kernels import Kernels
 
 UPLOAD_CHUNK = 64 << 20
+_Req = namedtuple("_Req", "size memoryTypeBits")   # a memory requirement covering several resources
 QUERIES_PER_POOL = 4096
 
 # Live Vulkan objects of all executors (buffers, memories, images, views, samplers, pools, fences,
@@ -175,24 +177,31 @@ class Executor:
             self.where[t.name] = ("buffer", self.arena, offsets[t.name], t.nbytes)
             self.ranges[t.name] = (offsets[t.name], offsets[t.name] + t.nbytes)
         texs = [t for t in roots if t.storage == "texture"]
+        placed, self.image_bytes = self._images(texs, lambda t: plan.lifetimes[t.name], "activation textures")
+        base = -(-self.arena_bytes // 16) * 16   # hazard ranges of images sit after the arena's
+        for name, (off, size) in placed.items():
+            self.ranges[name] = (base + off, base + off + size)
+
+    def _images(self, tensors, span, what):
+        """Images for `tensors`, bound into one device-local memory block at offsets from the memory plan
+        (tensors whose spans overlap never share bytes). Sets self.where; returns ({name: (offset, size)},
+        total bytes)."""
+        vk = self.vk
         images, items, bits = {}, [], ~0
-        for t in texs:
+        for t in tensors:
             img = self._image(t.texel_extents)
             req = vk.vkGetImageMemoryRequirements(self.d, img)
             images[t.name] = img
-            items.append((t.name, req.size, req.alignment, *plan.lifetimes[t.name]))
+            items.append((t.name, req.size, req.alignment, *span(t)))
             bits &= req.memoryTypeBits
-        offsets, total = assign_offsets(items, align)
-        self.image_bytes = total
-        if texs:
-            req = type("Req", (), {"size": total, "memoryTypeBits": bits})
-            mem, _ = self._alloc(req, vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, "activation textures")
-            base = -(-self.arena_bytes // 16) * 16   # hazard ranges of images sit after the arena's
-            for (name, size, *_rest) in items:
-                vk.vkBindImageMemory(self.d, images[name], mem, offsets[name])
-                t = plan.tensors[name]
-                self.where[name] = ("image", images[name], self._view(images[name]), t.texel_extents)
-                self.ranges[name] = (base + offsets[name], base + offsets[name] + size)
+        offsets, total = assign_offsets(items, 16)
+        if not tensors:
+            return {}, 0
+        mem, _ = self._alloc(_Req(total, bits), vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, what)
+        for name, *_ in items:
+            vk.vkBindImageMemory(self.d, images[name], mem, offsets[name])
+            self.where[name] = ("image", images[name], self._view(images[name]), self.plan.tensors[name].texel_extents)
+        return {name: (offsets[name], size) for name, size, *_ in items}, total
 
     def _alloc_constants(self):
         """Weights (and constants) are uploaded once, through a bounded staging buffer."""
@@ -212,26 +221,11 @@ class Executor:
             for t in buf_items:
                 self.where[t.name] = ("buffer", self.const_buf, offsets[t.name], t.nbytes)
                 uploads.append((t.data.reshape(-1), "buffer", self.const_buf, offsets[t.name]))
-        if img_items:
-            imgs, items, bits = {}, [], ~0
-            for t in img_items:
-                img = self._image(t.texel_extents)
-                req = vk.vkGetImageMemoryRequirements(self.d, img)
-                imgs[t.name] = img
-                items.append((t.name, req.size, req.alignment, 0, 0))
-                bits &= req.memoryTypeBits
-            offs = {}
-            total = 0
-            for name, size, al, _, _ in items:     # constants never alias: lay them end to end
-                total = -(-total // max(al, 16)) * max(al, 16)
-                offs[name] = total
-                total += size
-            req = type("Req", (), {"size": total, "memoryTypeBits": bits})
-            mem, _ = self._alloc(req, vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, "constant textures")
-            for t in img_items:
-                vk.vkBindImageMemory(self.d, imgs[t.name], mem, offs[t.name])
-                self.where[t.name] = ("image", imgs[t.name], self._view(imgs[t.name]), t.texel_extents)
-                uploads.append((to_texels(t.data, t.packed_dim).reshape(-1), "image", imgs[t.name], t.texel_extents))
+        # constants are all alive at once (span (0, 0)): laid end to end
+        self._images(img_items, lambda t: (0, 0), "constant textures")
+        for t in img_items:
+            uploads.append((to_texels(t.data, t.packed_dim).reshape(-1), "image", self.where[t.name][1],
+                            t.texel_extents))
         if uploads:
             self._upload(uploads)
         # views share their root's resource

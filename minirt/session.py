@@ -54,6 +54,9 @@ class Session:
     """Runs one model on one Vulkan device.
 
     storage: "auto" (textures on Adreno, Mali and PowerVR, buffers elsewhere), "texture" or "buffer".
+    precision: "fp32" (default) or "fp16": weights and activations in 16-bit storage with fp32 arithmetic
+    (tensor cores through VK_KHR_cooperative_matrix where the device has them); inputs and outputs stay float32.
+    A device without 16-bit storage buffers refuses fp16 with an UnsupportedError.
     device: a device index as listed by `minirt devices` (default: MINIRT_DEVICE or the best GPU).
     progress: called with a short label ("loading", "planning", "uploading weights", ...) as each
     start-up phase begins (the command line shows it on a terminal).
@@ -62,7 +65,7 @@ class Session:
     """
 
     def __init__(self, model, *, storage="auto", device=None, weights=None, options=None, profile=False,
-                 local_size=None, conv1d_rewrite=True, progress=None):
+                 local_size=None, conv1d_rewrite=True, precision="fp32", progress=None):
         self._lock = threading.Lock()
         self.profiling = bool(profile)
         self._last = None
@@ -76,6 +79,7 @@ class Session:
         self.options = dict(options or {})
         if not conv1d_rewrite:
             self.options["conv1d_rewrite"] = False
+        self.options.setdefault("precision", precision)
         forced = local_size or os.environ.get("MINIRT_LOCAL_SIZE") or None
         if forced:
             self.options["local_size"] = parse_local_size(forced)
@@ -88,8 +92,10 @@ class Session:
         phase("device", "opening the device")
         self.device = get_device(device)
         phase(None)
+        from .planner import resolve_precision
         from .planner.storage_layout import resolve_storage
         self.storage = resolve_storage(storage, self.device.profile)
+        self.precision = resolve_precision(self.options["precision"], self.device.profile)
         self.inputs = [IOInfo(n, self.graph.tensor(n).shape, self.graph.tensor(n).dtype or "float32")
                        for n in self.graph.inputs]
         self.outputs = [IOInfo(n, self._prepared.tensor(n).shape if static else self.graph.tensor(n).shape,

@@ -30,14 +30,29 @@ GRAPH_PASSES = [("conv1d_as_conv2d", conv1d_as_conv2d.rewrite), ("conv_routing",
 FORCEABLE = tuple(f for f in FAMILIES if f != "reduction")
 
 
+PRECISIONS = ("fp32", "fp16")
+
+
+def resolve_precision(precision, profile) -> str:
+    """The precision a plan runs at: fp16 needs 16-bit storage buffers (weights are buffers in both storages)."""
+    if precision not in PRECISIONS:
+        raise MinirtError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "fp16" and not profile.storage16:
+        raise UnsupportedError(f"precision fp16 needs 16-bit storage buffers (storageBuffer16BitAccess), which "
+                               f"'{profile.name}' does not offer; use precision fp32")
+    return precision
+
+
 def make_plan(graph, profile, storage="auto", options=None) -> Plan:
+    """options["precision"]: "fp32" (default) or "fp16" (16-bit storage, fp32 arithmetic)."""
     options = dict(options or {})
+    precision = resolve_precision(options.get("precision", "fp32"), profile)
     if os.environ.get(conv1d_as_conv2d.ENV, "") not in ("", "0"):
         options.setdefault("conv1d_rewrite", False)
     g = graph.copy()
     for _name, fn in GRAPH_PASSES:
         g = fn(g, options)
-    plan = lower(g, resolve_storage(storage, profile), profile, options)
+    plan = lower(g, resolve_storage(storage, profile), profile, options, precision)
     check_limits(plan, profile)
     forced = options.get("local_size")
     families = options.get("local_size_families", FORCEABLE)

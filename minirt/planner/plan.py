@@ -26,8 +26,9 @@ class TensorSpec:
     role: str
     storage: str = "buffer"          # "buffer" or "texture"
     packed_dim: int = 0              # WHCN dim whose 4 neighbours share a texel (0=W, 2=C)
-    data: np.ndarray | None = None   # constants and prepacked weights (float32)
+    data: np.ndarray | None = None   # constants (float32: converted to dtype on upload) and prepacked weights
     view_of: str | None = None       # shares the memory of another tensor (a free reshape)
+    dtype: str = "float32"           # element type in GPU memory: "float32" or "float16"
 
     @property
     def numel(self) -> int:
@@ -48,13 +49,17 @@ class TensorSpec:
         raise ValueError(f"unsupported packed dim {self.packed_dim}")
 
     @property
+    def itemsize(self) -> int:
+        return 2 if self.dtype == "float16" else 4
+
+    @property
     def nbytes(self) -> int:
-        if self.data is not None:
+        if self.data is not None and self.role == WEIGHT:
             return int(self.data.nbytes)
         if self.storage == "texture":
             x, y, z = self.texel_extents
-            return x * y * z * 16
-        return self.numel * 4
+            return x * y * z * 4 * self.itemsize
+        return self.numel * self.itemsize
 
 
 @dataclass
@@ -92,6 +97,7 @@ class Plan:
     notes: dict[str, list[str]] = field(default_factory=dict)  # node name -> planner notes
     lifetimes: dict[str, tuple[int, int]] = field(default_factory=dict)
     poison: bool = False        # fill activations with NaN before each run (testing aid)
+    precision: str = "fp32"     # "fp16": activations and weights in 16-bit storage (graph inputs and outputs fp32)
 
     def root(self, name: str) -> str:
         while self.tensors[name].view_of:

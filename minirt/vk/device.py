@@ -170,8 +170,15 @@ def read_profile(vk, pd) -> DeviceProfile:
                   {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES})
     s16 = ffi.new("VkPhysicalDevice16BitStorageFeatures*",
                   {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES, "pNext": f16})
-    f2 = ffi.new("VkPhysicalDeviceFeatures2*", {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, "pNext": s16})
+    mm = ffi.new("VkPhysicalDeviceVulkanMemoryModelFeatures*",
+                 {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES, "pNext": s16})
+    cm = ffi.new("VkPhysicalDeviceCooperativeMatrixFeaturesKHR*",
+                 {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR, "pNext": mm})
+    has_cm = COOPMAT in exts
+    f2 = ffi.new("VkPhysicalDeviceFeatures2*", {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2,
+                                                 "pNext": cm if has_cm else s16})
     vk.vkGetPhysicalDeviceFeatures2(pd, f2)
+    shapes = _coopmat_shapes(vk, pd) if has_cm and cm.cooperativeMatrix and mm.vulkanMemoryModel else ()
     qf = vk.vkGetPhysicalDeviceQueueFamilyProperties(pd)
     bits = next((q.timestampValidBits for q in qf if q.queueFlags & vk.VK_QUEUE_COMPUTE_BIT), 0)
     name = props.deviceName
@@ -186,8 +193,37 @@ def read_profile(vk, pd) -> DeviceProfile:
         max_storage_buffer_range=lim.maxStorageBufferRange,
         min_storage_buffer_offset_alignment=lim.minStorageBufferOffsetAlignment,
         fp16=bool(f16.shaderFloat16), storage16=bool(s16.storageBuffer16BitAccess),
-        cooperative_matrix="VK_KHR_cooperative_matrix" in exts,
+        cooperative_matrix=bool(shapes and f16.shaderFloat16 and s16.storageBuffer16BitAccess), coopmat_shapes=shapes,
         timestamp_period=float(lim.timestampPeriod), timestamp_valid_bits=int(bits))
+
+
+COOPMAT = "VK_KHR_cooperative_matrix"
+_COMPONENT = {0: "f16", 1: "f32", 2: "f64", 3: "s8", 4: "s16", 5: "s32", 6: "s64", 7: "u8", 8: "u16", 9: "u32",
+              10: "u64"}
+
+
+def _coopmat_shapes(vk, pd) -> tuple:
+    """Subgroup-scope (M, N, K, A, B, C, result) combinations of VK_KHR_cooperative_matrix. Called through the raw
+    entry point: the binding's wrapper leaves each element's sType unset."""
+    ffi = vk.ffi
+    addr = vk.lib.vkGetInstanceProcAddr(_Instance.get(), b"vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR")
+    if addr == ffi.NULL:
+        return ()
+    fn = ffi.cast("PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR", addr)
+    n = ffi.new("uint32_t*")
+    if fn(pd, n, ffi.NULL) != vk.VK_SUCCESS or not n[0]:
+        return ()
+    props = ffi.new("VkCooperativeMatrixPropertiesKHR[]", n[0])
+    for i in range(n[0]):
+        props[i].sType = vk.VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR
+    if fn(pd, n, props) != vk.VK_SUCCESS:
+        return ()
+    out = []
+    for p in props[0:n[0]]:
+        if p.scope == vk.VK_SCOPE_SUBGROUP_KHR:
+            out.append((p.MSize, p.NSize, p.KSize, *(_COMPONENT.get(t, str(t)) for t in
+                                                     (p.AType, p.BType, p.CType, p.ResultType))))
+    return tuple(out)
 
 
 def choose(devices, env=None):
@@ -216,7 +252,9 @@ class Device:
         self.family = next(i for i, q in enumerate(qf) if q.queueFlags & vk.VK_QUEUE_COMPUTE_BIT)
         prio = vk.ffi.new("float[1]", [1.0])
         qinfo = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.family, queueCount=1, pQueuePriorities=prio)
-        info = vk.VkDeviceCreateInfo(queueCreateInfoCount=1, pQueueCreateInfos=[qinfo])
+        exts, chain = self._features(vk)    # chain: the feature structs; referenced until vkCreateDevice returns
+        info = vk.VkDeviceCreateInfo(queueCreateInfoCount=1, pQueueCreateInfos=[qinfo], pNext=chain[-1] if chain else None,
+                                     enabledExtensionCount=len(exts), ppEnabledExtensionNames=exts or None)
         try:
             self.device = vk.vkCreateDevice(self.pd, info, None)
         except vk.VkError as e:
@@ -226,6 +264,32 @@ class Device:
         self.lock = threading.Lock()      # serialises queue submission across Sessions
         self.live = 0                     # Sessions using it
         self.validation_messages = validation_messages   # MINIRT_VALIDATION=1: warnings and errors, in order
+
+    def _features(self, vk):
+        """Extensions and feature structs (a pNext chain, last element first in the chain) that precision fp16
+        and the cooperative-matrix kernels use, for whichever of them the device has."""
+        ffi, p = vk.ffi, self.profile
+        have = {e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(self.pd, None)}
+        exts, chain = [], []
+
+        def add(ctype, stype, **fields):
+            chain.append(ffi.new(ctype, {"sType": stype, "pNext": chain[-1] if chain else ffi.NULL, **fields}))
+
+        if p.storage16:
+            exts += [e for e in ("VK_KHR_16bit_storage", "VK_KHR_storage_buffer_storage_class") if e in have]
+            add("VkPhysicalDevice16BitStorageFeatures*", vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES,
+                storageBuffer16BitAccess=1)
+        if p.fp16:
+            exts += [e for e in ("VK_KHR_shader_float16_int8",) if e in have]
+            add("VkPhysicalDeviceShaderFloat16Int8Features*",
+                vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES, shaderFloat16=1)
+        if p.cooperative_matrix:
+            exts += [e for e in ("VK_KHR_vulkan_memory_model", COOPMAT) if e in have]
+            add("VkPhysicalDeviceVulkanMemoryModelFeatures*",
+                vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES, vulkanMemoryModel=1)
+            add("VkPhysicalDeviceCooperativeMatrixFeaturesKHR*",
+                vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR, cooperativeMatrix=1)
+        return exts, chain
 
     def memory_type(self, type_bits: int, want: int, avoid: int = 0) -> int:
         """First memory type allowed by type_bits with all `want` flags, preferring ones without `avoid`."""

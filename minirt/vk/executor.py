@@ -131,24 +131,28 @@ class Executor:
         self._maps.append(mem)
         return m
 
-    def _image(self, extents):
+    def _format(self, dtype):
+        vk = self.vk
+        return vk.VK_FORMAT_R16G16B16A16_SFLOAT if dtype == "float16" else vk.VK_FORMAT_R32G32B32A32_SFLOAT
+
+    def _image(self, extents, dtype="float32"):
         vk = self.vk
         x, y, z = extents
         if min(x, y, z) < 1:    # a zero extent is invalid Vulkan usage (lavapipe crashes binding its memory)
             raise UnsupportedError(f"a texture of extents {[x, y, z]} (a tensor with a zero-size dim) cannot be "
                                    f"created; minirt runs empty tensors only in storage='buffer'")
         return self._own(vk.vkDestroyImage, vk.vkCreateImage(self.d, vk.VkImageCreateInfo(
-            imageType=vk.VK_IMAGE_TYPE_3D, format=vk.VK_FORMAT_R32G32B32A32_SFLOAT,
+            imageType=vk.VK_IMAGE_TYPE_3D, format=self._format(dtype),
             extent=vk.VkExtent3D(x, y, z), mipLevels=1, arrayLayers=1, samples=vk.VK_SAMPLE_COUNT_1_BIT,
             tiling=vk.VK_IMAGE_TILING_OPTIMAL,
             usage=(vk.VK_IMAGE_USAGE_STORAGE_BIT | vk.VK_IMAGE_USAGE_SAMPLED_BIT
                    | vk.VK_IMAGE_USAGE_TRANSFER_SRC_BIT | vk.VK_IMAGE_USAGE_TRANSFER_DST_BIT),
             sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE, initialLayout=vk.VK_IMAGE_LAYOUT_UNDEFINED), None))
 
-    def _view(self, image):
+    def _view(self, image, dtype="float32"):
         vk = self.vk
         return self._own(vk.vkDestroyImageView, vk.vkCreateImageView(self.d, vk.VkImageViewCreateInfo(
-            image=image, viewType=vk.VK_IMAGE_VIEW_TYPE_3D, format=vk.VK_FORMAT_R32G32B32A32_SFLOAT,
+            image=image, viewType=vk.VK_IMAGE_VIEW_TYPE_3D, format=self._format(dtype),
             subresourceRange=self._range()), None))
 
     def _range(self):
@@ -189,7 +193,7 @@ class Executor:
         vk = self.vk
         images, items, bits = {}, [], ~0
         for t in tensors:
-            img = self._image(t.texel_extents)
+            img = self._image(t.texel_extents, t.dtype)
             req = vk.vkGetImageMemoryRequirements(self.d, img)
             images[t.name] = img
             items.append((t.name, req.size, req.alignment, *span(t)))
@@ -200,7 +204,8 @@ class Executor:
         mem, _ = self._alloc(_Req(total, bits), vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, what)
         for name, *_ in items:
             vk.vkBindImageMemory(self.d, images[name], mem, offsets[name])
-            self.where[name] = ("image", images[name], self._view(images[name]), self.plan.tensors[name].texel_extents)
+            t = self.plan.tensors[name]
+            self.where[name] = ("image", images[name], self._view(images[name], t.dtype), t.texel_extents)
         return {name: (offsets[name], size) for name, size, *_ in items}, total
 
     def _alloc_constants(self):
@@ -220,11 +225,11 @@ class Executor:
             self.const_buf, _, _ = self._buffer(off, usage, vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, "weights")
             for t in buf_items:
                 self.where[t.name] = ("buffer", self.const_buf, offsets[t.name], t.nbytes)
-                uploads.append((t.data.reshape(-1), "buffer", self.const_buf, offsets[t.name]))
+                uploads.append((_as(t.data, t.dtype).reshape(-1), "buffer", self.const_buf, offsets[t.name]))
         # constants are all alive at once (span (0, 0)): laid end to end
         self._images(img_items, lambda t: (0, 0), "constant textures")
         for t in img_items:
-            uploads.append((to_texels(t.data, t.packed_dim).reshape(-1), "image", self.where[t.name][1],
+            uploads.append((_as(to_texels(t.data, t.packed_dim), t.dtype).reshape(-1), "image", self.where[t.name][1],
                             t.texel_extents))
         if uploads:
             self._upload(uploads)
@@ -439,7 +444,7 @@ class Executor:
         """Fill every activation except inputs with NaN before each run, so an element no kernel
         writes shows up in the output (a testing aid: Session(..., options={"poison": True}))."""
         vk = self.vk
-        nan = 0x7FC00000
+        nan = 0x7FC07FC0    # a NaN as one float32 and as each of two float16s
         vk.vkCmdFillBuffer(cmd, self.arena, 0, max(self.arena_bytes, 16) // 4 * 4, nan)
         imgs = [self.where[n][1] for n in self.ranges if self.where[n][0] == "image"]
         if imgs:
@@ -591,6 +596,15 @@ class Executor:
             _count_live(-1)
         if errors:
             raise DeviceError(f"closing the executor failed: {type(errors[0]).__name__}: {errors[0]}") from errors[0]
+
+
+def _as(data, dtype):
+    """Constant data in its GPU element type (float16 saturates rather than overflowing to inf)."""
+    if data.dtype == np.dtype(dtype):
+        return data
+    if dtype == "float16":
+        return np.clip(data, -65504.0, 65504.0).astype(np.float16)
+    return data.astype(dtype)
 
 
 def _overlap(a, b):

@@ -138,7 +138,7 @@ def _lower_im2col(node, ctx):
     # whole output rows per tile while one fits the budget, else part of a row (a 1-D conv has one row)
     rows = max(1, IM2COL_SCRATCH_BUDGET // (kp * 4))
     rows = min(m, rows // ow * ow if rows >= ow else rows)
-    scratch = ctx.scratch("im2col.scratch", rows * kp)
+    scratch = ctx.scratch("im2col.scratch", rows * kp, dtype=ctx.dtype)   # im2col writes the activation type
     act = node.attrs.get("_act")
     tiles = -(-m // rows)
     for t in range(tiles):

@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Whisper encoder benchmark: minirt (Session.run wall time and GPU time from the timestamp query pool)
-beside PyTorch CUDA fp32 eager and with a CUDA graph (when torch with CUDA imports) and onnxruntime
-CPU, on the same model (seeded random weights) and input, in one process. Prints a table with ratios
-and writes JSON.
+beside PyTorch CUDA eager and with a CUDA graph (when torch with CUDA imports), each at every precision
+asked for, and onnxruntime CPU, on the same model (seeded random weights) and input, in one process.
+Prints a table with ratios and writes JSON.
 
   python tools/bench.py --sizes tiny,base --runs 50 --json bench.json
+  python tools/bench.py --sizes tiny --precision fp32,fp16     # fp16: minirt precision="fp16", torch .half()
+
+fp16 accuracy is reported against minirt's own fp32 result (relative L2 error and cosine).
 
 Every figure is a median over --runs timed calls after --warmup untimed ones. Wall time is per call
 with the input starting in host memory and the output ending in host memory, for every runtime.
@@ -71,8 +74,13 @@ def bench_ort(model, x, runs, warmup):
     return y, {"wall_ms": med, "wall_min_ms": mn, "threads": "default"}
 
 
-def bench_torch(model, x, runs, warmup):
-    """HF transformers' WhisperEncoder with the ONNX model's weights, fp32 (TF32 off)."""
+def rel_l2(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def bench_torch(model, x, runs, warmup, precision="fp32"):
+    """HF transformers' WhisperEncoder with the ONNX model's weights, fp32 (TF32 off) or fp16 (.half())."""
     import torch
     from transformers import WhisperConfig
     from transformers.models.whisper.modeling_whisper import WhisperEncoder
@@ -89,14 +97,15 @@ def bench_torch(model, x, runs, warmup):
     enc = WhisperEncoder(cfg).eval()
     missing, unexpected = enc.load_state_dict({k: torch.from_numpy(v) for k, v in sd.items()}, strict=False)
     assert not unexpected and all("k_proj.bias" in k for k in missing), (missing, unexpected)
-    enc = enc.cuda()
+    dt = torch.float16 if precision == "fp16" else torch.float32
+    enc = enc.cuda().to(dt)
     res = {}
     with torch.no_grad():
         def eager():
-            return enc(torch.from_numpy(x).cuda()).last_hidden_state.cpu()
+            return enc(torch.from_numpy(x).cuda().to(dt)).last_hidden_state.float().cpu()
         y = eager().numpy()
         res["eager_wall_ms"], res["eager_wall_min_ms"] = timed(eager, runs, warmup)
-        static_in = torch.from_numpy(x).cuda()
+        static_in = torch.from_numpy(x).cuda().to(dt)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -105,7 +114,7 @@ def bench_torch(model, x, runs, warmup):
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            static_out = enc(static_in).last_hidden_state
+            static_out = enc(static_in).last_hidden_state.float()
         host_in = torch.from_numpy(x).pin_memory()
 
         def replay():
@@ -126,6 +135,7 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--storage", default="auto", choices=["auto", "buffer", "texture"])
+    ap.add_argument("--precision", default="fp32", help="comma-separated: fp32, fp16 (minirt and torch both)")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-ort", action="store_true")
     ap.add_argument("--json", help="write all figures here")
@@ -138,53 +148,72 @@ def main(argv=None):
         model = we.build_whisper_encoder(size, opset=17, seed=0)
         x = we.sample_input(seed=1)
         r = {"size": size}
-        opts = dict(o.split("=", 1) for o in a.option) or None
-        y, r["minirt"] = bench_minirt(model, x, a.runs, a.warmup, a.storage, opts)
-        r["minirt"]["options"] = opts
+        opts = dict(o.split("=", 1) for o in a.option)
+        precisions = a.precision.split(",")
+        ys = {}
+        for prec in precisions:
+            key = "minirt" if prec == "fp32" else f"minirt_{prec}"
+            ys[prec], r[key] = bench_minirt(model, x, a.runs, a.warmup, a.storage, {**opts, "precision": prec})
+            r[key]["options"] = opts or None
+            r[key]["precision"] = prec
+        if "fp32" not in ys:    # the fp16 accuracy reference
+            ys["fp32"], _ = bench_minirt(model, x, 1, 0, a.storage, opts)
+        y = ys["fp32"]
+        for prec in precisions:
+            if prec != "fp32":
+                m = r[f"minirt_{prec}"]
+                m["rel_l2_vs_minirt_fp32"], m["cosine_vs_minirt_fp32"] = rel_l2(ys[prec], y), cosine(ys[prec], y)
         if not a.no_ort:
             yo, r["onnxruntime_cpu"] = bench_ort(model, x, max(5, a.runs // 5), 2)
-            r["minirt"]["cosine_vs_onnxruntime"] = cosine(y, yo)
-            r["minirt"]["max_abs_diff_vs_onnxruntime"] = float(np.abs(y - yo).max())
+            for prec in precisions:
+                m = r["minirt" if prec == "fp32" else f"minirt_{prec}"]
+                m["cosine_vs_onnxruntime"] = cosine(ys[prec], yo)
+                m["max_abs_diff_vs_onnxruntime"] = float(np.abs(ys[prec] - yo).max())
         if not a.no_torch:
-            try:
-                yt, tr = bench_torch(model, x, a.runs, a.warmup)
-            except ImportError as e:
-                yt, tr = None, None
-                print(f"torch not available: {e}", file=sys.stderr)
-            if tr:
-                tr["cosine_vs_minirt"] = cosine(yt, y)
-                r["torch_cuda_fp32"] = tr
+            for prec in precisions:
+                try:
+                    yt, tr = bench_torch(model, x, a.runs, a.warmup, prec)
+                except ImportError as e:
+                    yt, tr = None, None
+                    print(f"torch not available: {e}", file=sys.stderr)
+                if tr:
+                    tr["cosine_vs_minirt"] = cosine(yt, ys[prec])
+                    tr["cosine_vs_minirt_fp32"] = cosine(yt, y)
+                    r[f"torch_cuda_{prec}"] = tr
         results.append(r)
-        print_table(r)
+        print_table(r, precisions)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
         print(f"wrote {a.json}")
     return 0
 
 
-def print_table(r):
-    m = r["minirt"]
-    base = m["wall_ms"]
-    print(f"\nWhisper-{r['size']} encoder, input [1, 80, 3000]; {m['gflop']:.1f} GFLOP in {m['dispatches']} dispatches; "
-          f"{m['device']}, storage {m['storage']}")
-    print(f"{'runtime':<34} {'median ms':>10} {'min ms':>8} {'vs minirt wall':>15}")
-    rows = [("minirt Session.run (wall)", m["wall_ms"], m["wall_min_ms"]),
-            ("minirt GPU time (query pool)", m["gpu_ms"], None)]
-    t = r.get("torch_cuda_fp32")
-    if t:
-        rows += [("PyTorch CUDA fp32 eager", t["eager_wall_ms"], t["eager_wall_min_ms"]),
-                 ("PyTorch CUDA fp32 + CUDA graph", t["graph_wall_ms"], t["graph_wall_min_ms"])]
-    o = r.get("onnxruntime_cpu")
-    if o:
-        rows.append(("onnxruntime CPU", o["wall_ms"], o["wall_min_ms"]))
-    for name, med, mn in rows:
-        print(f"{name:<34} {med:>10.3f} {('%.3f' % mn) if mn else '':>8} {med / base:>14.2f}x")
-    extra = [f"GPU throughput {m['gflop'] / m['gpu_ms']:.2f} TFLOP/s", f"{m['distinct_outputs']} distinct output(s)"]
-    if "cosine_vs_onnxruntime" in m:
-        extra.append(f"cosine vs onnxruntime {m['cosine_vs_onnxruntime']:.8f}")
-    if t:
-        extra.append(f"cosine torch vs minirt {t['cosine_vs_minirt']:.8f}")
-    print("; ".join(extra))
+def print_table(r, precisions=("fp32",)):
+    for prec in precisions:
+        m = r["minirt" if prec == "fp32" else f"minirt_{prec}"]
+        base = m["wall_ms"]
+        print(f"\nWhisper-{r['size']} encoder, input [1, 80, 3000], {prec}; {m['gflop']:.1f} GFLOP in {m['dispatches']} "
+              f"dispatches; {m['device']}, storage {m['storage']}")
+        print(f"{'runtime':<34} {'median ms':>10} {'min ms':>8} {'vs minirt wall':>15}")
+        rows = [("minirt Session.run (wall)", m["wall_ms"], m["wall_min_ms"]),
+                ("minirt GPU time (query pool)", m["gpu_ms"], None)]
+        t = r.get(f"torch_cuda_{prec}")
+        if t:
+            rows += [(f"PyTorch CUDA {prec} eager", t["eager_wall_ms"], t["eager_wall_min_ms"]),
+                     (f"PyTorch CUDA {prec} + CUDA graph", t["graph_wall_ms"], t["graph_wall_min_ms"])]
+        o = r.get("onnxruntime_cpu")
+        if o:
+            rows.append(("onnxruntime CPU (fp32)", o["wall_ms"], o["wall_min_ms"]))
+        for name, med, mn in rows:
+            print(f"{name:<34} {med:>10.3f} {('%.3f' % mn) if mn else '':>8} {med / base:>14.2f}x")
+        extra = [f"GPU throughput {m['gflop'] / m['gpu_ms']:.2f} TFLOP/s", f"{m['distinct_outputs']} distinct output(s)"]
+        if "cosine_vs_onnxruntime" in m:
+            extra.append(f"cosine vs onnxruntime {m['cosine_vs_onnxruntime']:.8f}")
+        if "rel_l2_vs_minirt_fp32" in m:
+            extra.append(f"vs minirt fp32: rel L2 {m['rel_l2_vs_minirt_fp32']:.2e}, cosine {m['cosine_vs_minirt_fp32']:.7f}")
+        if t:
+            extra.append(f"cosine torch vs minirt {t['cosine_vs_minirt']:.8f}")
+        print("; ".join(extra))
 
 
 if __name__ == "__main__":

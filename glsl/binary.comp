@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// variants: storage=buffer,texture
+// variants: storage=buffer,texture dtype=float,half
 // Elementwise binary op with numpy broadcasting; OP picks the function.
 #include "common.glslh"
 

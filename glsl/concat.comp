@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// variants: storage=buffer,texture
+// variants: storage=buffer,texture dtype=float,half
 // Concat of up to 4 inputs along one WHCN axis. Unused binding slots repeat input 0; they are never read.
 #include "common.glslh"
 

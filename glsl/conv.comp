@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// variants: storage=buffer,texture
+// variants: storage=buffer,texture dtype=float,half
 // Direct Conv, 1-D ([N, C, L], WHCN = (L, C, N)) or 2-D ([N, C, H, W], WHCN = (W, H, C, N)).
 // One invocation computes 4 output channels x 4 consecutive output columns: each weight vec4
 // (4 output channels, prepacked [O/4][I/g][kh][kw]) feeds 4 columns, each input value 4 channels.
@@ -43,7 +43,7 @@ void main() {
   ivec4 cb = (oc / p.kern.w) * icg;
   bool one_group = cb.x == cb.w;
 
-  vec4 b = bias[ob];
+  vec4 b = W4(bias, ob);
   vec4 acc[4];
   for (int j = 0; j < 4; ++j) acc[j] = j < nx ? b : vec4(0.0);  // columns past W stay 0
 
@@ -52,7 +52,7 @@ void main() {
       int iy = oy * p.sd.x - p.pad.x + ky * p.sd.z;
       if (iy < 0 || iy >= is.z) continue;
       for (int kx = 0; kx < kw; ++kx) {
-        vec4 wv = w[((ob * icg + ic) * kh + ky) * kw + kx];
+        vec4 wv = W4(w, ((ob * icg + ic) * kh + ky) * kw + kx);
         for (int j = 0; j < nx; ++j) {
           int ix = (x0 + j) * p.sd.y - p.pad.y + kx * p.sd.w;
           if (ix < 0 || ix >= is.w) continue;

@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// variants: storage=buffer,texture
+// variants: storage=buffer,texture dtype=float,half
 // Gather copy behind Transpose, Slice, Expand, Gather and reshapes that cannot be views.
 // For each output element o (WHCN), the input element it copies is
 //   MODE 0 (affine):  in[d] = start[d] + step[d] * o[perm[d]]   (step 0: broadcast or a fixed index)

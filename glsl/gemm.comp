@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// variants: storage=buffer,texture a=act,scratch
+// variants: storage=buffer,texture a=act,scratch dtype=float,half
 // Tiled GEMM: out = act(A[M, K] * B[K, N] + bias[N]). The work group stages a BK-deep slice of A
 // (BM rows) and of B (BN columns) in shared memory; each invocation keeps TM x (4 * TN4) outputs in
 // registers (rows ty + i * ly, column groups tx + j * lx: strided so neighbouring invocations read
@@ -21,7 +21,7 @@ layout(constant_id = 8) const int ACT = 0;       // 0 none, 1 relu, 2 gelu (erf)
 
 TENSOR_OUT(t_out, 0)
 #if defined(A_SCRATCH)
-layout(set = 0, binding = 1, std430) readonly buffer a_buf { float a_data[]; };
+layout(set = 0, binding = 1, std430) readonly buffer a_buf { ELEM a_data[]; };
 #else
 TENSOR_IN(t_a, 1)
 #endif
@@ -45,7 +45,7 @@ shared vec4 b_sh[BK * BN4];     // [k][n4]
 float a_at(int m, int k) {
   if (m >= p.dims.x || k >= p.dims.z) return 0.0;
 #if defined(A_SCRATCH)
-  return a_data[m * p.geo.y + k];
+  return float(a_data[m * p.geo.y + k]);
 #else
   int mm = m + p.geo.x;
   ivec4 i = A_MODE == 0 ? ivec4(k, mm % p.a_sizes.y, (mm / p.a_sizes.y) % p.a_sizes.z, mm / (p.a_sizes.y * p.a_sizes.z))
@@ -64,7 +64,7 @@ float activate(float x) {
 void store(int m, int n4, vec4 v) {
   int n = n4 * 4;
   if (m >= p.dims.x || n >= p.dims.y) return;
-  v += w_bias[n4];
+  v += W4(w_bias, n4);
   v = vec4(activate(v.x), activate(v.y), activate(v.z), activate(v.w));
   int mm = m + p.geo.x;
   int rem = p.dims.y - n;
@@ -72,11 +72,11 @@ void store(int m, int n4, vec4 v) {
 #if defined(STORAGE_TEXTURE)
   ivec3 pos = OUT_MODE == 0 ? ivec3(n4, mm % p.out_sizes.y, mm / p.out_sizes.y)
                             : ivec3(mm % p.out_sizes.x, mm / p.out_sizes.x, n4);
-  imageStore(t_out, pos, v);
+  imageStore(t_out, pos, sat_elem4(v));
 #else
   int M = OUT_MODE == 0 ? 0 : p.out_sizes.x * p.out_sizes.y;
   for (int l = 0; l < min(rem, 4); ++l)
-    t_out[OUT_MODE == 0 ? mm * p.dims.y + n + l : (n + l) * M + mm] = v[l];
+    t_out[OUT_MODE == 0 ? mm * p.dims.y + n + l : (n + l) * M + mm] = to_elem(v[l]);
 #endif
 }
 
@@ -99,7 +99,7 @@ void main() {
     for (int e = tid; e < BN4 * BK; e += LX * LY) {
       int kk = e / BN4, c = e % BN4;
       int k = k0 + kk, n4 = n4_base + c;
-      b_sh[kk * BN4 + c] = (k < p.dims.z && n4 < p.dims.w) ? w_b[k * p.dims.w + n4] : vec4(0.0);
+      b_sh[kk * BN4 + c] = (k < p.dims.z && n4 < p.dims.w) ? W4(w_b, k * p.dims.w + n4) : vec4(0.0);
     }
     barrier();
     for (int kk = 0; kk < BK; ++kk) {

@@ -1,13 +1,13 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// variants: storage=buffer,texture
+// variants: storage=buffer,texture dtype=float,half
 // im2col for a 2-D conv (batch 1): scratch[r, k] = input at output position m0 + r, tap and channel k,
 // with k ordered (kh, kw, c) so 4 consecutive k of a channels-packed texture share one tap; zero where
 // the tap falls in the padding. The scratch is a plain buffer [rows, Kp] (Kp = K rounded up to 4) in
 // both storages; the GEMM reads it as A.
 #include "common.glslh"
 
-layout(set = 0, binding = 0, std430) writeonly buffer s_buf { float scratch[]; };
+layout(set = 0, binding = 0, std430) writeonly buffer s_buf { ELEM scratch[]; };
 TENSOR_IN(t_in, 1)
 
 layout(push_constant) uniform Params {
@@ -33,6 +33,6 @@ void main() {
       if (ih >= 0 && ih < p.in_sizes.y && iw >= 0 && iw < p.in_sizes.x)
         v = LOAD(t_in, ivec4(iw, ih, c, 0), p.in_sizes, p.ext.y);
     }
-    scratch[r * p.geo.y + k] = v;
+    scratch[r * p.geo.y + k] = to_elem(v);
   }
 }

@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// variants: storage=buffer,texture
+// variants: storage=buffer,texture dtype=float,half
 // LayerNormalization over the WHCN dims in `mask` (all dims from the axis inwards), two-pass in fp32:
 // mean, then mean of squared deviations (no cancellation for large offsets). Both passes work on x minus
 // the row's first element, so a large common offset costs no precision in the mean either. See rows.glslh.
@@ -49,8 +49,8 @@ void main() {
 
   for (int r = int(gl_LocalInvocationID.x); live && r < n; r += step) {
     ivec4 o = row_origin(g, r, ts, mask, pd);
-    vec4 y = ((LOAD4(t_in, o, s, pd) - pivot) - shift) * rstd * w_affine[r];
-    if (HAS_BIAS) y += w_affine[n + r];
+    vec4 y = ((LOAD4(t_in, o, s, pd) - pivot) - shift) * rstd * W4(w_affine, r);
+    if (HAS_BIAS) y += W4(w_affine, n + r);
     STORE4(t_out, o, s, pd, mix(vec4(0.0), y, lanes_valid(o, s, pd)));
   }
 }

@@ -1,6 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
+// variants: dtype=float,half
 // LayerNormalization over the last dim of a dense buffer whose rows are a multiple of 4 long: one subgroup
 // per row, subgroup adds instead of shared-memory trees and barriers. Same numerics as layer_norm.comp:
 // two passes over x minus the row's first element (no cancellation for large offsets).
@@ -9,9 +10,9 @@
 
 layout(constant_id = 3) const bool HAS_BIAS = true;
 
-layout(set = 0, binding = 0, std430) writeonly buffer o_buf { vec4 o[]; };
-layout(set = 0, binding = 1, std430) readonly buffer x_buf { vec4 x[]; };
-layout(set = 0, binding = 2, std430) readonly buffer w_buf { vec4 w[]; };  // scale [L4] then bias [L4]
+layout(set = 0, binding = 0, std430) writeonly buffer o_buf { ELEM4 o[]; };
+layout(set = 0, binding = 1, std430) readonly buffer x_buf { ELEM4 x[]; };
+layout(set = 0, binding = 2, std430) readonly buffer w_buf { ELEM4 w[]; };  // scale [L4] then bias [L4]
 
 layout(push_constant) uniform Params {
   ivec4 cfg;   // rows, L4 (row length / 4), rows per work group
@@ -26,20 +27,20 @@ void main() {
     int row = int(gl_WorkGroupID.y) * p.cfg.z + rr;
     if (row >= p.cfg.x) break;            // uniform per subgroup: no barriers here
     int base = row * L4;
-    float pivot = x[base].x;
+    float pivot = float(x[base].x);
     vec4 s = vec4(0.0);
-    for (int i = lane; i < L4; i += width) s += x[base + i] - pivot;
+    for (int i = lane; i < L4; i += width) s += vec4(x[base + i]) - pivot;
     float shift = subgroupAdd(s.x + s.y + s.z + s.w) * inv_len;
     vec4 q = vec4(0.0);
     for (int i = lane; i < L4; i += width) {
-      vec4 d = (x[base + i] - pivot) - shift;
+      vec4 d = (vec4(x[base + i]) - pivot) - shift;
       q += d * d;
     }
     float rstd = inversesqrt(subgroupAdd(q.x + q.y + q.z + q.w) * inv_len + p.eps.x);
     for (int i = lane; i < L4; i += width) {
-      vec4 y = ((x[base + i] - pivot) - shift) * rstd * w[i];
-      if (HAS_BIAS) y += w[L4 + i];
-      o[base + i] = y;
+      vec4 y = ((vec4(x[base + i]) - pivot) - shift) * rstd * W4(w, i);
+      if (HAS_BIAS) y += W4(w, L4 + i);
+      o[base + i] = to_elem4(y);
     }
   }
 }

@@ -1,7 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
-// variants: tile=t44,t84,t48,t88,t44k32
+// variants: tile=t44,t84,t48,t88,t44k32 dtype=float,half
 // Fast fp32 GEMM for buffers: out = act(A[M, K] @ B[K, N] + bias) (+ residual), A row-major with K a
 // multiple of 4 (rows read as vec4), B a weight prepacked as [K][N4] vec4. A work group computes a
 // BM x BN block (BM = local y * TM, BN = local x * 4 * TN4); each BK-deep slice of A and B is staged
@@ -40,11 +40,11 @@ layout(constant_id = 3) const int OUT_MODE = 0;
 layout(constant_id = 4) const int ACT = 0;          // 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh)
 layout(constant_id = 5) const bool HAS_RES = false; // + residual[m, n] (OUT_MODE 0)
 
-layout(set = 0, binding = 0, std430) writeonly buffer o_buf { float o[]; };
-layout(set = 0, binding = 1, std430) readonly buffer a_buf { vec4 a4[]; };
-layout(set = 0, binding = 2, std430) readonly buffer b_buf { vec4 b4[]; };
-layout(set = 0, binding = 3, std430) readonly buffer bias_buf { vec4 bias4[]; };
-layout(set = 0, binding = 4, std430) readonly buffer r_buf { float res[]; };
+layout(set = 0, binding = 0, std430) writeonly buffer o_buf { ELEM o[]; };
+layout(set = 0, binding = 1, std430) readonly buffer a_buf { ELEM4 a4[]; };
+layout(set = 0, binding = 2, std430) readonly buffer b_buf { ELEM4 b4[]; };
+layout(set = 0, binding = 3, std430) readonly buffer bias_buf { ELEM4 bias4[]; };
+layout(set = 0, binding = 4, std430) readonly buffer r_buf { ELEM res[]; };
 
 layout(push_constant) uniform Params {
   ivec4 dims;   // M (rows of this dispatch), N, K, N4
@@ -86,10 +86,10 @@ void main() {
   #define FETCH(k4_0) { \
     [[unroll]] for (int l = 0; l < A_LOADS; ++l) { \
       int e = tid + l * NT; int r = e / (BK / 4), q = e % (BK / 4); int m = m_base + r, k4 = (k4_0) + q; \
-      a_reg[l] = (e < BM4 * 4 * (BK / 4) && m < M && k4 < K4) ? a4[m * p.geo.y + k4] : vec4(0.0); } \
+      a_reg[l] = (e < BM4 * 4 * (BK / 4) && m < M && k4 < K4) ? vec4(a4[m * p.geo.y + k4]) : vec4(0.0); } \
     [[unroll]] for (int l = 0; l < B_LOADS; ++l) { \
       int e = tid + l * NT; int kk = e / BN4, c = e % BN4; int k = (k4_0) * 4 + kk, n4 = n4_base + c; \
-      b_reg[l] = (e < BK * BN4 && k < p.dims.z && n4 < N4) ? b4[k * N4 + n4] : vec4(0.0); } }
+      b_reg[l] = (e < BK * BN4 && k < p.dims.z && n4 < N4) ? W4(b4, k * N4 + n4) : vec4(0.0); } }
   #define STAGE() { \
     [[unroll]] for (int l = 0; l < A_LOADS; ++l) { int e = tid + l * NT; if (e < BM4 * 4 * (BK / 4)) a_sh[e] = a_reg[l]; } \
     [[unroll]] for (int l = 0; l < B_LOADS; ++l) { int e = tid + l * NT; if (e < BK * BN4) b_sh[e] = b_reg[l]; } }
@@ -124,16 +124,16 @@ void main() {
       [[unroll]] for (int j = 0; j < TN4; ++j) {
         int n4 = n4_base + tx + j * LX;
         if (n4 >= N4) continue;
-        vec4 v = acc[g * 4 + i][j] + bias4[n4];
+        vec4 v = acc[g * 4 + i][j] + W4(bias4, n4);
         v = vec4(activate(v.x), activate(v.y), activate(v.z), activate(v.w));
         int n = n4 * 4, rem = min(p.dims.y - n, 4);
         if (OUT_MODE == 0) {
           int base = (p.geo.x + m) * p.dims.y + n;
           [[unroll]] for (int l = 0; l < 4; ++l)
-            if (l < rem) o[base + l] = v[l] + (HAS_RES ? res[base + l] : 0.0);
+            if (l < rem) o[base + l] = to_elem(v[l] + (HAS_RES ? float(res[base + l]) : 0.0));
         } else {
           [[unroll]] for (int l = 0; l < 4; ++l)
-            if (l < rem) o[(n + l) * p.geo.z + p.geo.x + m] = v[l];
+            if (l < rem) o[(n + l) * p.geo.z + p.geo.x + m] = to_elem(v[l]);
         }
       }
     }

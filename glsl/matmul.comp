@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// variants: storage=buffer,texture b=const,tensor
+// variants: storage=buffer,texture b=const,tensor dtype=float,half
 // MatMul / Gemm: out[b, m, n] = alpha * sum_k A[b, m, k] * B[b, k, n] (+ bias[m, n]), numpy batch
 // broadcasting. Each invocation computes a register tile:
 //   TILE 0 (width-packed output): 4 consecutive m x 4 consecutive n, one output texel per row;
@@ -116,15 +116,15 @@ void tile_rows(int n0, int m0, int c, int n, ivec4 os) {
     ivec4 kl = min(k0 + LANE, K - 1);  // clamped in the K tail, then masked below
     ivec4 ao = kl * ak;
     for (int i = 0; i < 4; ++i)
-      a[i] = vec4(t_a[ab[i] + ao.x], t_a[ab[i] + ao.y], t_a[ab[i] + ao.z], t_a[ab[i] + ao.w]);
+      a[i] = vec4(float(t_a[ab[i] + ao.x]), float(t_a[ab[i] + ao.y]), float(t_a[ab[i] + ao.z]), float(t_a[ab[i] + ao.w]));
 #if !defined(B_CONST)
     ivec4 bo = kl * bk;
     for (int kk = 0; kk < 4; ++kk)
-      b[kk] = vec4(t_b[bb.x + bo[kk]], t_b[bb.y + bo[kk]], t_b[bb.z + bo[kk]], t_b[bb.w + bo[kk]]);
+      b[kk] = vec4(float(t_b[bb.x + bo[kk]]), float(t_b[bb.y + bo[kk]]), float(t_b[bb.z + bo[kk]]), float(t_b[bb.w + bo[kk]]));
 #endif
 #endif
 #if defined(B_CONST)
-    for (int kk = 0; kk < 4; ++kk) b[kk] = w_b[wb + (k0 + kk) * nq];
+    for (int kk = 0; kk < 4; ++kk) b[kk] = W4(w_b, wb + (k0 + kk) * nq);
 #endif
     if (k0 + 4 > K) {  // the K tail: clamped reads past K must not count
       bvec4 live = lessThan(k0 + LANE, ivec4(K));
@@ -140,7 +140,7 @@ void tile_rows(int n0, int m0, int c, int n, ivec4 os) {
     int m = m0 + i;
     if (m >= os.y) break;
     vec4 r = acc[i] * p.alpha.x;
-    if (HAS_BIAS) r += w_bias[min(m, p.geo.x - 1) * nq + (n0 >> 2)];
+    if (HAS_BIAS) r += W4(w_bias, min(m, p.geo.x - 1) * nq + (n0 >> 2));
     ivec4 o = SQUEEZE_M ? ivec4(n0, c, n, 0) : ivec4(n0, m, c, n);
     STORE4(t_out, o, p.out_sizes, 0, mix(vec4(0.0), r, nlive));
   }
@@ -159,7 +159,7 @@ void tile_heads(int n0, int m0, int c0, int n, ivec4 os) {
     for (int r = 0; r < 4; ++r) a[r] = a4(a_idx(m0 + r, k, c0, n), 2);
     mat4 b;  // b[j] = B(c0 .. c0 + 3, k, n0 + j)
 #if defined(B_CONST)
-    for (int i = 0; i < 4; ++i) b[i] = w_b[wb[i] + k * nq];
+    for (int i = 0; i < 4; ++i) b[i] = W4(w_b, wb[i] + k * nq);
     b = transpose(b);
 #else
     if (p.pd.z == 2) {
@@ -176,7 +176,7 @@ void tile_heads(int n0, int m0, int c0, int n, ivec4 os) {
   for (int r = 0; r < 4; ++r) {
     int m = m0 + r;
     if (m >= os.y) break;
-    vec4 bias = HAS_BIAS ? w_bias[min(m, p.geo.x - 1) * nq + (n0 >> 2)] : vec4(0.0);
+    vec4 bias = HAS_BIAS ? W4(w_bias, min(m, p.geo.x - 1) * nq + (n0 >> 2)) : vec4(0.0);
     for (int j = 0; j < 4; ++j) {
       if (n0 + j >= os.x) break;
       STORE4(t_out, ivec4(n0 + j, m, c0, n), os, 2, mix(vec4(0.0), acc[r][j] * p.alpha.x + bias[j], clive));

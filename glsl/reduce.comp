@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// variants: storage=buffer,texture
+// variants: storage=buffer,texture dtype=float,half
 // ReduceSum/Mean/Max/Min over any set of WHCN dims: one invocation per output texel, each lane looping
 // over its reduced elements. The output may drop the reduced dims (keepdims=0): its linear index equals
 // that of the keepdims shape, which maps straight onto the input.

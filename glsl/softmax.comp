@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// variants: storage=buffer,texture
+// variants: storage=buffer,texture dtype=float,half
 // Softmax over the WHCN dims in `mask` (one dim for opset >= 13, all dims from the axis inwards before),
 // max-subtracted, in fp32: pass 1 max, pass 2 sum of exp, pass 3 write. See rows.glslh for the work split.
 #include "common.glslh"

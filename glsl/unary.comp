@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// variants: storage=buffer,texture
+// variants: storage=buffer,texture dtype=float,half
 // Elementwise unary op; OP picks the function. Also serves as a plain copy (OP 0).
 #include "common.glslh"
 

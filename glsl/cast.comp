@@ -34,7 +34,7 @@ void main() {
   ivec3 pos = ivec3(gl_GlobalInvocationID);
   if (!texel_in_range(pos, p.sizes, p.pd.x)) return;
 #if defined(STORAGE_TEXTURE)
-  imageStore(t_out, pos, texelFetch(t_in, pos, 0));   // the image formats convert
+  imageStore(t_out, pos, sat_elem4(texelFetch(t_in, pos, 0)));   // the image format converts (saturated first)
 #else
   ivec4 o = texel_origin(pos, p.sizes, 0);
   int b = lin(o, p.sizes), n = min(p.sizes.x - o.x, 4);

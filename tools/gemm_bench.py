@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""GEMM kernel benchmark: one Linear layer (MatMul + bias, optionally GELU or a residual) per shape, under
+several planner configurations, timed per dispatch from the timestamp query pool.
+
+  python tools/gemm_bench.py                                   # the Whisper-tiny shapes, default configs
+  python tools/gemm_bench.py --shapes 1500,384,1536 --config fp32 --config fp32:gemm_tile=t88,local_size=8x8
+  python tools/gemm_bench.py --config fp16 --config fp16:coopmat=0 --json gemm.json
+
+A config is PRECISION[:KEY=VALUE,...] with Session options (gemm_tile, cm_tile, coopmat=0, local_size=XxY).
+Per row: the GEMM dispatch's median GPU time over --runs, TFLOP/s, and the max error against a float64
+reference computed from the inputs and weights as the kernel sees them (rounded to fp16 at fp16)."""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path[0] = str(Path(__file__).resolve().parents[1])   # not tools/: tools/profile.py shadows the stdlib
+
+SHAPES = "1500,384,384,none;1500,384,1536,gelu;1500,1536,384,residual"   # M,K,N,epilogue
+
+
+def linear_model(m, k, n, epilogue, seed=0):
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    b = (0.1 * rng.standard_normal(n)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"])]
+    ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, m, k])]
+    if epilogue == "gelu":
+        nodes.append(helper.make_node("Gelu", ["hb"], ["y"]))
+    elif epilogue == "residual":
+        nodes.append(helper.make_node("Add", ["hb", "r"], ["y"]))
+        ins.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, m, n]))
+    else:
+        nodes[-1].output[0] = "y"
+    g = helper.make_graph(nodes, "linear", ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 9
+    return model, w, b
+
+
+def reference(x, w, b, r, epilogue, half):
+    from math import erf as erf1, sqrt
+    erf = np.vectorize(erf1, otypes=[np.float64])
+    q = (lambda a: a.astype(np.float16).astype(np.float64)) if half else (lambda a: a.astype(np.float64))
+    y = q(x) @ q(w) + q(b)
+    if epilogue == "gelu":
+        y = 0.5 * y * (1 + erf(y / sqrt(2)))
+    elif epilogue == "residual":
+        y = y + q(r)
+    return y
+
+
+def parse_config(text):
+    prec, _, rest = text.partition(":")
+    opts = {"precision": prec}
+    for item in filter(None, rest.split(",")):
+        k, _, v = item.partition("=")
+        opts[k] = (False if v in ("0", "false") else tuple(int(a) for a in v.split("x")) if k == "local_size"
+                   else v)
+    if "local_size" in opts:
+        opts["local_size_families"] = ("gemm",)
+    return opts
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default=SHAPES, help=f"M,K,N[,none|gelu|residual];... (default {SHAPES})")
+    ap.add_argument("--config", action="append", help="PRECISION[:KEY=VALUE,...] (repeatable; default fp32, fp16)")
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--json", help="write the rows as JSON")
+    a = ap.parse_args(argv)
+    from minirt import MinirtError, Session
+    configs = a.config or ["fp32", "fp16"]
+    rows, device = [], None
+    print(f"{'shape MxKxN':<18} {'epilogue':<9} {'config':<36} {'kernel':<26} {'GPU us':>8} {'TFLOP/s':>8} {'err/max':>9}")
+    for spec in a.shapes.split(";"):
+        parts = spec.split(",")
+        m, k, n = (int(v) for v in parts[:3])
+        epi = parts[3] if len(parts) > 3 else "none"
+        model, w, b = linear_model(m, k, n, epi)
+        rng = np.random.default_rng(1)
+        feeds = {"x": rng.standard_normal((1, m, k)).astype(np.float32)}
+        if epi == "residual":
+            feeds["r"] = rng.standard_normal((1, m, n)).astype(np.float32)
+        for cfg in configs:
+            opts = parse_config(cfg)
+            try:
+                with Session(model, storage="buffer", profile=True, options=opts) as s:
+                    times = []
+                    for _ in range(a.runs + 3):
+                        y = s.run(None, feeds)[0]
+                        recs = [r for r in s.profile_records() if r.flops >= 2 * m * n * k]
+                        times.append(sum(r.gpu_ms or 0 for r in recs))
+                    kernel = "+".join(r.kernel for r in recs)
+                    device = s.device.profile.name
+            except MinirtError as e:
+                print(f"{m}x{k}x{n:<12} {epi:<9} {cfg:<36} refused: {e}")
+                continue
+            ms = statistics.median(times[3:])
+            ref = reference(feeds["x"][0], w, b, feeds.get("r", [None])[0], epi, opts["precision"] == "fp16")
+            err = float(np.abs(y[0] - ref).max() / np.abs(ref).max())
+            tf = 2 * m * n * k / (ms * 1e-3) / 1e12 if ms else float("nan")
+            rows.append({"m": m, "k": k, "n": n, "epilogue": epi, "config": cfg, "kernel": kernel, "gpu_us": ms * 1e3,
+                         "tflops": tf, "rel_err": err})
+            print(f"{f'{m}x{k}x{n}':<18} {epi:<9} {cfg:<36} {kernel[:26]:<26} {ms * 1e3:>8.1f} {tf:>8.2f} {err:>9.2e}")
+    print(f"device: {device}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"device": device, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

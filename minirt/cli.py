@@ -287,6 +287,9 @@ def devices():
                                  ("cooperative matrix", p.cooperative_matrix)) if on]
         click.echo(f"      features: {', '.join(feats) or 'none of fp16 / 16-bit storage / cooperative matrix'}; "
                    f"timestamps {p.timestamp_valid_bits} bits x {p.timestamp_period} ns")
+        if p.coopmat_shapes:
+            shapes = sorted({f"{m}x{n}x{k} {a}*{b}+{c}" for m, n, k, a, b, c, _ in p.coopmat_shapes})
+            click.echo(f"      cooperative matrix (subgroup, MxNxK A*B+C): {', '.join(shapes)}")
     click.echo("(* = the device minirt picks; MINIRT_DEVICE=<index> overrides)")
 
 

@@ -62,7 +62,7 @@ def parse_config(text):
     opts = {"precision": prec}
     for item in filter(None, rest.split(",")):
         k, _, v = item.partition("=")
-        opts[k] = (False if v in ("0", "false") else tuple(int(a) for a in v.split("x")) if k == "local_size"
+        opts[k] = (False if v in ("0", "false") else (tuple(int(a) for a in v.split("x")) + (1, 1))[:3] if k == "local_size"
                    else v)
     if "local_size" in opts:
         opts["local_size_families"] = ("gemm",)

@@ -199,7 +199,7 @@ def read_profile(vk, pd) -> DeviceProfile:
 
 COOPMAT = "VK_KHR_cooperative_matrix"
 _COMPONENT = {0: "f16", 1: "f32", 2: "f64", 3: "s8", 4: "s16", 5: "s32", 6: "s64", 7: "u8", 8: "u16", 9: "u32",
-              10: "u64"}
+              10: "u64", 1000141000: "bf16"}
 
 
 def _coopmat_shapes(vk, pd) -> tuple:

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import DeviceError, MinirtError, UnsupportedError
 from ..layout import from_texels, to_texels
 from ..planner.memory_plan import assign_offsets
-from ..planner.plan import CONSTANT, WEIGHT
+from ..planner.plan import CONSTANT, INPUT, OUTPUT, WEIGHT
 from ..timing import Phases
 from .kernels import Kernels
 
@@ -74,6 +74,10 @@ class Executor:
                     addressModeU=self.vk.VK_SAMPLER_ADDRESS_MODE_CLAMP_TO_EDGE,
                     addressModeV=self.vk.VK_SAMPLER_ADDRESS_MODE_CLAMP_TO_EDGE,
                     addressModeW=self.vk.VK_SAMPLER_ADDRESS_MODE_CLAMP_TO_EDGE), None))
+            # Direct I/O (buffers only): graph inputs and outputs live in host memory that the kernels read and
+            # write over the bus, instead of staging copies before and after the run. MINIRT_DIRECT_IO=0/1.
+            direct = os.environ.get("MINIRT_DIRECT_IO", "")
+            self.direct_io = plan.storage == "buffer" and (direct not in ("", "0") if direct else False)
             self.where = {}       # tensor name -> ("buffer", VkBuffer, offset, size) | ("image", VkImage, VkImageView, extents)
             self.ranges = {}      # root name -> (start, end) in the activation memory, for hazards
             self._alloc_activations()
@@ -81,6 +85,9 @@ class Executor:
             self._alloc_constants()
             phase("alloc")
             self._alloc_host()
+            for t in self.plan.tensors.values():     # views share their root's resource
+                if t.view_of:
+                    self.where[t.name] = self.where[self.plan.root(t.name)]
             if self.profiling:
                 self._make_query_pools()
             phase("record", "creating pipelines and recording")
@@ -168,7 +175,8 @@ class Executor:
         """Buffer-storage activations share one arena buffer, texture ones one memory block for their
         images; offsets come from the memory plan, so tensors alive at different times share bytes."""
         vk, plan = self.vk, self.plan
-        roots = [t for t in plan.tensors.values() if t.name in plan.lifetimes and not t.view_of]
+        roots = [t for t in plan.tensors.values() if t.name in plan.lifetimes and not t.view_of
+                 and not (self.direct_io and self._is_direct(t))]
         align = max(self.dev.profile.min_storage_buffer_offset_alignment, 16)
         bufs = [t for t in roots if t.storage == "buffer"]
         items = [(t.name, t.nbytes, align, *plan.lifetimes[t.name]) for t in bufs]
@@ -233,10 +241,6 @@ class Executor:
                             t.texel_extents))
         if uploads:
             self._upload(uploads)
-        # views share their root's resource
-        for t in self.plan.tensors.values():
-            if t.view_of:
-                self.where[t.name] = self.where[self.plan.root(t.name)]
 
     def _upload(self, uploads):
         vk = self.vk
@@ -301,20 +305,40 @@ class Executor:
                                         image=img, subresourceRange=self._range()) for img in images]
         vk.vkCmdPipelineBarrier(cmd, src_stage, dst_stage, 0, 0, None, 0, None, len(bars), bars)
 
+    def _is_direct(self, t):
+        return t.role in (INPUT, OUTPUT) and not t.view_of and t.storage == "buffer"
+
     def _alloc_host(self):
-        """Persistent staging for inputs (host-visible) and readback for outputs (host-cached)."""
+        """Persistent staging for inputs (host-visible) and readback for outputs (host-cached). With direct
+        I/O these are the tensors themselves, bound to the kernels (hazard ranges after the arena's)."""
         vk = self.vk
         hv = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
-        self.inputs, self.outputs = {}, {}
+        storage = vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT
+        self.inputs, self.outputs, self.direct = {}, {}, set()
+        base = max((e for _, e in self.ranges.values()), default=0) + 16
+
+        def direct(name, t, buf):
+            nonlocal base
+            self.direct.add(name)
+            self.where[name] = ("buffer", buf, 0, t.nbytes)
+            self.ranges[name] = (base, base + t.nbytes)
+            base += t.nbytes + 16
+
         for name in self.plan.inputs:
             t = self.plan.tensors[name]
-            buf, mem, mt = self._buffer(t.nbytes, vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT,
+            d = self.direct_io and self._is_direct(t)
+            buf, mem, mt = self._buffer(t.nbytes, vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | (storage if d else 0),
                                         hv | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, f"input '{name}' staging")
+            if d:
+                direct(name, t, buf)
             self.inputs[name] = (buf, np.frombuffer(self._map(mem, t.nbytes), np.float32, t.nbytes // 4), t)
         for name in self.plan.outputs:
             t = self.plan.tensors[name]
-            buf, mem, mt = self._buffer(t.nbytes, vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+            d = self.direct_io and self._is_direct(t)
+            buf, mem, mt = self._buffer(t.nbytes, vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT | (storage if d else 0),
                                         hv | vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT, f"output '{name}' readback")
+            if d:
+                direct(name, t, buf)
             coherent = self.dev.is_coherent(mt)
             self.outputs[name] = (buf, np.frombuffer(self._map(mem, t.nbytes), np.float32, t.nbytes // 4), t,
                                   None if coherent else vk.VkMappedMemoryRange(memory=mem, offset=0, size=vk.VK_WHOLE_SIZE & 0xFFFFFFFFFFFFFFFF))
@@ -380,6 +404,8 @@ class Executor:
         # inputs: staging -> device
         for name, (buf, _, t) in self.inputs.items():
             w = self.where[name]
+            if name in self.direct:
+                continue     # the kernels read it where the host wrote it (visible at submission)
             if w[0] == "buffer":
                 vk.vkCmdCopyBuffer(cmd, buf, w[1], 1, [vk.VkBufferCopy(0, w[2], t.nbytes)])
             else:
@@ -422,9 +448,11 @@ class Executor:
                 vk.vkCmdDispatch(cmd, *groups)
             if self.profiling:
                 self._stamp(cmd, i + 1)
-        self._memory_barrier(cmd, C, SW, T, TR)
+        self._memory_barrier(cmd, C, SW, T | vk.VK_PIPELINE_STAGE_HOST_BIT, TR | vk.VK_ACCESS_HOST_READ_BIT)
         for name, (buf, _, t, _) in self.outputs.items():
             w = self.where[name]
+            if name in self.direct:
+                continue
             if w[0] == "buffer":
                 vk.vkCmdCopyBuffer(cmd, w[1], buf, 1, [vk.VkBufferCopy(w[2], 0, t.nbytes)])
             else:
@@ -446,6 +474,8 @@ class Executor:
         vk = self.vk
         nan = 0x7FC07FC0    # a NaN as one float32 and as each of two float16s
         vk.vkCmdFillBuffer(cmd, self.arena, 0, max(self.arena_bytes, 16) // 4 * 4, nan)
+        for name in self.direct & set(self.outputs):
+            vk.vkCmdFillBuffer(cmd, self.where[name][1], 0, vk.VK_WHOLE_SIZE & 0xFFFFFFFFFFFFFFFF, nan)
         imgs = [self.where[n][1] for n in self.ranges if self.where[n][0] == "image"]
         if imgs:
             self._image_barrier(cmd, imgs, vk.VK_IMAGE_LAYOUT_UNDEFINED, 0, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT,

@@ -6,7 +6,7 @@ numpy reference computed from the same fp16-rounded inputs, weights and biases, 
   coopmat   the real kernel; skipped unless this device reports cooperative matrices (an NVIDIA H200 does)
   emulated  glsl/linear_cm_emu.comp, the same source with the three matrix operations in plain code: runs on any
             fp16 device (lavapipe too), so tiling, staging, bounds and the epilogue are tested everywhere
-Select the real-device tests with `-k coopmat`."""
+Only the real kernel and the plan tests: `-k 'not emulated'` (every test id contains "coopmat": the module name)."""
 import dataclasses
 import json
 import math

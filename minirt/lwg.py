@@ -17,7 +17,9 @@ import operator
 
 from .device_profile import DeviceProfile
 
-FAMILIES = ("gemm", "im2col", "elementwise", "reduction", "conv", "copy", "attention")
+FAMILIES = ("gemm", "im2col", "elementwise", "reduction", "conv", "copy", "attention", "coopmat")
+# Families whose kernels size their work from the local size: a forced local size never applies to them.
+UNFORCEABLE = ("reduction", "coopmat")
 
 DEFAULT_INVOCATIONS = 64
 # Non-Adreno GEMM: square tiles load the fewest A/B edges per output.
@@ -164,6 +166,15 @@ def _reduction(g, profile: DeviceProfile) -> tuple[int, int, int]:
     return (x, 1, 1)
 
 
+def _coopmat(g, profile: DeviceProfile) -> tuple[int, int, int]:
+    # global x = the invocations of one work group, chosen by the dispatcher as a number of whole
+    # subgroups (cooperative-matrix kernels give each subgroup a fixed part of the group's tile, so the
+    # size must be exact); y and z count work groups. The dispatcher checks the size against the device
+    # (minirt/ops/gemm.py); a size beyond the limits is clamped to the largest power of two allowed.
+    cap = min(_caps(profile)[0], _pow2_floor(profile.max_invocations))
+    return (g[0] if g[0] <= min(profile.max_local_size[0], profile.max_invocations) else cap, 1, 1)
+
+
 _PICKERS = {
     "gemm": _gemm,
     "im2col": _im2col,
@@ -172,6 +183,7 @@ _PICKERS = {
     "copy": _default,
     "conv": _default,
     "attention": _default,
+    "coopmat": _coopmat,
 }
 
 
@@ -206,6 +218,9 @@ def describe_rule(family: str, profile: DeviceProfile) -> str:
         return f"gemm: 8x8x1 shrunk to the x/y extent, spare share to the other axis, up to {b} invocations; z=1"
     if family == "im2col":
         return "im2col: 16x4x1 as ExecuTorch; 1-D dispatches become n x 1 or 1 x n"
+    if family == "coopmat":
+        return (f"coopmat: local size = (global x, 1, 1), whole subgroups of {profile.subgroup_size} chosen by the "
+                f"kernel's dispatcher; y and z count work groups; never forced")
     if family == "reduction":
         cap = min(_caps(profile)[0], _pow2_floor(profile.max_invocations))
         return (f"reduction: one group per row, local x = threads per row (power of two, "

@@ -129,6 +129,20 @@ def test_reduction_follows_global_x(pname):
     assert "gl_WorkGroupSize.x" in describe_rule("reduction", p)
 
 
+@pytest.mark.parametrize("pname", PROFILES)
+def test_coopmat_takes_global_x_exactly(pname):
+    """Cooperative-matrix kernels give each subgroup a fixed part of the tile: the local x is exactly the
+    global x the dispatcher asked for (whole subgroups, not rounded to a power of two), y and z are 1."""
+    p = PROFILES[pname]
+    fits = min(p.max_local_size[0], p.max_invocations)
+    for threads in (1, 3, 32, 96, 128, 192, 256, 1024):
+        local = pick_local_size("coopmat", (threads, 47, 6), p)
+        if threads <= fits:
+            assert local == (threads, 1, 1)
+        assert_within(local, p)
+    assert describe_rule("coopmat", p).startswith("coopmat") and "never forced" in describe_rule("coopmat", p)
+
+
 def test_forced():
     p = KNOWN_PROFILES["adreno-840"]
     assert pick_local_size("gemm", (64, 64, 1), p, forced=(8, 8, 1)) == (8, 8, 1)  # override wins

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import MinirtError
 from ..planner.plan import Push
 
 ACTS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
@@ -61,9 +62,84 @@ def linear_ok(ctx, k) -> bool:
     return ctx.storage == "buffer" and k % 4 == 0 and not ctx.options.get("no_fast_gemm")
 
 
+# glsl/linear_cm.comp (tensor cores through VK_KHR_cooperative_matrix, fp16 only): tile -> (BM, BN, BK, subgroups)
+CM_TILES = {"m64n64k64": (64, 64, 64, 4), "m32n64k64": (32, 64, 64, 4), "m64n128k32": (64, 128, 32, 4)}
+CM_SHAPE = (16, 16, 16, "f16", "f16", "f32", "f32")   # the one cooperative-matrix shape the kernel uses
+CM_MIN_GROUPS = 256   # below this many 64x64 blocks, 32x64 blocks spread the work better (see linear_cm.glslh)
+
+
+def cm_shared_bytes(tile: str) -> int:
+    """Shared memory of a linear_cm tile: two stages of A and B (rows padded by 8 halves) + the epilogue scratch."""
+    bm, bn, bk, warps = CM_TILES[tile]
+    return 2 * 2 * (bm * (bk + 8) + bk * (bn + 8)) + warps * 16 * 20 * 4
+
+
+def _cm_fits(ctx, tile: str) -> bool:
+    p = ctx.profile
+    return cm_shared_bytes(tile) <= p.max_shared_memory and CM_TILES[tile][3] * p.subgroup_size <= min(
+        p.max_invocations, p.max_local_size[0])
+
+
+def _flag(ctx, key, default) -> bool:
+    """A boolean Session option that may come as a string from a command line (tools/bench.py --option)."""
+    v = ctx.options.get(key, default)
+    return v.strip().lower() not in ("", "0", "false", "off", "no") if isinstance(v, str) else bool(v)
+
+
+def cm_kernel(ctx, m, n):
+    """(kernel, tile) of the cooperative-matrix GEMM for an M x N output, or None where it does not apply. It needs
+    precision fp16 and a device reporting the 16x16x16 f16 x f16 -> f32 subgroup shape (with shaderFloat16);
+    Session(options={"coopmat": False}) turns it off, options["cm_tile"] forces a tile. Default: 64x64 blocks when
+    they make at least CM_MIN_GROUPS work groups, else 32x64 blocks (twice as many groups).
+    options["cm_emulate"] (tests): glsl/linear_cm_emu.comp, the same kernel with the matrix operations in plain
+    code, on any fp16 device with subgroups of 8 or more lanes, cooperative matrices or not."""
+    p = ctx.profile
+    if not (ctx.half and _flag(ctx, "coopmat", True)):
+        return None
+    if _flag(ctx, "cm_emulate", False):
+        if not (p.fp16 and p.subgroup_size >= 8):
+            return None
+        base = "linear_cm_emu"
+    elif p.cooperative_matrix and p.fp16 and CM_SHAPE in p.coopmat_shapes:
+        base = "linear_cm"
+    else:
+        return None
+    forced = ctx.options.get("cm_tile")
+    if forced:
+        if forced not in CM_TILES:
+            raise MinirtError(f"unknown cm_tile {forced!r}; expected one of {', '.join(CM_TILES)}")
+        candidates = (forced,)
+    elif -(-m // 64) * -(-n // 64) >= CM_MIN_GROUPS:
+        candidates = ("m64n64k64", "m32n64k64")
+    else:
+        candidates = ("m32n64k64", "m64n64k64")
+    tile = next((t for t in candidates if _cm_fits(ctx, t)), None)
+    return None if tile is None else (f"{base}_{tile}", tile)
+
+
+def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mode, act, m0, lda4, m_total,
+                       residual):
+    """linear_dispatch on tensor cores: same bindings, push constants and specialization constants as linear.comp.
+    Global size: x = the work group's invocations (whole subgroups, family "coopmat"), y = row blocks,
+    z = column blocks."""
+    bm, bn, _bk, warps = CM_TILES[tile]
+    p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, 0)
+    res = residual if residual is not None else bt
+    ctx.dispatch(kernel, [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
+                 p, (out_mode, ACTS[act], residual is not None),
+                 (warps * ctx.profile.subgroup_size, -(-m // bm), -(-n // bn)), "coopmat",
+                 flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)))
+
+
 def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=0, act=None, m0=0, lda4=None, m_total=0,
                     residual=None):
-    """out (rows m0 .. m0 + m) = act(A @ B + bias) (+ residual) on the fast buffer GEMM."""
+    """out (rows m0 .. m0 + m) = act(A @ B + bias) (+ residual) on the fast buffer GEMM: glsl/linear_cm.comp
+    (cooperative matrices) where cm_kernel allows, else glsl/linear.comp."""
+    cm = cm_kernel(ctx, m, n)
+    if cm is not None:
+        linear_cm_dispatch(ctx, *cm, out, a, wt, bt, m, n, k, n4, out_mode=out_mode, act=act, m0=m0, lda4=lda4,
+                           m_total=m_total, residual=residual)
+        return
     tile = linear_tile(ctx, m, n)
     tm, tn4 = {"t44": (4, 1), "t84": (8, 1), "t48": (4, 2), "t88": (8, 2), "t44k32": (4, 1)}[tile]
     p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, 0)

@@ -31,13 +31,14 @@ class LowerCtx:
                          notes={k: list(v) for k, v in graph.notes.items()}, precision=precision)
         self.node = None
         self.alias = {}       # fp16: graph input/output name -> the float16 tensor ops use in its place
+        self.alias_outputs = self.half   # off once the ops are lowered: the final casts write the float32 outputs
 
     # -- tensors --------------------------------------------------------------------------
     def t(self, name: str) -> TensorSpec:
         """The spec of a graph tensor, created on first use with its role, storage and layout."""
         if name in self.alias:
             return self.plan.tensors[self.alias[name]]
-        if (self.half and self.node is not None and name in self.graph.outputs and name not in self.plan.tensors
+        if (self.alias_outputs and name in self.graph.outputs and name not in self.plan.tensors
                 and not self.graph.tensor(name).is_const):
             self.alias[name] = self.temp(f"{name}@f16", self._graph_shape(name)).name
             return self.plan.tensors[self.alias[name]]
@@ -148,6 +149,7 @@ def lower(graph, storage, profile, options=None, precision="fp32") -> Plan:
         ops.get(node.op, node.domain).lower(node, ctx)
     ctx.node = None
     if ctx.half:
+        ctx.alias_outputs = False
         for name in graph.outputs:
             src = ctx.t(name)
             del ctx.alias[name]

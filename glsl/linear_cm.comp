@@ -1,0 +1,11 @@
+#version 450
+// variants: tile=m64n64k64,m32n64k64,m64n128k32 dtype=half
+// Tensor-core GEMM for precision fp16 (glsl/linear.comp's interface): see linear_cm.glslh.
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_EXT_shader_16bit_storage : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_KHR_shader_subgroup_basic : require
+#include "linear_cm.glslh"

@@ -1,0 +1,283 @@
+"""linear_cm: the cooperative-matrix GEMM (glsl/linear_cm.comp) behind every buffer Linear and im2col conv at
+precision fp16 on devices with VK_KHR_cooperative_matrix.
+
+Plan level (no GPU, the fake H200 profile): which GEMMs take it and with what dispatch. Numerics: against a float64
+numpy reference computed from the same fp16-rounded inputs, weights and biases, in two modes:
+  coopmat   the real kernel; skipped unless this device reports cooperative matrices (an NVIDIA H200 does)
+  emulated  glsl/linear_cm_emu.comp, the same source with the three matrix operations in plain code: runs on any
+            fp16 device (lavapipe too), so tiling, staging, bounds and the epilogue are tested everywhere
+Only the real kernel and the plan tests: `-k 'not emulated'` (every test id contains "coopmat": the module name)."""
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from minirt import MinirtError, Session
+from minirt.device_profile import KNOWN_PROFILES
+from minirt.infer import prepare
+from minirt.loaders import load
+from minirt.ops.gemm import CM_SHAPE, CM_TILES, cm_shared_bytes
+from minirt.planner import make_plan
+from oracle import make_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+import whisper_encoder as we  # noqa: E402
+
+H200 = KNOWN_PROFILES["nvidia-h200"]
+MODES = ("coopmat", "emulated")
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _plan(model, profile=H200, **options):
+    return make_plan(prepare(load(model)), profile, "buffer", {"precision": "fp16", **options})
+
+
+def _linear_model(m, n, k, act=None, residual=False, seed=0):
+    """x [1, M, K] @ W + b (then Relu / Gelu / tanh Gelu) (+ r), which fuse_linear makes one Linear."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((k, n)) / math.sqrt(k)).astype(np.float32)
+    b = (0.5 * rng.standard_normal(n)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"])]
+    cur = "hb"
+    if act:
+        attrs = {"approximate": "tanh"} if act == "gelu_tanh" else {}
+        nodes.append(helper.make_node("Relu" if act == "relu" else "Gelu", [cur], ["ha"], **attrs))
+        cur = "ha"
+    inputs = {"x": (1, m, k)}
+    if residual:
+        nodes.append(helper.make_node("Add", [cur, "r"], ["y"]))
+        inputs["r"] = (1, m, n)
+    else:
+        nodes.append(helper.make_node("Identity", [cur], ["y"]))
+    return make_model(nodes, inputs, ["y"], {"w": w, "b": b}, opset=20), w, b
+
+
+def _front_end_model(t, seed=0):
+    """Whisper's conv front end: conv 80->384 k3 p1 + Gelu, conv 384->384 k3 s2 p1 + Gelu, on [1, 80, T]."""
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((384, 80, 3)) / math.sqrt(240)).astype(np.float32)
+    b1 = (0.1 * rng.standard_normal(384)).astype(np.float32)
+    w2 = (rng.standard_normal((384, 384, 3)) / math.sqrt(1152)).astype(np.float32)
+    b2 = (0.1 * rng.standard_normal(384)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1]), helper.make_node("Gelu", ["c1"], ["g1"]),
+             helper.make_node("Conv", ["g1", "w2", "b2"], ["c2"], pads=[1, 1], strides=[2]),
+             helper.make_node("Gelu", ["c2"], ["y"])]
+    return make_model(nodes, {"x": (1, 80, t)}, ["y"], {"w1": w1, "b1": b1, "w2": w2, "b2": b2}, opset=20), \
+        (w1, b1, w2, b2)
+
+
+def _kernels(plan):
+    return [d.kernel for d in plan.dispatches]
+
+
+# -- plan level ---------------------------------------------------------------------------------------------
+
+def test_whisper_gemms_take_coopmat_on_h200():
+    m = we.build_whisper_encoder("tiny", layers=1, n_frames=3000, seed=2)
+    plan = _plan(m)
+    gemms = [d for d in plan.dispatches if d.kernel.startswith("linear")]
+    assert len(gemms) == 8, _kernels(plan)     # conv1, conv2, q, k, v, out_proj, fc1, fc2
+    for d in gemms:
+        assert d.kernel.startswith("linear_cm_") and d.kernel.endswith("_half"), d.kernel
+        assert "emu" not in d.kernel and d.family == "coopmat" and d.local_size == (128, 1, 1), d
+        tile = d.kernel[len("linear_cm_"):-len("_half")]
+        mm, n = np.frombuffer(d.push[:8], np.int32)
+        bm, bn = CM_TILES[tile][:2]
+        assert d.global_size == (128, -(-mm // bm), -(-n // bn)), d
+    by_node = {d.node.split("/")[-2]: d.kernel for d in gemms}
+    assert by_node["conv1"] == "linear_cm_m64n64k64_half"        # 3000 x 384: 282 blocks of 64x64
+    assert by_node["conv2"] == "linear_cm_m32n64k64_half"        # 1500 x 384: only 144 blocks of 64x64
+    assert by_node["q_proj"] == by_node["fc2"] == "linear_cm_m32n64k64_half"
+    assert by_node["fc1"] == "linear_cm_m64n64k64_half"          # 1500 x 1536: 576 blocks
+    assert not any(k.startswith("linear_t") for k in _kernels(plan))
+
+
+def test_same_interface_as_linear():
+    """Bindings, push constants and specialization constants are linear.comp's, for linears and im2col convs."""
+    for model in (_linear_model(100, 72, 36, "gelu", True)[0], _front_end_model(64)[0]):
+        cm = [d for d in _plan(model).dispatches if d.kernel.startswith("linear")]
+        plain = [d for d in _plan(model, coopmat=False).dispatches if d.kernel.startswith("linear")]
+        assert len(cm) == len(plain) >= 1
+        for a, b in zip(cm, plain):
+            assert a.kernel.startswith("linear_cm_") and b.kernel.startswith("linear_t"), (a.kernel, b.kernel)
+            assert (a.args, a.push, a.spec, a.flops, a.bytes) == (b.args, b.push, b.spec, b.flops, b.bytes)
+
+
+def test_off_switch_fp32_and_other_devices():
+    m = _linear_model(1500, 384, 384, residual=True)[0]
+    assert [k for k in _kernels(_plan(m, coopmat=False)) if k.startswith("linear")] == ["linear_t44k32_half"]
+    # fp32 never takes it and is what it was: the coopmat option changes nothing there
+    g = prepare(load(m))
+    fp32 = make_plan(g, H200, "buffer", {})
+    assert [k for k in _kernels(fp32) if k.startswith("linear")] == ["linear_t44k32"]
+    off = make_plan(g, H200, "buffer", {"coopmat": False})
+    assert [(d.kernel, d.args, d.push, d.spec, d.global_size, d.local_size) for d in fp32.dispatches] == \
+        [(d.kernel, d.args, d.push, d.spec, d.global_size, d.local_size) for d in off.dispatches]
+    # devices without the f16 x f16 -> f32 subgroup shape, or without cooperative matrices at all
+    f16_acc_only = dataclasses.replace(H200, coopmat_shapes=((16, 16, 16, "f16", "f16", "f16", "f16"),))
+    for profile in (KNOWN_PROFILES["lavapipe"], f16_acc_only, dataclasses.replace(H200, cooperative_matrix=False),
+                    dataclasses.replace(H200, fp16=False)):
+        assert not any("linear_cm" in k for k in _kernels(_plan(m, profile))), profile.name
+    assert CM_SHAPE in H200.coopmat_shapes
+
+
+def test_forced_tile_and_shared_memory_limit():
+    m = _linear_model(1500, 384, 384)[0]
+    for tile in CM_TILES:
+        assert f"linear_cm_{tile}_half" in _kernels(_plan(m, cm_tile=tile))
+    with pytest.raises(MinirtError, match="cm_tile"):
+        _plan(m, cm_tile="m16n16")
+    assert cm_shared_bytes("m64n64k64") <= H200.max_shared_memory
+    small = dataclasses.replace(H200, max_shared_memory=32768)      # 64x64 blocks need 41 KiB
+    assert "linear_cm_m32n64k64_half" in _kernels(_plan(_linear_model(1500, 1536, 384)[0], small))
+    tiny = dataclasses.replace(H200, max_shared_memory=16384)       # no tile fits: linear.comp
+    assert "linear_t44k32_half" in _kernels(_plan(m, tiny))
+
+
+def test_forced_local_size_leaves_coopmat_alone():
+    plan = _plan(_linear_model(1500, 384, 384)[0], local_size=(8, 8, 1))
+    d = next(d for d in plan.dispatches if d.kernel.startswith("linear_cm"))
+    assert d.local_size == (128, 1, 1)
+
+
+def test_fp16_plan_casts_into_the_float32_outputs():
+    plan = _plan(_linear_model(37, 20, 12)[0])
+    last = plan.dispatches[-1]
+    assert last.kernel == "cast_buffer_up" and last.writes == ["y"] and plan.tensors["y"].dtype == "float32"
+
+
+# -- numerics -----------------------------------------------------------------------------------------------
+
+def _device_or_skip(mode):
+    from minirt.session import get_device
+    try:
+        p = get_device().profile
+    except MinirtError as e:
+        pytest.skip(f"no Vulkan device: {e}")
+    if not (p.storage16 and p.fp16):
+        pytest.skip(f"{p.name}: no 16-bit storage buffers / shaderFloat16")
+    if mode == "coopmat" and not p.cooperative_matrix:
+        pytest.skip(f"{p.name} reports no cooperative matrices")
+    if mode == "emulated" and p.subgroup_size < 8:
+        pytest.skip(f"{p.name}: subgroups of {p.subgroup_size} lanes (the emulation needs 8 or more)")
+    return p
+
+
+def _options(mode, **extra):
+    return {"poison": True, **({"cm_emulate": True} if mode == "emulated" else {}), **extra}
+
+
+def _run(model, feeds, mode, **options):
+    """Run at fp16 after checking that the plan's GEMMs are the mode's kernel and that every kernel it needs
+    was built (the other kernels' _half variants come with the fp16 kernel work, not with linear_cm)."""
+    from minirt.session import get_device
+    from minirt.vk.kernels import spirv_dir
+    opts = _options(mode, **options)
+    plan = _plan(model, get_device().profile, **opts)
+    want = "linear_cm_emu_" if mode == "emulated" else "linear_cm_"
+    gemms = [k for k in _kernels(plan) if k.startswith("linear")]
+    assert gemms and all(k.startswith(want) for k in gemms), _kernels(plan)
+    built = json.loads((spirv_dir() / "manifest.json").read_text())["shaders"]
+    missing = sorted(set(_kernels(plan)) - set(built))
+    if missing:
+        pytest.skip(f"kernels not built in this tree: {', '.join(missing)}")
+    with Session(model, storage="buffer", precision="fp16", options=opts) as s:
+        return s.run(None, feeds)[0], gemms
+
+
+def _f16(a):
+    return np.asarray(a, np.float32).astype(np.float16).astype(np.float64)
+
+
+def _gelu(v):
+    return 0.5 * v * (1 + _erf(v / math.sqrt(2)))
+
+
+def _check(y, ref, what):
+    y = np.asarray(y, np.float64)
+    assert y.shape == ref.shape, (what, y.shape, ref.shape)
+    assert not np.isnan(y).any(), f"{what}: NaN in the output (an element not written?)"
+    err = np.linalg.norm(y - ref) / np.linalg.norm(ref)
+    assert err <= 2e-3, f"{what}: relative L2 error {err:.3g}"
+
+
+LINEAR_CASES = [(1500, 384, 384, None, False), (1500, 1536, 384, "gelu", False), (1500, 384, 1536, None, True),
+                (37, 20, 12, "relu", False), (5, 8, 4, "gelu_tanh", True), (100, 72, 36, "gelu", True)]
+
+
+def _check_linear(mode, m, n, k, act, residual, seed, **options):
+    model, w, b = _linear_model(m, n, k, act, residual, seed)
+    rng = np.random.default_rng(seed + 100)
+    feeds = {"x": rng.standard_normal((1, m, k)).astype(np.float32)}
+    if residual:
+        feeds["r"] = rng.standard_normal((1, m, n)).astype(np.float32)
+    y, _ = _run(model, feeds, mode, **options)
+    ref = _f16(feeds["x"]) @ _f16(w) + _f16(b)
+    if act == "relu":
+        ref = np.maximum(ref, 0)
+    elif act == "gelu":
+        ref = _gelu(ref)
+    elif act == "gelu_tanh":
+        ref = 0.5 * ref * (1 + np.tanh(math.sqrt(2 / math.pi) * (ref + 0.044715 * ref ** 3)))
+    if residual:
+        ref = ref + _f16(feeds["r"])
+    _check(y, ref, f"{mode} {m}x{n}x{k} act={act} residual={residual} {options}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("m,n,k,act,residual", LINEAR_CASES)
+def test_linear(mode, m, n, k, act, residual):
+    p = _device_or_skip(mode)
+    if mode == "emulated" and p.device_type == "cpu" and m * n * k > 1500 * 384 * 384:
+        pytest.skip("the emulated kernel at this size takes too long on a CPU device")
+    _check_linear(mode, m, n, k, act, residual, seed=m + n + k)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("tile", list(CM_TILES))
+def test_every_tile(mode, tile):
+    """Every tile on a shape with partial blocks in M, N and K (K = 392: 6 full 64-deep slices and 8 more)."""
+    p = _device_or_skip(mode)
+    if cm_shared_bytes(tile) > p.max_shared_memory:
+        pytest.skip(f"{tile} needs {cm_shared_bytes(tile)} bytes of shared memory, {p.name} has {p.max_shared_memory}")
+    _check_linear(mode, 150, 200, 392, "gelu", True, seed=7, cm_tile=tile)
+
+
+def _front_end_reference(x, w1, b1, w2, b2):
+    """The same convs in float64 from fp16-rounded operands, the intermediate rounded to fp16 as it is stored."""
+    def conv(v, w, b, stride):
+        vp = np.pad(v, ((0, 0), (1, 1)))
+        n = (v.shape[1] - 1) // stride + 1
+        return sum(w[:, :, t] @ vp[:, t:t + (n - 1) * stride + 1:stride] for t in range(3)) + b[:, None]
+    h = _f16(_gelu(conv(_f16(x[0]), _f16(w1), _f16(b1), 1)))
+    return _gelu(conv(h, _f16(w2), _f16(b2), 2))[None]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_whisper_conv_front_end(mode):
+    """im2col + linear_cm with OUT_MODE 1 (NCHW output): M = 3000, K = 240 and M = 1500, K = 1152 on a real
+    device; a shorter input for the emulation on a CPU device."""
+    p = _device_or_skip(mode)
+    t = 200 if mode == "emulated" and p.device_type == "cpu" else 3000
+    model, ws = _front_end_model(t, seed=3)
+    x = np.random.default_rng(4).standard_normal((1, 80, t)).astype(np.float32)
+    y, _ = _run(model, {"x": x}, mode)
+    _check(y, _front_end_reference(x, *ws), f"{mode} front end T={t}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_im2col_row_tiles(mode, monkeypatch):
+    """A small scratch budget splits each conv into several im2col + GEMM pairs: output rows from M0 > 0."""
+    import minirt.ops.conv as conv
+    _device_or_skip(mode)
+    monkeypatch.setattr(conv, "IM2COL_SCRATCH_BUDGET", 150 * 240 * 4)   # 150 rows of conv1, 31 of conv2
+    model, ws = _front_end_model(400, seed=5)
+    x = np.random.default_rng(6).standard_normal((1, 80, 400)).astype(np.float32)
+    y, gemms = _run(model, {"x": x}, mode)
+    assert len(gemms) == 3 + 7, gemms          # 400 = 150 + 150 + 100 rows, 200 = 6 x 31 + 14 rows
+    _check(y, _front_end_reference(x, *ws), f"{mode} front end in row tiles")

@@ -63,7 +63,9 @@ def linear_ok(ctx, k) -> bool:
 
 
 # glsl/linear_cm.comp (tensor cores through VK_KHR_cooperative_matrix, fp16 only): tile -> (BM, BN, BK, subgroups)
-CM_TILES = {"m64n64k64": (64, 64, 64, 4), "m32n64k64": (32, 64, 64, 4), "m64n128k32": (64, 128, 32, 4)}
+CM_TILES = {"m64n64k64": (64, 64, 64, 4), "m32n64k64": (32, 64, 64, 4), "m64n128k32": (64, 128, 32, 4),
+            "m32n32k64": (32, 32, 64, 4), "m16n64k64": (16, 64, 64, 4), "m32n64k32": (32, 64, 32, 4),
+            "m64n64k32": (64, 64, 32, 4)}
 CM_SHAPE = (16, 16, 16, "f16", "f16", "f32", "f32")   # the one cooperative-matrix shape the kernel uses
 CM_MIN_GROUPS = 256   # below this many 64x64 blocks, 32x64 blocks spread the work better (see linear_cm.glslh)
 

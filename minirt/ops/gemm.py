@@ -67,7 +67,6 @@ CM_TILES = {"m64n64k64": (64, 64, 64, 4), "m32n64k64": (32, 64, 64, 4), "m64n128
             "m32n32k64": (32, 32, 64, 4), "m16n64k64": (16, 64, 64, 4), "m32n64k32": (32, 64, 32, 4),
             "m64n64k32": (64, 64, 32, 4)}
 CM_SHAPE = (16, 16, 16, "f16", "f16", "f32", "f32")   # the one cooperative-matrix shape the kernel uses
-CM_MIN_GROUPS = 256   # below this many 64x64 blocks, 32x64 blocks spread the work better (see linear_cm.glslh)
 
 
 def cm_shared_bytes(tile: str) -> int:
@@ -91,8 +90,8 @@ def _flag(ctx, key, default) -> bool:
 def cm_kernel(ctx, m, n):
     """(kernel, tile) of the cooperative-matrix GEMM for an M x N output, or None where it does not apply. It needs
     precision fp16 and a device reporting the 16x16x16 f16 x f16 -> f32 subgroup shape (with shaderFloat16);
-    Session(options={"coopmat": False}) turns it off, options["cm_tile"] forces a tile. Default: 64x64 blocks when
-    they make at least CM_MIN_GROUPS work groups, else 32x64 blocks (twice as many groups).
+    Session(options={"coopmat": False}) turns it off, options["cm_tile"] forces a tile. Default: 64x64 blocks with
+    32-deep slices (measured best on an H200), smaller tiles where shared memory is short.
     options["cm_emulate"] (tests): glsl/linear_cm_emu.comp, the same kernel with the matrix operations in plain
     code, on any fp16 device with subgroups of 8 or more lanes, cooperative matrices or not."""
     p = ctx.profile
@@ -111,10 +110,10 @@ def cm_kernel(ctx, m, n):
         if forced not in CM_TILES:
             raise MinirtError(f"unknown cm_tile {forced!r}; expected one of {', '.join(CM_TILES)}")
         candidates = (forced,)
-    elif -(-m // 64) * -(-n // 64) >= CM_MIN_GROUPS:
-        candidates = ("m64n64k64", "m32n64k64")
     else:
-        candidates = ("m32n64k64", "m64n64k64")
+        # 64x64 blocks with 32-deep slices were fastest on an H200 for the Whisper QKV and fc1 GEMMs
+        # (tools/cm_bench.py, docs/benchmarks.md); the others fit smaller shared memories
+        candidates = ("m64n64k32", "m32n64k32", "m32n32k64")
     tile = next((t for t in candidates if _cm_fits(ctx, t)), None)
     return None if tile is None else (f"{base}_{tile}", tile)
 

@@ -37,8 +37,8 @@ class LowerCtx:
         """The spec of a graph tensor, created on first use with its role, storage and layout."""
         if name in self.alias:
             return self.plan.tensors[self.alias[name]]
-        if (self.half and name in self.graph.outputs and name not in self.plan.tensors
-                and not self.graph.tensor(name).is_const):
+        if (self.half and self.node is not None and name in self.graph.outputs and name not in self.plan.tensors
+                and not self.graph.tensor(name).is_const):     # (the output casts, after every node, get the real one)
             self.alias[name] = self.temp(f"{name}@f16", self._graph_shape(name)).name
             return self.plan.tensors[self.alias[name]]
         spec = self.plan.tensors.get(name)

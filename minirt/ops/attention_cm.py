@@ -23,7 +23,8 @@ MAX_PREFETCH = 8    # f16vec4 of K (and as many of V) an invocation carries from
 # (NR, KS, BK) in order of preference: a work group of NR * KS subgroups owns 16 NR query rows; its KS key splits
 # take every KS-th block of BK keys. Whisper-tiny's encoder (T = 1500, 6 heads) makes 47 x 6 = 282 work groups of
 # 4 subgroups with the first, about two per multiprocessor of an H200 (132); unmeasured, see the H200 tests.
-TILES = ((2, 2, 32), (4, 1, 64), (4, 1, 32), (2, 1, 64), (2, 1, 32), (1, 2, 32), (1, 2, 16), (1, 1, 32), (1, 1, 16))
+TILES = ((2, 2, 32), (4, 1, 64), (4, 2, 32), (2, 4, 16), (4, 1, 32), (2, 1, 64), (2, 1, 32), (1, 2, 32), (1, 2, 16),
+         (1, 1, 32), (1, 1, 16))
 
 
 def shared_bytes(dh, nr, ks, bk, emulate=False):

@@ -1,0 +1,95 @@
+"""Attention on cooperative matrices (glsl/attention_cm.comp): the fp16 path of the Attention op on devices with
+VK_KHR_cooperative_matrix (f16 x f16 -> f32, 16 x 16 x 16, subgroups of 32), buffers only. Same semantics as
+glsl/attention.comp; Attention.lower hands over when `usable` says so.
+
+Session / plan options:
+  coopmat=False        never take this path (the fp32-arithmetic attention kernel runs instead)
+  coopmat="emulate"    take it even without cooperative matrices, running the kernel's impl=emu variant: the same
+                       code with the matrix operations emulated by plain shared-memory code (slow; tests use it to
+                       check the kernel's logic on devices such as lavapipe)
+  coopmat_tile=(NR, KS, BK)  force a tile: NR row teams (16 query rows each), KS key splits, BK keys per block"""
+from __future__ import annotations
+
+import math
+
+from ..errors import UnsupportedError
+from ..planner.plan import Push
+from . import attr
+
+SHAPE = (16, 16, 16, "f16", "f16", "f32", "f32")
+MAX_HEAD_DIM = 128
+SUBGROUP = 32
+MAX_PREFETCH = 8    # f16vec4 of K (and as many of V) an invocation carries from one block to the next
+# (NR, KS, BK) in order of preference: a work group of NR * KS subgroups owns 16 NR query rows; its KS key splits
+# take every KS-th block of BK keys. Whisper-tiny's encoder (T = 1500, 6 heads) makes 47 x 6 = 282 work groups of
+# 4 subgroups with the first, about two per multiprocessor of an H200 (132); unmeasured, see the H200 tests.
+TILES = ((2, 2, 32), (4, 1, 64), (4, 2, 32), (2, 4, 16), (4, 1, 32), (2, 1, 64), (2, 1, 32), (1, 2, 32), (1, 2, 16),
+         (1, 1, 32), (1, 1, 16))
+
+
+def shared_bytes(dh, nr, ks, bk, emulate=False):
+    """Shared memory of one work group, as glsl/attention_cm.comp declares it."""
+    ns = nr * ks
+    total = ks * 2 * bk * (dh + 8) * 2 + ns * 16 * (bk + 4) * 4 + ns * 16 * (bk + 8) * 2 + 2 * ns * 16 * 4
+    if emulate:
+        total += ns * 512 * 4 + ns * 32 * 4 + 4
+    return total
+
+
+def tile_problem(dh, tile, shared, emulate=False):
+    """Why (NR, KS, BK) cannot run head dim dh within `shared` bytes, or None."""
+    nr, ks, bk = tile
+    ns = nr * ks
+    if min(tile) < 1 or ns & (ns - 1) or ns > 32:
+        return f"NR * KS = {ns} subgroups is not a power of two up to 32"
+    if bk % 16 or bk < 8 * nr:
+        return f"BK = {bk} is not a multiple of 16 of at least 8 NR = {8 * nr}"
+    if (bk * dh // 4) % (SUBGROUP * nr) or bk * dh // 4 // (SUBGROUP * nr) > MAX_PREFETCH:
+        return f"a block of {bk} x {dh} does not split into 1 .. {MAX_PREFETCH} vec4 per staging invocation"
+    if shared_bytes(dh, nr, ks, bk, emulate) > shared:
+        return f"needs {shared_bytes(dh, nr, ks, bk, emulate)} bytes of shared memory, the device has {shared}"
+    return None
+
+
+def pick_tile(ctx, dh):
+    """The (NR, KS, BK) for head dim dh on ctx's device (or the forced coopmat_tile), or None."""
+    emulate = ctx.options.get("coopmat") == "emulate"
+    shared = ctx.profile.max_shared_memory
+    forced = ctx.options.get("coopmat_tile")
+    if forced is not None:
+        tile = tuple(int(x) for x in forced)
+        why = tile_problem(dh, tile, shared, emulate) if len(tile) == 3 else "want (NR, KS, BK)"
+        if why:
+            raise UnsupportedError(f"coopmat_tile {list(forced)} for head dim {dh}: {why}")
+        return tile
+    return next((t for t in TILES if tile_problem(dh, t, shared, emulate) is None), None)
+
+
+def usable(ctx, dh):
+    """Whether Attention with head dim dh runs on this path in ctx's plan."""
+    opt = ctx.options.get("coopmat")
+    if opt is False or not ctx.half or ctx.storage != "buffer" or dh % 16 or not 16 <= dh <= MAX_HEAD_DIM:
+        return False
+    if opt != "emulate":
+        p = ctx.profile
+        if not (p.cooperative_matrix and SHAPE in tuple(map(tuple, p.coopmat_shapes)) and p.subgroup_size == SUBGROUP):
+            return False
+    return pick_tile(ctx, dh) is not None
+
+
+def lower(node, ctx):
+    out, q, k, v = ctx.t(node.outputs[0]), *(ctx.t(i) for i in node.inputs)
+    heads, scale = attr(node, "heads", 1), float(attr(node, "scale", 1.0))
+    B, Tq, D = q.shape
+    Tk = k.shape[1]
+    dh = D // heads
+    nr, ks, bk = pick_tile(ctx, dh)
+    emulate = ctx.options.get("coopmat") == "emulate"
+    ctx.note(f"cooperative-matrix attention{' (emulated)' if emulate else ''}: {16 * nr} query rows per work group, "
+             f"{ks} key split(s), blocks of {bk} keys")
+    push = Push().ivec4(Tq, Tk, heads, D // 4).vec4(scale * math.log2(math.e))
+    # family "reduction": the local x is the global x given, so one work group = NR * KS subgroups
+    ctx.dispatch("attention_cm_emu" if emulate else "attention_cm_khr",
+                 [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")], push, (dh, nr, ks, bk),
+                 (SUBGROUP * nr * ks, -(-Tq // (16 * nr)), B * heads), "reduction",
+                 flops=4 * B * heads * Tq * Tk * dh, nbytes=4 * (2 * q.numel + k.numel + v.numel))

@@ -10,7 +10,6 @@
 H200 runner: PYTHONPATH=. python -m pytest -q -s tests/test_coopmat_attention.py"""
 import dataclasses
 import math
-import statistics
 import sys
 import zlib
 from pathlib import Path
@@ -207,35 +206,3 @@ def test_coopmat_kernel_every_tile(shape, tile):
         pytest.skip(f"tile {tile} does not fit head dim {shape[4]}")
     for kind in ("plain", "ramp"):
         check(shape, kind, 7, {"coopmat_tile": tile})
-
-
-def attention_ms(shape, options, runs=20):
-    B, Tq, Tk, H, dh = shape
-    q, k, v = inputs(B, Tq, Tk, H * dh, 0, "plain")
-    with Session(attention_model(B, Tq, Tk, H, dh), storage="buffer", precision="fp16", options=options,
-                 profile=True) as s:
-        i = s.plan.dispatches.index(attention_dispatch(s.plan))
-        times = []
-        for n in range(runs + 3):
-            s.run(None, {"q": q, "k": k, "v": v})
-            if n >= 3:
-                times.append(s.profile_records()[i].gpu_ms)
-    if times[0] is None:
-        pytest.skip("the device reports no usable timestamps")
-    return statistics.median(times)
-
-
-@pytest.mark.parametrize("shape", [(1, 1500, 1500, 6, 64), (1, 1500, 1500, 8, 64)], ids=["tiny", "base"])
-def test_coopmat_timing_whisper_encoder_attention(shape):
-    """GPU time of one encoder self-attention (the fp32-arithmetic kernel: 0.235 ms for tiny on an H200; the goal
-    is about 0.05 ms), then every tile that fits, to choose TILES[0] from."""
-    needs_coopmat()
-    B, Tq, Tk, H, dh = shape
-    gflop = 4 * B * H * Tq * Tk * dh / 1e9
-    ms = attention_ms(shape, {})
-    print(f"\n{shape} default tile: {ms:.4f} ms, {gflop / ms:.0f} TFLOP/s")
-    for tile in attention_cm.TILES:
-        if attention_cm.tile_problem(dh, tile, device_profile().max_shared_memory) is None:
-            t = attention_ms(shape, {"coopmat_tile": tile}, runs=10)
-            print(f"  tile (NR, KS, BK) = {tile}: {t:.4f} ms, {gflop / t:.0f} TFLOP/s")
-    assert ms < 0.235, "slower than the fp32-arithmetic attention kernel"

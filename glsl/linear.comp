@@ -11,7 +11,9 @@
 // within the half-warp) and 4 consecutive-column vec4s of B. Tile sizes are #defines so every loop
 // unrolls and the accumulators stay in registers.
 //   OUT_MODE 0: out row-major [M, N] (linear layers). OUT_MODE 1: out NCHW [N, M_total] with the
-//   dispatch's rows starting at M0 (a conv's output channels by spatial positions).
+//   dispatch's rows starting at M0 (a conv's output channels by spatial positions). OUT_MODE 2: out
+//   part-major [N / NP][M_total][NP] with NP = geo.w (sibling Linears merged into one GEMM by the
+//   merge_siblings pass: column n is column n % NP of part n / NP, so each part is contiguous).
 #include "common.glslh"
 
 #if defined(TILE_T44)
@@ -48,8 +50,17 @@ layout(set = 0, binding = 4, std430) readonly buffer r_buf { ELEM res[]; };
 
 layout(push_constant) uniform Params {
   ivec4 dims;   // M (rows of this dispatch), N, K, N4
-  ivec4 geo;    // M0 (first output row), LDA4 (A row stride in vec4), M_total (OUT_MODE 1), unused
+  ivec4 geo;    // M0 (first output row), LDA4 (A row stride in vec4), M_total (OUT_MODE 1, 2), NP (OUT_MODE 2)
 } p;
+
+// Index of output (row, column n) in the row-major modes 0 and 2 (also the residual's index).
+int out_index(int row, int n) {
+  if (OUT_MODE == 2) {
+    const int part = n / p.geo.w;
+    return (part * p.geo.z + row) * p.geo.w + (n - part * p.geo.w);
+  }
+  return row * p.dims.y + n;
+}
 
 const int LX = int(gl_WorkGroupSize.x);
 const int LY = int(gl_WorkGroupSize.y);
@@ -127,13 +138,15 @@ void main() {
         vec4 v = acc[g * 4 + i][j] + W4(bias4, n4);
         v = vec4(activate(v.x), activate(v.y), activate(v.z), activate(v.w));
         int n = n4 * 4, rem = min(p.dims.y - n, 4);
-        if (OUT_MODE == 0) {
-          int base = (p.geo.x + m) * p.dims.y + n;
-          [[unroll]] for (int l = 0; l < 4; ++l)
-            if (l < rem) o[base + l] = to_elem(v[l] + (HAS_RES ? float(res[base + l]) : 0.0));
-        } else {
+        if (OUT_MODE == 1) {
           [[unroll]] for (int l = 0; l < 4; ++l)
             if (l < rem) o[(n + l) * p.geo.z + p.geo.x + m] = to_elem(v[l]);
+        } else {
+          [[unroll]] for (int l = 0; l < 4; ++l)
+            if (l < rem) {
+              const int idx = out_index(p.geo.x + m, n + l);
+              o[idx] = to_elem(v[l] + (HAS_RES ? float(res[idx]) : 0.0));
+            }
         }
       }
     }

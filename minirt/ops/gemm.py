@@ -119,12 +119,12 @@ def cm_kernel(ctx, m, n):
 
 
 def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mode, act, m0, lda4, m_total,
-                       residual):
+                       residual, part_n=0):
     """linear_dispatch on tensor cores: same bindings, push constants and specialization constants as linear.comp.
     Global size: x = the work group's invocations (whole subgroups, family "coopmat"), y = row blocks,
     z = column blocks."""
     bm, bn, _bk, warps = CM_TILES[tile]
-    p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, 0)
+    p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
     res = residual if residual is not None else bt
     ctx.dispatch(kernel, [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
                  p, (out_mode, ACTS[act], residual is not None),
@@ -132,18 +132,25 @@ def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mo
                  flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)))
 
 
-def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=0, act=None, m0=0, lda4=None, m_total=0,
-                    residual=None):
+OUT_ROWS, OUT_NCHW, OUT_PARTS = 0, 1, 2    # linear.comp / linear_cm.glslh OUT_MODE
+
+
+def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=None, m0=0, lda4=None, m_total=0,
+                    residual=None, part_n=0):
     """out (rows m0 .. m0 + m) = act(A @ B + bias) (+ residual) on the fast buffer GEMM: glsl/linear_cm.comp
-    (cooperative matrices) where cm_kernel allows, else glsl/linear.comp."""
+    (cooperative matrices) where cm_kernel allows, else glsl/linear.comp. out_mode OUT_PARTS (merged sibling
+    Linears): out is part-major [n / part_n][m_total][part_n]."""
+    if out_mode == OUT_PARTS and (part_n <= 0 or n % part_n or m_total < m0 + m):
+        raise MinirtError(f"part-major GEMM output needs N ({n}) a multiple of the part width ({part_n}) "
+                          f"and M_total ({m_total}) covering the rows")
     cm = cm_kernel(ctx, m, n)
     if cm is not None:
         linear_cm_dispatch(ctx, *cm, out, a, wt, bt, m, n, k, n4, out_mode=out_mode, act=act, m0=m0, lda4=lda4,
-                           m_total=m_total, residual=residual)
+                           m_total=m_total, residual=residual, part_n=part_n)
         return
     tile = linear_tile(ctx, m, n)
     tm, tn4 = {"t44": (4, 1), "t84": (8, 1), "t48": (4, 2), "t88": (8, 2), "t44k32": (4, 1)}[tile]
-    p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, 0)
+    p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
     res = residual if residual is not None else bt
     ctx.dispatch(f"linear_{tile}", [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
                  p, (out_mode, ACTS[act], residual is not None), (-(-n4 // tn4), -(-m // tm), 1), "gemm",

@@ -1,16 +1,23 @@
 """Linear: minirt's own op for x @ W (+ b) (* s) (+ activation) (+ residual), made by the fuse_linear
 planner pass from MatMul / Add / Mul / Gelu / Relu / Add chains, so a layer is one GEMM dispatch whose
 epilogue does the rest. Inputs: x [.., K], W [K, N] (constant), bias [N] or "", residual [.., N] or "".
-Attributes: act ("", "relu", "gelu", "gelu_tanh"), scale (folded into W and b at lowering)."""
+Attributes: act ("", "relu", "gelu", "gelu_tanh"), scale (folded into W and b at lowering), and parts P
+(default 1; set by the merge_siblings pass): P sibling Linears' weights side by side, the output laid out
+part-major [P, M, N / P] (M = the rows of x), which SplitParts hands out as P views.
+
+SplitParts (also minirt's own, made by merge_siblings): [P, M, Np] -> P tensors of M * Np elements each
+(any shapes), part p being input[p]. Buffer storage: free views at element offset p * M * Np."""
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
-from . import Op, register
+from ..errors import ModelError, UnsupportedError
+from . import Op, attr, register
 from .elementwise import elementwise_dispatch
-from .gemm import linear_dispatch, linear_ok, pack_bias, pack_weight
+from .gemm import OUT_PARTS, linear_dispatch, linear_ok, pack_bias, pack_weight
+from .shape_ops import affine_copy, view_or_copy
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
@@ -19,13 +26,26 @@ _erf = np.vectorize(math.erf, otypes=[np.float64])
 class Linear(Op):
     name = "Linear"
     domain = "minirt"
-    limits = "made by the planner (fuse_linear); W must be a 2-D constant"
+    limits = "made by the planner (fuse_linear; merge_siblings joins siblings into one); W must be a 2-D constant"
 
     def infer(self, node, ins):
         x, w = ins[0], ins[1]
+        parts = int(attr(node, "parts", 1))
+        if parts > 1:
+            rows = x.shape[:-1]
+            if not all(isinstance(d, int) for d in rows) or w.shape[1] % parts:
+                raise ModelError(f"{node}: {parts} parts need static rows and N ({w.shape[1]}) divisible by them")
+            return [((parts, int(np.prod(rows, dtype=np.int64)), w.shape[1] // parts), x.dtype)]
         return [(tuple(x.shape[:-1]) + (w.shape[1],), x.dtype)]
 
     def reference(self, node, x, w, b=None, r=None):
+        parts = int(attr(node, "parts", 1))
+        if parts > 1:     # part-major: [M, P * Np] -> [P, M, Np]
+            y = self._reference(node, x.reshape(-1, x.shape[-1]), w, b, r)
+            return [np.ascontiguousarray(y.reshape(y.shape[0], parts, -1).transpose(1, 0, 2))]
+        return [self._reference(node, x, w, b, r)]
+
+    def _reference(self, node, x, w, b, r):
         y = x @ w
         if b is not None:
             y = y + b
@@ -39,7 +59,7 @@ class Linear(Op):
             y = 0.5 * y * (1 + np.tanh(math.sqrt(2 / math.pi) * (y + 0.044715 * y ** 3)))
         if r is not None:
             y = y + r
-        return [y.astype(x.dtype, copy=False)]
+        return y.astype(x.dtype, copy=False)
 
     def lower(self, node, ctx):
         g = ctx.graph
@@ -51,6 +71,17 @@ class Linear(Op):
         act = node.attrs.get("act") or None
         k, n = w.shape
         m = int(np.prod(x.shape[:-1]))
+        parts = int(attr(node, "parts", 1))
+        if parts > 1:
+            # Only merge_siblings makes these, and only where this holds (it checks parts_ok first).
+            if not linear_ok(ctx, k) or res is not None:
+                raise UnsupportedError(f"{node}: a merged Linear ({parts} parts) runs only on the buffer GEMM "
+                                       f"(buffer storage, K a multiple of 4, no residual)")
+            wt, n4 = pack_weight(ctx, node.inputs[1], w)
+            bt = pack_bias(ctx, f"{node.name}.bias", b, n)
+            linear_dispatch(ctx, y, x, wt, bt, m, n, k, n4, act=act, out_mode=OUT_PARTS, m_total=m,
+                            part_n=n // parts)
+            return
         if linear_ok(ctx, k):
             wt, n4 = pack_weight(ctx, node.inputs[1], w)
             bt = pack_bias(ctx, f"{node.name}.bias", b, n)
@@ -69,3 +100,42 @@ class Linear(Op):
             else:
                 elementwise_dispatch(ctx, "unary", codes[s], nxt, [cur], flops_per=8)
             cur = nxt
+
+
+@register
+class SplitParts(Op):
+    name = "SplitParts"
+    domain = "minirt"
+    limits = "made by the planner (merge_siblings): the parts of a merged Linear's output, as views"
+
+    def infer(self, node, ins):
+        p, m, n = ins[0].shape
+        if len(node.outputs) != p or len(attr(node, "shapes", ())) != p:
+            raise ModelError(f"{node}: {p} parts need {p} outputs and shapes")
+        shapes = [tuple(int(d) for d in s) for s in node.attrs["shapes"]]
+        if any(int(np.prod(s, dtype=np.int64)) != m * n for s in shapes):
+            raise ModelError(f"{node}: every part has {m * n} elements, shapes {shapes}")
+        return [(s, ins[0].dtype) for s in shapes]
+
+    def reference(self, node, x):
+        return [x[i].reshape(s) for i, s in enumerate(node.attrs["shapes"])]
+
+    @staticmethod
+    def view_ok(offset_bytes: int, align: int) -> bool:
+        """Whether a part at this byte offset can be a view (descriptor offsets must be aligned)."""
+        return offset_bytes % max(int(align), 1) == 0
+
+    def lower(self, node, ctx):
+        src = ctx.t(node.inputs[0])
+        p, m, n = src.shape
+        for i, name in enumerate(node.outputs):
+            out = ctx.t(name)
+            off = i * m * n
+            if ctx.storage == "buffer" and ctx.can_view(out, src) and \
+                    self.view_ok(off * src.itemsize, ctx.profile.min_storage_buffer_offset_alignment):
+                ctx.view(out, src, off)
+                continue
+            # not reached from merge_siblings (it merges only where every part can be a view); kept correct
+            part = ctx.temp(f"{name}@part", (m, n))
+            affine_copy(ctx, part, src, [(i, 0, None), (0, 1, 0), (0, 1, 1)])
+            view_or_copy(ctx, out, part)

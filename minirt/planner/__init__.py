@@ -6,18 +6,21 @@ Pass order (each pass is one module of this package):
   3. fuse_gelu        (fuse_gelu.py)        the Erf GELU pattern becomes one Gelu node
   4. fuse_activation  (fuse_activation.py)  Relu/Gelu after a conv goes into the conv's GEMM epilogue
   5. fuse_linear      (fuse_linear.py)      MatMul + bias + scale + activation + residual -> one Linear
-  6. fuse_attention   (fuse_attention.py)   head splits + MatMul + Softmax + MatMul -> one Attention
-  7. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
-  8. local sizes      (minirt.lwg)          one deterministic local size per dispatch
-  9. memory plan      (memory_plan.py)      lifetimes for memory reuse
-The planner never imports vulkan: everything it decides is plain data in the Plan."""
+  6. merge_siblings   (merge_siblings.py)   Linears reading the same input (q, k, v) -> one GEMM + part views
+  7. fuse_attention   (fuse_attention.py)   head splits + MatMul + Softmax + MatMul -> one Attention
+  8. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
+  9. local sizes      (minirt.lwg)          one deterministic local size per dispatch
+ 10. memory plan      (memory_plan.py)      lifetimes for memory reuse
+The planner never imports vulkan: everything it decides is plain data in the Plan. Passes see the Session
+options plus "_storage" (the resolved storage) and "_profile" (the DeviceProfile), set by make_plan."""
 from __future__ import annotations
 
 import os
 
 from ..errors import MinirtError, UnsupportedError
 from ..lwg import FAMILIES, UNFORCEABLE, check_local_size, pick_local_size
-from . import conv1d_as_conv2d, conv_routing, fuse_activation, fuse_attention, fuse_gelu, fuse_linear, memory_plan
+from . import (conv1d_as_conv2d, conv_routing, fuse_activation, fuse_attention, fuse_gelu, fuse_linear, memory_plan,
+               merge_siblings)
 from .lower import lower
 from .plan import Plan
 from .storage_layout import check_limits, resolve_storage
@@ -25,7 +28,7 @@ from .storage_layout import check_limits, resolve_storage
 # (name, function(graph, options) -> graph), run in this order
 GRAPH_PASSES = [("conv1d_as_conv2d", conv1d_as_conv2d.rewrite), ("conv_routing", conv_routing.annotate),
                 ("fuse_gelu", fuse_gelu.rewrite), ("fuse_activation", fuse_activation.rewrite),
-                ("fuse_linear", fuse_linear.rewrite),
+                ("fuse_linear", fuse_linear.rewrite), ("merge_siblings", merge_siblings.rewrite),
                 ("fuse_attention", fuse_attention.rewrite)]
 FORCEABLE = tuple(f for f in FAMILIES if f not in UNFORCEABLE)
 
@@ -49,10 +52,12 @@ def make_plan(graph, profile, storage="auto", options=None) -> Plan:
     precision = resolve_precision(options.get("precision", "fp32"), profile)
     if os.environ.get(conv1d_as_conv2d.ENV, "") not in ("", "0"):
         options.setdefault("conv1d_rewrite", False)
+    storage = resolve_storage(storage, profile)
+    options["_storage"], options["_profile"] = storage, profile    # what passes may need to know of the target
     g = graph.copy()
     for _name, fn in GRAPH_PASSES:
         g = fn(g, options)
-    plan = lower(g, resolve_storage(storage, profile), profile, options, precision)
+    plan = lower(g, storage, profile, options, precision)
     check_limits(plan, profile)
     forced = options.get("local_size")
     families = options.get("local_size_families", FORCEABLE)

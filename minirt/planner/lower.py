@@ -113,8 +113,16 @@ class LowerCtx:
         return (dst.packed_dim == src.packed_dim and dst.texel_extents == src.texel_extents
                 and (dst.whcn[:2] == src.whcn[:2] if dst.packed_dim == 0 else dst.whcn[:3] == src.whcn[:3]))
 
-    def view(self, dst: TensorSpec, src: TensorSpec) -> None:
+    def view(self, dst: TensorSpec, src: TensorSpec, offset: int = 0) -> None:
+        """dst shares src's memory from element `offset` on (an offset only in buffer storage, where the
+        executor binds the root's buffer at root offset + offset bytes: the caller keeps that byte offset a
+        multiple of the device's minStorageBufferOffsetAlignment)."""
+        if offset and (self.storage != "buffer" or dst.storage != "buffer"):
+            raise UnsupportedError(f"a view at an offset ('{dst.name}' in '{src.name}') needs buffer storage")
+        if offset < 0 or offset + dst.numel > src.numel:
+            raise UnsupportedError(f"view '{dst.name}' at element {offset} runs past '{src.name}'")
         dst.view_of = src.name
+        dst.view_offset = int(offset)
 
     # -- dispatches -------------------------------------------------------------------------
     def variant(self, base: str) -> str:

@@ -28,6 +28,8 @@ class TensorSpec:
     packed_dim: int = 0              # WHCN dim whose 4 neighbours share a texel (0=W, 2=C)
     data: np.ndarray | None = None   # constants (float32: converted to dtype on upload) and prepacked weights
     view_of: str | None = None       # shares the memory of another tensor (a free reshape)
+    view_offset: int = 0             # a view's first element within view_of's memory (buffers only; elements
+                                     # of dtype, e.g. one part of a merged GEMM's part-major output)
     dtype: str = "float32"           # element type in GPU memory: "float32" or "float16"
 
     @property
@@ -103,6 +105,15 @@ class Plan:
         while self.tensors[name].view_of:
             name = self.tensors[name].view_of
         return name
+
+    def byte_offset(self, name: str) -> int:
+        """Where a tensor starts within its root's memory, in bytes (0 for roots and plain reshapes)."""
+        off = 0
+        while self.tensors[name].view_of:
+            t = self.tensors[name]
+            off += t.view_offset * t.itemsize
+            name = t.view_of
+        return off
 
 
 class Push:

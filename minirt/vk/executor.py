@@ -87,7 +87,7 @@ class Executor:
             self._alloc_host()
             for t in self.plan.tensors.values():     # views share their root's resource
                 if t.view_of:
-                    self.where[t.name] = self.where[self.plan.root(t.name)]
+                    self._where_view(t)
             if self.profiling:
                 self._make_query_pools()
             phase("record", "creating pipelines and recording")
@@ -304,6 +304,19 @@ class Executor:
                                         dstQueueFamilyIndex=vk.VK_QUEUE_FAMILY_IGNORED,
                                         image=img, subresourceRange=self._range()) for img in images]
         vk.vkCmdPipelineBarrier(cmd, src_stage, dst_stage, 0, 0, None, 0, None, len(bars), bars)
+
+    def _where_view(self, t):
+        """A view's resource: its root's, and in buffers from the root's offset + the view's byte offset
+        (hazards and lifetimes stay those of the root, so the barriers are conservative)."""
+        w = self.where[self.plan.root(t.name)]
+        off = self.plan.byte_offset(t.name)
+        if off:
+            align = self.dev.profile.min_storage_buffer_offset_alignment
+            if w[0] != "buffer" or off % align or off + t.nbytes > w[3]:
+                raise MinirtError(f"view '{t.name}' at byte offset {off} of '{self.plan.root(t.name)}' cannot be "
+                                  f"bound (needs a buffer, a multiple of {align} bytes, inside the root)")
+            w = ("buffer", w[1], w[2] + off, w[3] - off)
+        self.where[t.name] = w
 
     def _is_direct(self, t):
         return t.role in (INPUT, OUTPUT) and not t.view_of and t.storage == "buffer"

@@ -85,9 +85,10 @@ def test_peaked_scores_in_different_splits():
     check_split(1, 20, 150, 2, 64, 3, seed=11, spread=6.0)
 
 
-@pytest.mark.parametrize("tile", [(128, 16, 5), (64, 16, 4)])
+@pytest.mark.parametrize("tile", [(128, 16, 3), (64, 16, 4)])
 def test_gpu_tiles_split(monkeypatch, tile):
-    """The H200's tile (40 query rows, 64-key blocks) and a smaller one, split over ragged blocks."""
+    """GPU tiles (64-key blocks; the H200's own (128, 16, 5) needs more than lavapipe's 32 KiB of shared
+    memory), split over ragged blocks."""
     monkeypatch.setattr(attention, "tiles", lambda dh, shared, cpu: tile)
     check_split(1, 45, 200, 2, 64, 3, storages=["buffer"], seed=7)
 

@@ -26,9 +26,10 @@ CPU_TILES = ((128, 8, 3),)
 # 40-row blocks) gets 228 groups of 128 threads on a 132-SM H200 that holds 16 such groups per SM. Splitting the
 # keys S ways multiplies the groups by S at the price of an fp32 partial per split and a small combine pass.
 # Rule: on discrete GPUs, the smallest S reaching SPLIT_MIN_GROUPS groups, but no split shorter than
-# SPLIT_MIN_KEYS keys (below that the partials' traffic and the combine cost more than the extra parallelism
-# gains) and at most MAX_SPLITS; S = 1 (one dispatch, no scratch) on every other device type: integrated and
-# mobile GPUs and CPU drivers are filled by far fewer groups. Session(options={"attention_splits": S}) forces S.
+# SPLIT_MIN_KEYS keys (short splits spend more on the partials' traffic, the Q restaging and the combine than the
+# extra parallelism gains) and at most MAX_SPLITS; S = 1 (one dispatch, no scratch) on every other device type:
+# integrated and mobile GPUs and CPU drivers are filled by far fewer groups. The three numbers are unmeasured
+# starting points (time them with Session(options={"attention_splits": S}), which forces S).
 SPLIT_MIN_GROUPS = 1024
 SPLIT_MIN_KEYS = 256
 MAX_SPLITS = 16

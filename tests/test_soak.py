@@ -36,7 +36,11 @@ def model():
 
 def _settle():
     gc.collect()
-    return rss(), live_objects(), fds(), len(gc.get_objects())
+    # rss() last: gc.get_objects() builds a list of every object (megabytes in a long test session) whose pages
+    # can stay resident after it is freed; measured before it, the first _settle missed them and the second saw
+    # them as growth (seen in full-suite runs, depending on the allocator's state left by earlier tests).
+    live, nfd, nobj = live_objects(), fds(), len(gc.get_objects())
+    return rss(), live, nfd, nobj
 
 
 @pytest.mark.parametrize("storage", ["buffer", "texture"])

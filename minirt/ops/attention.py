@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from ..errors import ModelError, UnsupportedError
+from ..errors import MinirtError, ModelError, UnsupportedError
 from ..planner.plan import Push
 from . import Op, attr, register
 
@@ -19,6 +19,36 @@ TILES = ((128, 16, 5), (128, 16, 3), (128, 8, 4), (64, 16, 4), (64, 8, 4)) + \
     tuple((32, kg, rt) for kg in (16, 8, 4, 2, 1) for rt in (4, 2, 1))   # small groups for any other head dim
 # CPU drivers (lavapipe) gain more from fewer, taller work groups (less K/V restaging) than from short blocks.
 CPU_TILES = ((128, 8, 3),)
+
+
+# Key splits (flash decoding, glsl/attention_split.comp + attention_combine.comp). One work group per
+# (query block, batch, head) is few for short sequences on a big GPU: Whisper-tiny's encoder (T = 1500, 6 heads,
+# 40-row blocks) gets 228 groups of 128 threads on a 132-SM H200 that holds 16 such groups per SM. Splitting the
+# keys S ways multiplies the groups by S at the price of an fp32 partial per split and a small combine pass.
+# Rule: on discrete GPUs, the smallest S reaching SPLIT_MIN_GROUPS groups, but no split shorter than
+# SPLIT_MIN_KEYS keys (short splits spend more on the partials' traffic, the Q restaging and the combine than the
+# extra parallelism gains) and at most MAX_SPLITS; S = 1 (one dispatch, no scratch) on every other device type:
+# integrated and mobile GPUs and CPU drivers are filled by far fewer groups. The three numbers are unmeasured
+# starting points (time them with Session(options={"attention_splits": S}), which forces S).
+SPLIT_MIN_GROUPS = 1024
+SPLIT_MIN_KEYS = 256
+MAX_SPLITS = 16
+
+
+def splits(profile, groups, tk, options=None):
+    """Key splits S for an attention of `groups` work groups over `tk` keys (see the rule above)."""
+    forced = (options or {}).get("attention_splits")
+    if forced is not None:
+        try:
+            s = int(forced)
+        except (TypeError, ValueError):
+            s = 0
+        if s < 1 or isinstance(forced, bool) or (isinstance(forced, float) and forced != s):
+            raise MinirtError(f"option attention_splits must be an integer >= 1, got {forced!r}")
+        return s
+    if profile.device_type != "discrete":
+        return 1
+    return max(1, min(-(-SPLIT_MIN_GROUPS // groups), tk // SPLIT_MIN_KEYS, MAX_SPLITS))
 
 
 def shared_bytes(dh, threads, kg, rt):
@@ -83,8 +113,27 @@ class Attention(Op):
             raise UnsupportedError(f"{node}: head dim {dh} needs more shared memory than this device's "
                                    f"{ctx.profile.max_shared_memory} bytes")
         threads, kg, rt = tile
+        qblocks = -(-Tq // (rt * threads // kg))
+        S = splits(ctx.profile, qblocks * B * heads, Tk, ctx.options)
         push = Push().ivec4(Tq, Tk, heads, D // 4).vec4(scale * math.log2(math.e))
+        flops = 4 * B * heads * Tq * Tk * dh
         # family "reduction": the local x is the global x given, so one work group = `threads` invocations
-        ctx.dispatch(ctx.variant("attention"), [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")],
-                     push, (dh, kg, rt), (threads, -(-Tq // (rt * threads // kg)), B * heads), "reduction",
-                     flops=4 * B * heads * Tq * Tk * dh, nbytes=4 * (2 * q.numel + k.numel + v.numel))
+        if S == 1:
+            ctx.dispatch(ctx.variant("attention"), [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")],
+                         push, (dh, kg, rt), (threads, qblocks, B * heads), "reduction",
+                         flops=flops, nbytes=4 * (2 * q.numel + k.numel + v.numel))
+            return
+        # Partials, fp32 whatever the storage and precision: rows ((b * H + h) * S + s) * Tq + t of dh floats
+        # (unnormalised O), then one (m, l) pair per row from float rows * dh on (layout in glsl/attention.glslh).
+        rows = B * heads * S * Tq
+        part = ctx.scratch("attention.partials", rows * (dh + 2))
+        ml_base = rows * dh // 2          # in (m, l) pairs
+        ctx.dispatch(ctx.variant("attention_split"), [(part.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")],
+                     push.ivec4(S, ml_base), (dh, kg, rt), (threads, qblocks, B * heads * S), "reduction",
+                     flops=flops, nbytes=4 * (S * q.numel + k.numel + v.numel + rows * (dh + 2)))
+        # one invocation per output vec4: S weighted vec4 adds (8 flops each) and S exp2 per row and column
+        ctx.dispatch(ctx.variant("attention_combine"), [(out.name, "w"), (part.name, "r")],
+                     Push().ivec4(Tq, heads, D // 4, S).ivec4(B, ml_base), (dh,), (D // 4, Tq, B), "elementwise",
+                     flops=2 * S * out.numel + 2 * S * B * Tq * D // 4, nbytes=4 * (rows * (dh + 2) + out.numel))
+        ctx.note(f"keys split {S} ways: {qblocks * B * heads} x {S} work groups, then a combine pass; "
+                 f"partials {rows * (dh + 2) * 4 / 2**20:.1f} MiB")

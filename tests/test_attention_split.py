@@ -1,0 +1,151 @@
+"""Attention with the keys split across work groups (glsl/attention_split.comp + attention_combine.comp):
+forced splits match a float64 numpy reference in both storages (ragged key blocks, empty splits, batch 2,
+cross attention), the plan has two dispatches exactly when S > 1, and the automatic rule splits only on
+discrete GPUs with few work groups."""
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import minirt.ops.attention as attention
+from minirt import Session
+from minirt.device_profile import KNOWN_PROFILES
+from minirt.errors import MinirtError
+from minirt.infer import prepare
+from minirt.loaders import load
+from minirt.planner import make_plan
+from minirt.planner.plan import SCRATCH
+from oracle import STORAGES, compare, cosine
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_fuse_attention import attention_model  # noqa: E402
+
+H200, LAVAPIPE = KNOWN_PROFILES["nvidia-h200"], KNOWN_PROFILES["lavapipe"]
+
+
+def reference(q, k, v, heads):
+    """softmax(q_h k_h^T / sqrt(dh)) v_h per head, in float64."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    B, Tq, D = q.shape
+    dh = D // heads
+    out = np.empty((B, Tq, D))
+    for b in range(B):
+        for h in range(heads):
+            c = slice(h * dh, (h + 1) * dh)
+            s = q[b, :, c] @ k[b, :, c].T / np.sqrt(dh)
+            e = np.exp(s - s.max(-1, keepdims=True))
+            out[b, :, c] = (e / e.sum(-1, keepdims=True)) @ v[b, :, c]
+    return out
+
+
+def inputs(B, Tq, Tk, D, seed, spread=2.0):
+    rng = np.random.default_rng(seed)
+    return {"q": rng.uniform(-spread, spread, (B, Tq, D)).astype(np.float32),
+            "k": rng.uniform(-spread, spread, (B, Tk, D)).astype(np.float32),
+            "v": rng.uniform(-1, 1, (B, Tk, D)).astype(np.float32)}
+
+
+def kernels(plan):
+    return [d.kernel for d in plan.dispatches]
+
+
+def check_split(B, Tq, Tk, H, dh, S, storages=STORAGES, seed=0, spread=2.0):
+    m = attention_model(B, Tq, Tk, H, dh)
+    fd = inputs(B, Tq, Tk, H * dh, seed, spread)
+    ref = reference(fd["q"], fd["k"], fd["v"], H)
+    for st in storages:
+        with Session(m, storage=st, options={"poison": True, "attention_splits": S}) as s:
+            assert kernels(s.plan) == ([f"attention_{st}"] if S == 1 else
+                                       [f"attention_split_{st}", f"attention_combine_{st}"])
+            y = s.run(None, fd)[0]
+        compare(y, ref, 1e-4, f"{st} S={S}")
+        assert cosine(y, ref) >= 0.99999, st
+
+
+# lavapipe's tile for dh = 64 and 32 is (128, 8, 3): 48 query rows, 32-key blocks; for dh = 16 (32, 4, 4): 16 keys.
+@pytest.mark.parametrize("B,Tq,Tk,H,dh,S", [
+    (1, 7, 101, 2, 64, 2),     # few query rows, 4 key blocks (the last ragged), 101 keys not a multiple of S
+    (1, 130, 101, 2, 32, 3),   # 3 query blocks (the last partial), 4 key blocks over 3 splits
+    (2, 21, 45, 3, 16, 5),     # batch 2, cross attention; 3 key blocks over 5 splits: 2 are empty
+    (1, 50, 77, 1, 128, 5),    # the largest head dim; 3 key blocks, 5 splits
+    (1, 9, 33, 2, 64, 16),     # 2 key blocks, 16 splits: 14 empty
+])
+def test_forced_splits_match_numpy(B, Tq, Tk, H, dh, S):
+    check_split(B, Tq, Tk, H, dh, S, seed=B * 1000 + Tq * 10 + S)
+
+
+def test_one_split_is_todays_single_dispatch():
+    check_split(1, 19, 70, 2, 64, 1, seed=5)
+
+
+def test_peaked_scores_in_different_splits():
+    """Large logits: each split's row max differs a lot from the others', so the combine's rescaling matters."""
+    check_split(1, 20, 150, 2, 64, 3, seed=11, spread=6.0)
+
+
+@pytest.mark.parametrize("tile", [(128, 16, 3), (64, 16, 4)])
+def test_gpu_tiles_split(monkeypatch, tile):
+    """GPU tiles (64-key blocks; the H200's own (128, 16, 5) needs more than lavapipe's 32 KiB of shared
+    memory), split over ragged blocks."""
+    monkeypatch.setattr(attention, "tiles", lambda dh, shared, cpu: tile)
+    check_split(1, 45, 200, 2, 64, 3, storages=["buffer"], seed=7)
+
+
+# -- the plan ------------------------------------------------------------------------------------------
+
+def plan_for(profile, B=1, Tq=1500, Tk=1500, H=6, dh=64, storage="buffer", options=None):
+    return make_plan(prepare(load(attention_model(B, Tq, Tk, H, dh))), profile, storage, options)
+
+
+@pytest.mark.parametrize("storage", STORAGES)
+def test_split_plan_has_attention_then_combine(storage):
+    p = plan_for(LAVAPIPE, 2, 21, 45, 3, 16, storage, {"attention_splits": 3})
+    split, comb = p.dispatches
+    assert (split.kernel, comb.kernel) == (f"attention_split_{storage}", f"attention_combine_{storage}")
+    part = p.tensors[split.args[0][0]]
+    assert part.role == SCRATCH and part.storage == "buffer" and split.args[0][1] == "w"
+    assert comb.args == [("y", "w"), (part.name, "r")]
+    rows = 2 * 3 * 3 * 21
+    assert part.shape == (rows * (16 + 2),)
+    assert split.global_size[2] == 2 * 3 * 3
+    assert comb.global_size == (48 // 4, 21, 2)
+    # the split pass does all the attention's flops; the combine a few per output element
+    assert split.flops == 4 * 2 * 3 * 21 * 45 * 16
+    assert 0 < comb.flops <= 4 * 3 * 2 * 21 * 48 and comb.bytes > 0
+    assert kernels(plan_for(LAVAPIPE, 2, 21, 45, 3, 16, storage, {"attention_splits": 1})) == [f"attention_{storage}"]
+
+
+def test_auto_rule_splits_whisper_on_a_discrete_gpu():
+    p = plan_for(H200)                       # Whisper-tiny's encoder attention: 38 x 6 groups of 40 rows
+    assert kernels(p) == ["attention_split_buffer", "attention_combine_buffer"]
+    split = p.dispatches[0]
+    S = split.global_size[2] // 6
+    assert S == 5 and split.global_size[1] * split.global_size[2] >= attention.SPLIT_MIN_GROUPS
+    assert 1500 // S >= attention.SPLIT_MIN_KEYS
+    assert any("split 5 ways" in n for notes in p.notes.values() for n in notes)
+    # an edited CPU profile that claims to be discrete splits too; the real CPU one never does
+    assert len(plan_for(dataclasses.replace(LAVAPIPE, device_type="discrete")).dispatches) == 2
+    assert kernels(plan_for(LAVAPIPE)) == ["attention_buffer"]
+    assert kernels(plan_for(KNOWN_PROFILES["adreno-840"], storage="texture")) == ["attention_texture"]
+    # the option wins over the rule both ways
+    assert kernels(plan_for(H200, options={"attention_splits": 1})) == ["attention_buffer"]
+    assert plan_for(LAVAPIPE, options={"attention_splits": "4"}).dispatches[0].global_size[2] == 6 * 4
+
+
+def test_auto_rule():
+    s = attention.splits
+    assert s(H200, 228, 1500) == 5          # ceil(1024 / 228) = 5; 300 keys each
+    assert s(H200, 228, 600) == 2           # at least 256 keys per split
+    assert s(H200, 228, 255) == 1
+    assert s(H200, 8, 100000) == 16         # capped
+    assert s(H200, 1024, 100000) == 1       # already enough groups
+    assert s(LAVAPIPE, 8, 100000) == 1 and s(KNOWN_PROFILES["mali-g715"], 8, 100000) == 1
+    assert s(LAVAPIPE, 8, 10, {"attention_splits": 7}) == 7
+
+
+@pytest.mark.parametrize("bad", [0, -1, "x", 2.5, True])
+def test_bad_split_option(bad):
+    with pytest.raises(MinirtError, match="attention_splits"):
+        attention.splits(H200, 228, 1500, {"attention_splits": bad})

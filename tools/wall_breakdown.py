@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Where Session.run's wall time goes beyond the GPU's dispatches: the host copy of the input into staging,
+submit + wait (which includes the GPU's input and output transfers and all dispatches), and the host copy of
+the output out of the readback buffer. Buffer storage only; medians over --runs.
+
+  python tools/wall_breakdown.py --size tiny --precision fp16
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[0] = str(ROOT)
+sys.path.insert(1, str(ROOT / "models"))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="tiny")
+    ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--runs", type=int, default=50)
+    a = ap.parse_args(argv)
+    import whisper_encoder as we
+    from minirt import Session
+    model, x = we.build_whisper_encoder(a.size, opset=17, seed=0), we.sample_input(seed=1)
+    with Session(model, storage="buffer", precision=a.precision) as s:
+        s.run(x)
+        ex = s._last
+        (name, (_, view, _t)), = ex.inputs.items()
+        (oname, (_, oview, ot, _rng)), = ex.outputs.items()
+        lib, vk = ex.vk.lib, ex.vk
+        parts = {"input copy": [], "submit+wait": [], "output copy": [], "Session.run": []}
+        for _ in range(a.runs):
+            t0 = time.perf_counter()
+            np.copyto(view, x.reshape(-1), casting="no")
+            t1 = time.perf_counter()
+            lib.vkQueueSubmit(s.device.queue, 1, ex._submit, ex.fence)
+            while lib.vkGetFenceStatus(ex.d, ex.fence) == vk.VK_NOT_READY:
+                pass
+            lib.vkResetFences(ex.d, 1, ex._fences)
+            t2 = time.perf_counter()
+            y = oview.reshape(ot.shape).copy()
+            t3 = time.perf_counter()
+            s.run(x)
+            t4 = time.perf_counter()
+            for k, v in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+                parts[k].append(v * 1e3)
+        assert y.shape == ot.shape
+    print(f"Whisper-{a.size} {a.precision}, buffer storage; input {x.nbytes / 1e6:.2f} MB, output {y.nbytes / 1e6:.2f} MB")
+    for k, v in parts.items():
+        print(f"  {k:<14} {statistics.median(v):8.3f} ms (min {min(v):.3f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

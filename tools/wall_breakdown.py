@@ -52,6 +52,22 @@ def main(argv=None):
             for k, v in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
                 parts[k].append(v * 1e3)
         assert y.shape == ot.shape
+        # the output copy, three ways: a fresh array each time (what run() does), into a reused array, and in
+        # four threads into a reused array
+        from concurrent.futures import ThreadPoolExecutor
+        src, dst = oview.reshape(-1), np.empty(oview.size, np.float32)
+        pool = ThreadPoolExecutor(4)
+        chunks = np.array_split(np.arange(src.size), 4)
+        bounds = [(c[0], c[-1] + 1) for c in chunks]
+        for label, fn in (("fresh array", lambda: src.copy()), ("reused array", lambda: np.copyto(dst, src)),
+                          ("4 threads", lambda: list(pool.map(lambda b: np.copyto(dst[b[0]:b[1]], src[b[0]:b[1]]),
+                                                              bounds)))):
+            ts = []
+            for _ in range(a.runs):
+                t0 = time.perf_counter()
+                fn()
+                ts.append((time.perf_counter() - t0) * 1e3)
+            parts[f"out: {label}"] = ts
     print(f"Whisper-{a.size} {a.precision}, buffer storage; input {x.nbytes / 1e6:.2f} MB, output {y.nbytes / 1e6:.2f} MB")
     for k, v in parts.items():
         print(f"  {k:<14} {statistics.median(v):8.3f} ms (min {min(v):.3f})")

@@ -22,15 +22,16 @@ CPU_TILES = ((128, 8, 3),)
 
 
 # Key splits (flash decoding, glsl/attention_split.comp + attention_combine.comp). One work group per
-# (query block, batch, head) is few for short sequences on a big GPU: Whisper-tiny's encoder (T = 1500, 6 heads,
-# 40-row blocks) gets 228 groups of 128 threads on a 132-SM H200 that holds 16 such groups per SM. Splitting the
-# keys S ways multiplies the groups by S at the price of an fp32 partial per split and a small combine pass.
-# Rule: on discrete GPUs, the smallest S reaching SPLIT_MIN_GROUPS groups, but no split shorter than
-# SPLIT_MIN_KEYS keys (short splits spend more on the partials' traffic, the Q restaging and the combine than the
-# extra parallelism gains) and at most MAX_SPLITS; S = 1 (one dispatch, no scratch) on every other device type:
-# integrated and mobile GPUs and CPU drivers are filled by far fewer groups. The three numbers are unmeasured
-# starting points (time them with Session(options={"attention_splits": S}), which forces S).
-SPLIT_MIN_GROUPS = 1024
+# (query block, batch, head) may leave a big GPU with a ragged last wave. Splitting the keys S ways multiplies the
+# groups by S at the price of an fp32 partial per split and a small combine pass. Measured on an H200
+# (tools/attn_bench.py, docs/benchmarks.md): Whisper-tiny (228 groups) gains nothing from any S (237 us unsplit,
+# 241-250 us split: the kernel is arithmetic-bound there), Whisper-base (304 groups) runs 351 -> 301 us with S = 3.
+# Rule: on discrete GPUs with at least SPLIT_FROM_GROUPS groups, the smallest S reaching SPLIT_TARGET_GROUPS, no
+# split shorter than SPLIT_MIN_KEYS keys, at most MAX_SPLITS; S = 1 (one dispatch, no scratch) otherwise and on
+# every other device type (integrated and mobile GPUs and CPU drivers are filled by far fewer groups).
+# Session(options={"attention_splits": S}) forces S.
+SPLIT_FROM_GROUPS = 256
+SPLIT_TARGET_GROUPS = 900
 SPLIT_MIN_KEYS = 256
 MAX_SPLITS = 16
 
@@ -46,9 +47,9 @@ def splits(profile, groups, tk, options=None):
         if s < 1 or isinstance(forced, bool) or (isinstance(forced, float) and forced != s):
             raise MinirtError(f"option attention_splits must be an integer >= 1, got {forced!r}")
         return s
-    if profile.device_type != "discrete":
+    if profile.device_type != "discrete" or groups < SPLIT_FROM_GROUPS:
         return 1
-    return max(1, min(-(-SPLIT_MIN_GROUPS // groups), tk // SPLIT_MIN_KEYS, MAX_SPLITS))
+    return max(1, min(-(-SPLIT_TARGET_GROUPS // groups), tk // SPLIT_MIN_KEYS, MAX_SPLITS))
 
 
 def shared_bytes(dh, threads, kg, rt):
@@ -66,7 +67,7 @@ def tiles(dh, shared, cpu=False):
 class Attention(Op):
     name, domain = "Attention", "minirt"
     limits = (f"internal, made by the fuse_attention pass (Session option fuse_attention=False turns it off); "
-              f"head dim a multiple of 4 up to {MAX_HEAD_DIM}; no mask, no causal; fp32 only")
+              f"head dim a multiple of 4 up to {MAX_HEAD_DIM}; no mask, no causal; at fp16 on cooperative matrices where the device has them")
 
     def infer(self, node, ins):
         q, k, v = (t.shape for t in ins)

@@ -140,6 +140,11 @@ def _gemm(g, profile: DeviceProfile) -> tuple[int, int, int]:
         # (Whisper's 1500 x 384 outputs) balance better with 4x as many 8x8 groups.
         budget = min(256, _pow2_floor(profile.max_invocations))
         shape = (16, 16)
+    elif profile.vendor in DESKTOP_VENDORS and -(-g[0] // 16) * -(-g[1] // 8) >= DESKTOP_MIN_GROUPS:
+        # In between, 16x8 groups (128 invocations) still make enough groups and beat 8x8 on an H200 for
+        # Whisper's 1500 x 384 outputs (QKV-sized 27.2 vs 28.1 us, fc2 -7%: docs/benchmarks.md).
+        budget = min(128, _pow2_floor(profile.max_invocations))
+        shape = (16, 8)
     start = _clamp([min(shape[i], need[i]) for i in (0, 1)] + [1], profile, budget)
     return _grow(start, need, [i for i in _largest_first(g) if i < 2], budget)
 

@@ -74,10 +74,13 @@ class Executor:
                     addressModeU=self.vk.VK_SAMPLER_ADDRESS_MODE_CLAMP_TO_EDGE,
                     addressModeV=self.vk.VK_SAMPLER_ADDRESS_MODE_CLAMP_TO_EDGE,
                     addressModeW=self.vk.VK_SAMPLER_ADDRESS_MODE_CLAMP_TO_EDGE), None))
-            # Direct I/O (buffers only): graph inputs and outputs live in host memory that the kernels read and
-            # write over the bus, instead of staging copies before and after the run. MINIRT_DIRECT_IO=0/1.
-            direct = os.environ.get("MINIRT_DIRECT_IO", "")
-            self.direct_io = plan.storage == "buffer" and (direct not in ("", "0") if direct else False)
+            # Direct I/O (buffers only): graph inputs and/or outputs live in host memory that the kernels read and
+            # write over the bus, instead of staging copies before and after the run.
+            # MINIRT_DIRECT_IO=0 (default), 1 (both), in, out.
+            direct = os.environ.get("MINIRT_DIRECT_IO", "0").strip().lower()
+            roles = {"1": (INPUT, OUTPUT), "both": (INPUT, OUTPUT), "in": (INPUT,), "out": (OUTPUT,)}.get(direct, ())
+            self.direct_roles = roles if plan.storage == "buffer" else ()
+            self.direct_io = bool(self.direct_roles)
             self.where = {}       # tensor name -> ("buffer", VkBuffer, offset, size) | ("image", VkImage, VkImageView, extents)
             self.ranges = {}      # root name -> (start, end) in the activation memory, for hazards
             self._alloc_activations()
@@ -319,7 +322,7 @@ class Executor:
         self.where[t.name] = w
 
     def _is_direct(self, t):
-        return t.role in (INPUT, OUTPUT) and not t.view_of and t.storage == "buffer"
+        return t.role in self.direct_roles and not t.view_of and t.storage == "buffer"
 
     def _alloc_host(self):
         """Persistent staging for inputs (host-visible) and readback for outputs (host-cached). With direct

@@ -65,7 +65,9 @@ def linear_ok(ctx, k) -> bool:
 # glsl/linear_cm.comp (tensor cores through VK_KHR_cooperative_matrix, fp16 only): tile -> (BM, BN, BK, subgroups)
 CM_TILES = {"m64n64k64": (64, 64, 64, 4), "m32n64k64": (32, 64, 64, 4), "m64n128k32": (64, 128, 32, 4),
             "m32n32k64": (32, 32, 64, 4), "m16n64k64": (16, 64, 64, 4), "m32n64k32": (32, 64, 32, 4),
-            "m64n64k32": (64, 64, 32, 4), "m128n64k32": (128, 64, 32, 4), "m128n128k32": (128, 128, 32, 4)}
+            "m64n64k32": (64, 64, 32, 4), "m128n64k32": (128, 64, 32, 4), "m128n128k32": (128, 128, 32, 4),
+            "m64n64k32w8": (64, 64, 32, 8), "m64n128k32w8": (64, 128, 32, 8), "m128n64k32w8": (128, 64, 32, 8),
+            "m32n128k32w8": (32, 128, 32, 8)}
 CM_SHAPE = (16, 16, 16, "f16", "f16", "f32", "f32")   # the one cooperative-matrix shape the kernel uses
 
 

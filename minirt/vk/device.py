@@ -291,16 +291,15 @@ class Device:
                 vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR, cooperativeMatrix=1)
         return exts, chain
 
-    def memory_type(self, type_bits: int, want: int, avoid: int = 0, prefer: int = 0) -> int:
-        """First memory type allowed by type_bits with all `want` flags, preferring ones without `avoid`, then
-        ones with all `prefer` flags."""
+    def memory_type(self, type_bits: int, want: int, avoid: int = 0) -> int:
+        """First memory type allowed by type_bits with all `want` flags, preferring ones without `avoid`."""
         mp = self.mem_props
         ok = [i for i in range(mp.memoryTypeCount)
               if type_bits & (1 << i) and (mp.memoryTypes[i].propertyFlags & want) == want]
         if not ok:
             raise DeviceError(f"'{self.profile.name}' has no memory type with flags {want:#x}")
-        flags = [mp.memoryTypes[i].propertyFlags for i in ok]
-        return min(zip(ok, flags), key=lambda t: (bool(t[1] & avoid), (t[1] & prefer) != prefer, t[0]))[0]
+        best = [i for i in ok if not mp.memoryTypes[i].propertyFlags & avoid]
+        return (best or ok)[0]
 
     def is_coherent(self, mem_type: int) -> bool:
         return bool(self.mem_props.memoryTypes[mem_type].propertyFlags

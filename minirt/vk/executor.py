@@ -117,9 +117,9 @@ class Executor:
         _count_live(1)
         return handle
 
-    def _alloc(self, req, flags, what, avoid=0, prefer=0):
+    def _alloc(self, req, flags, what, avoid=0):
         vk = self.vk
-        mt = self.dev.memory_type(req.memoryTypeBits, flags, avoid, prefer)
+        mt = self.dev.memory_type(req.memoryTypeBits, flags, avoid)
         try:
             mem = vk.vkAllocateMemory(self.d, vk.VkMemoryAllocateInfo(allocationSize=req.size, memoryTypeIndex=mt), None)
         except (vk.VkErrorOutOfDeviceMemory, vk.VkErrorOutOfHostMemory) as e:
@@ -127,12 +127,12 @@ class Executor:
                               f"on '{self.dev.profile.name}' ({type(e).__name__})") from None
         return self._own(vk.vkFreeMemory, mem), mt
 
-    def _buffer(self, size, usage, flags, what, avoid=0, prefer=0):
+    def _buffer(self, size, usage, flags, what, avoid=0):
         vk = self.vk
         buf = self._own(vk.vkDestroyBuffer, vk.vkCreateBuffer(self.d, vk.VkBufferCreateInfo(
             size=max(int(size), 16), usage=usage, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None))
         req = vk.vkGetBufferMemoryRequirements(self.d, buf)
-        mem, mt = self._alloc(req, flags, what, avoid, prefer)
+        mem, mt = self._alloc(req, flags, what, avoid)
         vk.vkBindBufferMemory(self.d, buf, mem, 0)
         return buf, mem, mt
 
@@ -344,9 +344,7 @@ class Executor:
             t = self.plan.tensors[name]
             d = self.direct_io and self._is_direct(t)
             buf, mem, mt = self._buffer(t.nbytes, vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | (storage if d else 0),
-                                        hv | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, f"input '{name}' staging",
-                                        # cached memory: numpy's copy into write-combined memory is slower
-                                        prefer=vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT)
+                                        hv | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, f"input '{name}' staging")
             if d:
                 direct(name, t, buf)
             self.inputs[name] = (buf, np.frombuffer(self._map(mem, t.nbytes), np.float32, t.nbytes // 4), t)

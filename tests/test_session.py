@@ -90,3 +90,56 @@ def test_direct_io_matches_staged_io(monkeypatch, direct):
     check_model(m, {"x": rand(2, 3, 8, seed=np.random.SeedSequence().entropy % 2**31)}, storages=("buffer",))
     with Session(m, storage="buffer") as s:
         assert s._execs and all(ex.direct_io == (direct != "0") for ex in s._execs.values())
+
+
+def _zero_copy_model():
+    return make_model([helper.make_node("Tanh", ["x"], ["t"]), helper.make_node("Mul", ["t", "x"], ["y"])],
+                      {"x": [3, 50]}, ["y"])
+
+
+def _zc_ref(x):
+    return np.tanh(x.astype(np.float64)) * x
+
+
+def _seed():
+    return int(np.random.SeedSequence().entropy % 2**31)
+
+
+def test_zero_copy_outputs_are_never_overwritten_while_held():
+    """Buffer outputs are returned in slot arrays the GPU copied into (VK_EXT_external_memory_host): a result the
+    caller still holds, or a view of it, is never reused; more held results than slots fall back to copies."""
+    with Session(_zero_copy_model(), storage="buffer", options={"poison": True}) as s:
+        ex = next(iter(s._execs.values()))
+        if not ex.slots:
+            pytest.skip("no VK_EXT_external_memory_host on this device")
+        xs = [rand(3, 50, seed=_seed()) for _ in range(len(ex.slots) + 3)]
+        held = [s.run(x) for x in xs]                      # every slot held, then copies
+        raws = {id(raw) for sl in ex.slots for _, _, raw in sl["items"]}     # ids: a reference would hold them
+        assert sum(id(y.base) in raws for y in held) == len(ex.slots)
+        views = [y[1:] for y in held]
+        del held                                           # only views remain: the slots stay busy
+        again = s.run(rand(3, 50, seed=_seed()))
+        assert id(again.base) not in raws                  # a copy
+        for v, x in zip(views, xs):
+            np.testing.assert_allclose(v, _zc_ref(x)[1:], rtol=1e-6, atol=1e-6)
+        del views, again, v
+        y = s.run(xs[0])                                   # all free again: zero copy
+        assert id(y.base) in raws
+        np.testing.assert_allclose(y, _zc_ref(xs[0]), rtol=1e-6, atol=1e-6)
+
+
+def test_zero_copy_results_outlive_the_session():
+    x = rand(3, 50, seed=_seed())
+    s = Session(_zero_copy_model(), storage="buffer")
+    y = s.run(x)
+    s.close()                                              # frees the Vulkan memory that imported y's memory
+    np.testing.assert_allclose(y, _zc_ref(x), rtol=1e-6, atol=1e-6)
+    y[:] = 1.0                                             # still ordinary, writable numpy memory
+
+
+def test_zero_copy_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("MINIRT_ZERO_COPY", "0")
+    with Session(_zero_copy_model(), storage="buffer") as s:
+        assert all(not ex.slots for ex in s._execs.values())
+        x = rand(3, 50, seed=_seed())
+        np.testing.assert_allclose(s.run(x), _zc_ref(x), rtol=1e-6, atol=1e-6)

@@ -198,6 +198,7 @@ def read_profile(vk, pd) -> DeviceProfile:
 
 
 COOPMAT = "VK_KHR_cooperative_matrix"
+HOST_IMPORT = "VK_EXT_external_memory_host"
 _COMPONENT = {0: "f16", 1: "f32", 2: "f64", 3: "s8", 4: "s16", 5: "s32", 6: "s64", 7: "u8", 8: "u16", 9: "u32",
               10: "u64", 1000141000: "bf16"}
 
@@ -253,6 +254,7 @@ class Device:
         prio = vk.ffi.new("float[1]", [1.0])
         qinfo = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.family, queueCount=1, pQueuePriorities=prio)
         exts, chain = self._features(vk)    # chain: the feature structs; referenced until vkCreateDevice returns
+        self.host_import_alignment = self._host_import_alignment(vk) if HOST_IMPORT in exts else 0
         info = vk.VkDeviceCreateInfo(queueCreateInfoCount=1, pQueueCreateInfos=[qinfo], pNext=chain[-1] if chain else None,
                                      enabledExtensionCount=len(exts), ppEnabledExtensionNames=exts or None)
         try:
@@ -260,10 +262,26 @@ class Device:
         except vk.VkError as e:
             raise DeviceError(f"vkCreateDevice failed on '{self.profile.name}': {type(e).__name__}") from None
         self.queue = vk.vkGetDeviceQueue(self.device, self.family, 0)
+        self.host_pointer_properties = None    # raw vkGetMemoryHostPointerPropertiesEXT, when importing host memory
+        if self.host_import_alignment:
+            addr = vk.lib.vkGetDeviceProcAddr(self.device, b"vkGetMemoryHostPointerPropertiesEXT")
+            if addr != vk.ffi.NULL:
+                self.host_pointer_properties = vk.ffi.cast("PFN_vkGetMemoryHostPointerPropertiesEXT", addr)
+            else:
+                self.host_import_alignment = 0
         self.mem_props = vk.vkGetPhysicalDeviceMemoryProperties(self.pd)
         self.lock = threading.Lock()      # serialises queue submission across Sessions
         self.live = 0                     # Sessions using it
         self.validation_messages = validation_messages   # MINIRT_VALIDATION=1: warnings and errors, in order
+
+    def _host_import_alignment(self, vk) -> int:
+        ffi = vk.ffi
+        hp = ffi.new("VkPhysicalDeviceExternalMemoryHostPropertiesEXT*",
+                     {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_MEMORY_HOST_PROPERTIES_EXT})
+        p2 = ffi.new("VkPhysicalDeviceProperties2*", {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2,
+                                                      "pNext": hp})
+        vk.vkGetPhysicalDeviceProperties2(self.pd, p2)
+        return int(hp.minImportedHostPointerAlignment)
 
     def _features(self, vk):
         """Extensions and feature structs (a pNext chain, last element first in the chain) that precision fp16
@@ -283,6 +301,8 @@ class Device:
             exts += [e for e in ("VK_KHR_shader_float16_int8",) if e in have]
             add("VkPhysicalDeviceShaderFloat16Int8Features*",
                 vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES, shaderFloat16=1)
+        if HOST_IMPORT in have:    # zero-copy outputs (minirt/vk/executor.py)
+            exts += [e for e in ("VK_KHR_external_memory", HOST_IMPORT) if e in have]
         if p.cooperative_matrix:
             exts += [e for e in ("VK_KHR_vulkan_memory_model", COOPMAT) if e in have]
             add("VkPhysicalDeviceVulkanMemoryModelFeatures*",

@@ -7,6 +7,7 @@ through host-cached readback buffers."""
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections import namedtuple
@@ -21,6 +22,7 @@ from ..timing import Phases
 from .kernels import Kernels
 
 UPLOAD_CHUNK = 64 << 20
+ZERO_COPY_SLOTS = 3     # output sets a caller may hold while runs still return without a copy
 _Req = namedtuple("_Req", "size memoryTypeBits")   # a memory requirement covering several resources
 QUERIES_PER_POOL = 4096
 
@@ -56,6 +58,8 @@ class Executor:
         self.profiling = bool(profile) and dev.profile.timestamp_valid_bits > 0
         self.d = dev.device
         self._trash = []          # (destroy function, handle), destroyed in reverse order
+        self.slots = []           # zero-copy output slots (see _alloc_slots)
+        self._imported = []       # host memory imported into Vulkan: kept alive until its memory objects are freed
         self._maps = []           # mapped memories
         self.timeout_ns = int(float(os.environ.get("MINIRT_TIMEOUT_S", "600")) * 1e9)
         # Poll the fence for up to this long before a blocking wait: a sleeping wait adds a thread wake-up
@@ -91,6 +95,7 @@ class Executor:
             for t in self.plan.tensors.values():     # views share their root's resource
                 if t.view_of:
                     self._where_view(t)
+            self._alloc_slots()
             if self.profiling:
                 self._make_query_pools()
             phase("record", "creating pipelines and recording")
@@ -359,6 +364,66 @@ class Executor:
             self.outputs[name] = (buf, np.frombuffer(self._map(mem, t.nbytes), np.float32, t.nbytes // 4), t,
                                   None if coherent else vk.VkMappedMemoryRange(memory=mem, offset=0, size=vk.VK_WHOLE_SIZE & 0xFFFFFFFFFFFFFFFF))
 
+    def _alloc_slots(self):
+        """Zero-copy outputs (buffer storage, VK_EXT_external_memory_host): ZERO_COPY_SLOTS sets of numpy arrays whose
+        memory the GPU copies the outputs into, each with its own recorded command buffer. A run uses a set no
+        caller still holds (CPython reference counts of the arrays and of the memory they view) and returns its
+        arrays as they are: no host copy of the result. When every set is held, the run falls back to the
+        readback buffers and a copy. MINIRT_ZERO_COPY=0 turns it off."""
+        vk, dev, ffi = self.vk, self.dev, self.vk.ffi
+        align = getattr(dev, "host_import_alignment", 0)
+        names = list(self.outputs)
+        if (not align or dev.host_pointer_properties is None or self.plan.storage != "buffer" or not names
+                or os.environ.get("MINIRT_ZERO_COPY", "1").strip() == "0"
+                or any(n in self.direct or self.where[n][0] != "buffer" for n in names)):
+            return
+        handle = vk.VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT
+        coherent = vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
+        for _ in range(ZERO_COPY_SLOTS):
+            out, items = {}, []
+            for n in names:
+                t = self.plan.tensors[n]
+                size = -(-t.nbytes // align) * align
+                raw = np.empty(size + align, np.uint8)
+                self._imported.append(raw)
+                off = (-raw.ctypes.data) % align
+                ptr = ffi.cast("void *", raw.ctypes.data + off)
+                arr = raw[off:off + t.nbytes].view(np.float32).reshape(t.shape)
+                ext = ffi.new("VkExternalMemoryBufferCreateInfo*", {
+                    "sType": vk.VK_STRUCTURE_TYPE_EXTERNAL_MEMORY_BUFFER_CREATE_INFO, "handleTypes": handle})
+                buf = self._own(vk.vkDestroyBuffer, vk.vkCreateBuffer(self.d, vk.VkBufferCreateInfo(
+                    pNext=ext, size=size, usage=vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                    sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None))
+                props = ffi.new("VkMemoryHostPointerPropertiesEXT*",
+                                {"sType": vk.VK_STRUCTURE_TYPE_MEMORY_HOST_POINTER_PROPERTIES_EXT})
+                if dev.host_pointer_properties(self.d, handle, ptr, props) != vk.VK_SUCCESS:
+                    return self._drop_slots()
+                req = vk.vkGetBufferMemoryRequirements(self.d, buf)
+                bits = props.memoryTypeBits & req.memoryTypeBits
+                types = [i for i in range(dev.mem_props.memoryTypeCount)
+                         if bits & (1 << i) and dev.mem_props.memoryTypes[i].propertyFlags & coherent]
+                if not types or req.size > size:
+                    return self._drop_slots()    # the run reads the arrays without any invalidate: coherent only
+                imp = ffi.new("VkImportMemoryHostPointerInfoEXT*", {
+                    "sType": vk.VK_STRUCTURE_TYPE_IMPORT_MEMORY_HOST_POINTER_INFO_EXT, "handleType": handle,
+                    "pHostPointer": ptr})
+                try:
+                    mem = vk.vkAllocateMemory(self.d, vk.VkMemoryAllocateInfo(pNext=imp, allocationSize=size,
+                                                                             memoryTypeIndex=types[0]), None)
+                except vk.VkError:
+                    return self._drop_slots()
+                self._own(vk.vkFreeMemory, mem)
+                vk.vkBindBufferMemory(self.d, buf, mem, 0)
+                out[n] = (buf, arr)
+                items.append((n, arr, raw))
+            self.slots.append({"out": out, "items": items})
+            del arr, raw          # the baseline counts must not include this function's own names
+        for slot in self.slots:
+            slot["base"] = _refs(slot["items"])
+
+    def _drop_slots(self):
+        self.slots = []      # their buffers and memories are destroyed with everything else at close
+
     # -- recording ----------------------------------------------------------------------------
     def _descriptor_type(self, name, access):
         vk = self.vk
@@ -380,8 +445,11 @@ class Executor:
                                                       pPoolSizes=sizes), None))
         self.cmd_pool = self._own(vk.vkDestroyCommandPool, vk.vkCreateCommandPool(self.d, vk.VkCommandPoolCreateInfo(
             queueFamilyIndex=self.dev.family), None))
-        self.cmd = vk.vkAllocateCommandBuffers(self.d, vk.VkCommandBufferAllocateInfo(
-            commandPool=self.cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+        # one command buffer per zero-copy output slot, and the last one copies into the readback buffers
+        cmds = vk.vkAllocateCommandBuffers(self.d, vk.VkCommandBufferAllocateInfo(
+            commandPool=self.cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=len(self.slots) + 1))
+        cmds = [cmds[i] for i in range(len(self.slots) + 1)]    # a cffi array: no negative indices
+        self.cmd = cmds[-1]
         self.fence = self._own(vk.vkDestroyFence, vk.vkCreateFence(self.d, vk.VkFenceCreateInfo(), None))
 
         # Descriptor sets and pipelines first: they must stay alive while the command buffer exists.
@@ -409,7 +477,25 @@ class Executor:
             vk.vkUpdateDescriptorSets(self.d, len(writes), writes, 0, None)
             bound.append((pipe, pl, ds))
 
-        cmd = self.cmd
+        ffi = vk.ffi
+        self._cmds, self._submits = [], []
+        for i, cmd in enumerate(cmds):
+            dests = ({n: self.outputs[n][0] for n in self.outputs} if i == len(self.slots)
+                     else {n: b for n, (b, _) in self.slots[i]["out"].items()})
+            self._record_cmd(cmd, bound, dests)
+            # The replay path calls the raw C entry points with cdata built once here (each wrapper call
+            # costs microseconds of Python); these objects must outlive every run.
+            arr = ffi.new("VkCommandBuffer[1]", [cmd])
+            self._cmds.append(arr)
+            self._submits.append(ffi.new("VkSubmitInfo*", {"sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
+                                                           "commandBufferCount": 1, "pCommandBuffers": arr}))
+        self._submit = self._submits[-1]
+        self._fences = ffi.new("VkFence[1]", [self.fence])
+        self._pending = False      # a run timed out and its fence has not signalled yet
+
+    def _record_cmd(self, cmd, bound, dests):
+        """Records the whole run into cmd; dests: output name -> the buffer its result is copied to."""
+        vk, plan = self.vk, self.plan
         vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(flags=0))
         C, T = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_PIPELINE_STAGE_TRANSFER_BIT
         SR, SW = vk.VK_ACCESS_SHADER_READ_BIT, vk.VK_ACCESS_SHADER_WRITE_BIT
@@ -465,24 +551,16 @@ class Executor:
             if self.profiling:
                 self._stamp(cmd, i + 1)
         self._memory_barrier(cmd, C, SW, T | vk.VK_PIPELINE_STAGE_HOST_BIT, TR | vk.VK_ACCESS_HOST_READ_BIT)
-        for name, (buf, _, t, _) in self.outputs.items():
+        for name, (_, _, t, _) in self.outputs.items():
             w = self.where[name]
             if name in self.direct:
                 continue
             if w[0] == "buffer":
-                vk.vkCmdCopyBuffer(cmd, w[1], buf, 1, [vk.VkBufferCopy(w[2], 0, t.nbytes)])
+                vk.vkCmdCopyBuffer(cmd, w[1], dests[name], 1, [vk.VkBufferCopy(w[2], 0, t.nbytes)])
             else:
-                vk.vkCmdCopyImageToBuffer(cmd, w[1], vk.VK_IMAGE_LAYOUT_GENERAL, buf, 1, [self._region(w[3])])
+                vk.vkCmdCopyImageToBuffer(cmd, w[1], vk.VK_IMAGE_LAYOUT_GENERAL, dests[name], 1, [self._region(w[3])])
         self._memory_barrier(cmd, T, TW, vk.VK_PIPELINE_STAGE_HOST_BIT, vk.VK_ACCESS_HOST_READ_BIT)
         vk.vkEndCommandBuffer(cmd)
-        # The replay path calls the raw C entry points with cdata built once here (each wrapper call
-        # costs microseconds of Python); these objects must outlive every run.
-        ffi = vk.ffi
-        self._cmds = ffi.new("VkCommandBuffer[1]", [cmd])
-        self._submit = ffi.new("VkSubmitInfo*", {"sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, "commandBufferCount": 1,
-                                                 "pCommandBuffers": self._cmds})
-        self._fences = ffi.new("VkFence[1]", [self.fence])
-        self._pending = False      # a run timed out and its fence has not signalled yet
 
     def _poison(self, cmd):
         """Fill every activation except inputs with NaN before each run, so an element no kernel
@@ -567,6 +645,8 @@ class Executor:
             else:
                 np.copyto(view, x.reshape(-1), casting="no")
         lib, vk = self.vk.lib, self.vk
+        slot = next((i for i, sl in enumerate(self.slots) if _refs(sl["items"]) == sl["base"]), None)
+        submit = self._submit if slot is None else self._submits[slot]
         with self.dev.lock:
             rc = vk.VK_SUCCESS
             if self._pending:
@@ -577,7 +657,7 @@ class Executor:
                     lib.vkResetFences(self.d, 1, self._fences)
                     self._pending = False
             if rc == vk.VK_SUCCESS:
-                rc = lib.vkQueueSubmit(self.dev.queue, 1, self._submit, self.fence)
+                rc = lib.vkQueueSubmit(self.dev.queue, 1, submit, self.fence)
                 if rc == vk.VK_SUCCESS and self.spin_s:
                     # poll first: a sleeping wait costs a thread wake-up after the GPU is done
                     end = time.perf_counter() + self.spin_s
@@ -595,6 +675,8 @@ class Executor:
                                   f"(MINIRT_TIMEOUT_S raises the limit; the next run waits for this one)")
             what = vk.exception_codes[rc].__name__ if rc in vk.exception_codes else f"VkResult {rc}"
             raise DeviceError(f"the GPU failed while running: {what}")
+        if slot is not None:     # the GPU wrote these arrays; nobody else holds them
+            return {name: arr for name, arr, _ in self.slots[slot]["items"]}
         out = {}
         for name, (_, view, t, rng) in self.outputs.items():
             if rng is not None:
@@ -640,8 +722,15 @@ class Executor:
             except Exception as e:
                 errors.append(e)
             _count_live(-1)
+        self.slots, self._imported = [], []     # host memory goes only after the memory objects importing it
         if errors:
             raise DeviceError(f"closing the executor failed: {type(errors[0]).__name__}: {errors[0]}") from errors[0]
+
+
+def _refs(items):
+    """CPython reference counts of a slot's arrays and of the memory they view: a caller holding an output, or any
+    view of it (numpy views reference the owner of the memory), raises one of them."""
+    return [(sys.getrefcount(arr), sys.getrefcount(raw)) for _, arr, raw in items]
 
 
 def _as(data, dtype):

@@ -410,8 +410,11 @@ class Executor:
                 try:
                     mem = vk.vkAllocateMemory(self.d, vk.VkMemoryAllocateInfo(pNext=imp, allocationSize=size,
                                                                              memoryTypeIndex=types[0]), None)
+                except (vk.VkErrorOutOfDeviceMemory, vk.VkErrorOutOfHostMemory) as e:
+                    raise DeviceError(f"out of memory importing {size / 2**20:.1f} MiB of host memory for output "
+                                      f"'{n}' on '{dev.profile.name}' ({type(e).__name__})") from None
                 except vk.VkError:
-                    return self._drop_slots()
+                    return self._drop_slots()    # the driver refuses this import: outputs are copied instead
                 self._own(vk.vkFreeMemory, mem)
                 vk.vkBindBufferMemory(self.d, buf, mem, 0)
                 out[n] = (buf, arr)

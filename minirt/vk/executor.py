@@ -383,7 +383,7 @@ class Executor:
             out, items = {}, []
             for n in names:
                 t = self.plan.tensors[n]
-                size = -(-t.nbytes // align) * align
+                size = max(-(-t.nbytes // align) * align, align)     # a zero-size buffer is invalid Vulkan
                 raw = np.empty(size + align, np.uint8)
                 self._imported.append(raw)
                 off = (-raw.ctypes.data) % align

@@ -62,6 +62,7 @@ class DeviceProfile:
     max_local_size: tuple[int, int, int] = (1024, 1024, 64)  # maxComputeWorkGroupSize
     max_group_count: tuple[int, int, int] = (65535, 65535, 65535)
     subgroup_size: int = 32
+    subgroup_shuffle: bool = False  # subgroupShuffle* in compute shaders
     max_shared_memory: int = 32768  # bytes
     max_push_constants: int = 128  # bytes
     max_image_3d: int = 2048
@@ -103,7 +104,7 @@ KNOWN_PROFILES: dict[str, DeviceProfile] = {
         subgroup_size=32, fp16=True),
     "nvidia-h200": DeviceProfile(
         name="NVIDIA H200", vendor="nvidia", vendor_id=0x10DE, device_type="discrete",
-        max_invocations=1024, max_local_size=(1024, 1024, 64), subgroup_size=32,
+        max_invocations=1024, max_local_size=(1024, 1024, 64), subgroup_size=32, subgroup_shuffle=True,
         max_shared_memory=49152, max_push_constants=256, max_image_3d=16384,
         max_group_count=(2**31 - 1, 65535, 65535), max_storage_buffer_range=2**32 - 1,
         min_storage_buffer_offset_alignment=16,
@@ -112,7 +113,7 @@ KNOWN_PROFILES: dict[str, DeviceProfile] = {
                         (16, 16, 16, "f16", "f16", "f16", "f16"))),
     "lavapipe": DeviceProfile(
         name="llvmpipe (LLVM 15.0.6, 256 bits)", vendor="llvmpipe", vendor_id=_MESA_ID,
-        device_type="cpu", subgroup_size=8, max_shared_memory=32768, max_push_constants=128,
+        device_type="cpu", subgroup_size=8, subgroup_shuffle=True, max_shared_memory=32768, max_push_constants=128,
         max_image_3d=4096, min_storage_buffer_offset_alignment=16, fp16=True, storage16=True),
     # Small limits so tests exercise clamping.
     "tiny-limits": DeviceProfile(

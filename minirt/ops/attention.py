@@ -117,10 +117,16 @@ class Attention(Op):
         qblocks = -(-Tq // (rt * threads // kg))
         S = splits(ctx.profile, qblocks * B * heads, Tk, ctx.options)
         push = Push().ivec4(Tq, Tk, heads, D // 4).vec4(scale * math.log2(math.e))
+        # row maxima by subgroup shuffles (buffers; subgroups holding whole column-group clusters); option
+        # attention_shuffle=False keeps the shared-memory reduction
+        p = ctx.profile
+        shuffle = (ctx.storage == "buffer" and p.subgroup_shuffle and p.subgroup_size >= kg
+                   and p.subgroup_size % kg == 0 and ctx.options.get("attention_shuffle", True) not in (False, "0", "false"))
+        sfx = "_shuffle" if shuffle else ""
         flops = 4 * B * heads * Tq * Tk * dh
         # family "reduction": the local x is the global x given, so one work group = `threads` invocations
         if S == 1:
-            ctx.dispatch(ctx.variant("attention"), [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")],
+            ctx.dispatch(ctx.variant("attention") + sfx, [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")],
                          push, (dh, kg, rt), (threads, qblocks, B * heads), "reduction",
                          flops=flops, nbytes=4 * (2 * q.numel + k.numel + v.numel))
             return
@@ -129,7 +135,7 @@ class Attention(Op):
         rows = B * heads * S * Tq
         part = ctx.scratch("attention.partials", rows * (dh + 2))
         ml_base = rows * dh // 2          # in (m, l) pairs
-        ctx.dispatch(ctx.variant("attention_split"), [(part.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")],
+        ctx.dispatch(ctx.variant("attention_split") + sfx, [(part.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")],
                      push.ivec4(S, ml_base), (dh, kg, rt), (threads, qblocks, B * heads * S), "reduction",
                      flops=flops, nbytes=4 * (S * q.numel + k.numel + v.numel + rows * (dh + 2)))
         # one invocation per output vec4: S weighted vec4 adds (8 flops each) and S exp2 per row and column

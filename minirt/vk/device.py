@@ -189,6 +189,8 @@ def read_profile(vk, pd) -> DeviceProfile:
         max_invocations=lim.maxComputeWorkGroupInvocations,
         max_local_size=tuple(lim.maxComputeWorkGroupSize), max_group_count=tuple(lim.maxComputeWorkGroupCount),
         subgroup_size=sub.subgroupSize, max_shared_memory=lim.maxComputeSharedMemorySize,
+        subgroup_shuffle=bool(sub.supportedOperations & vk.VK_SUBGROUP_FEATURE_SHUFFLE_BIT
+                              and sub.supportedStages & vk.VK_SHADER_STAGE_COMPUTE_BIT),
         max_push_constants=lim.maxPushConstantsSize, max_image_3d=lim.maxImageDimension3D,
         max_storage_buffer_range=lim.maxStorageBufferRange,
         min_storage_buffer_offset_alignment=lim.minStorageBufferOffsetAlignment,

@@ -23,6 +23,7 @@ from .kernels import Kernels
 
 UPLOAD_CHUNK = 64 << 20
 ZERO_COPY_SLOTS = 3     # output sets a caller may hold while runs still return without a copy
+ZERO_COPY_MAX_BYTES = 64 << 20   # above this (all outputs together), one slot
 _Req = namedtuple("_Req", "size memoryTypeBits")   # a memory requirement covering several resources
 QUERIES_PER_POOL = 4096
 
@@ -379,7 +380,9 @@ class Executor:
             return
         handle = vk.VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT
         coherent = vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
-        for _ in range(ZERO_COPY_SLOTS):
+        total = sum(self.plan.tensors[n].nbytes for n in names)
+        # big outputs get one slot: host memory for three copies of them is not worth a saved copy
+        for _ in range(ZERO_COPY_SLOTS if total <= ZERO_COPY_MAX_BYTES else 1):
             out, items = {}, []
             for n in names:
                 t = self.plan.tensors[n]

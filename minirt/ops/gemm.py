@@ -68,7 +68,6 @@ CM_TILES = {"m64n64k64": (64, 64, 64, 4), "m32n64k64": (32, 64, 64, 4), "m64n128
             "m64n64k32": (64, 64, 32, 4), "m128n64k32": (128, 64, 32, 4), "m128n128k32": (128, 128, 32, 4),
             "m64n64k32w8": (64, 64, 32, 8), "m64n128k32w8": (64, 128, 32, 8), "m128n64k32w8": (128, 64, 32, 8),
             "m32n128k32w8": (32, 128, 32, 8)}
-CMG_TILE = (64, 64, 16, 4)   # glsl/linear_cmg.comp: 64 x 64 blocks of 4 subgroups, 16-deep steps, no staging
 CM_SHAPE = (16, 16, 16, "f16", "f16", "f32", "f32")   # the one cooperative-matrix shape the kernel uses
 
 
@@ -90,7 +89,7 @@ def _flag(ctx, key, default) -> bool:
     return v.strip().lower() not in ("", "0", "false", "off", "no") if isinstance(v, str) else bool(v)
 
 
-def cm_kernel(ctx, m, n, k=0, n4=0):
+def cm_kernel(ctx, m, n):
     """(kernel, tile) of the cooperative-matrix GEMM for an M x N output, or None where it does not apply. It needs
     precision fp16 and a device reporting the 16x16x16 f16 x f16 -> f32 subgroup shape (with shaderFloat16);
     Session(options={"coopmat": False}) turns it off, options["cm_tile"] forces a tile. Default: 64x64 blocks with
@@ -109,10 +108,6 @@ def cm_kernel(ctx, m, n, k=0, n4=0):
     else:
         return None
     forced = ctx.options.get("cm_tile")
-    if forced == "g64":     # glsl/linear_cmg.comp: fragments loaded straight from the buffers (experiment)
-        if base == "linear_cm" and m >= 16 and k % 16 == 0 and n % 16 == 0 and n4 * 4 == n:
-            return ("linear_cmg", "g64")
-        forced = None
     if forced:
         if forced not in CM_TILES:
             raise MinirtError(f"unknown cm_tile {forced!r}; expected one of {', '.join(CM_TILES)}")
@@ -130,7 +125,7 @@ def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mo
     """linear_dispatch on tensor cores: same bindings, push constants and specialization constants as linear.comp.
     Global size: x = the work group's invocations (whole subgroups, family "coopmat"), y = row blocks,
     z = column blocks."""
-    bm, bn, _bk, warps = CMG_TILE if tile == "g64" else CM_TILES[tile]
+    bm, bn, _bk, warps = CM_TILES[tile]
     p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
     res = residual if residual is not None else bt
     ctx.dispatch(kernel, [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
@@ -150,7 +145,7 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
     if out_mode == OUT_PARTS and (part_n <= 0 or n % part_n or m_total < m0 + m):
         raise MinirtError(f"part-major GEMM output needs N ({n}) a multiple of the part width ({part_n}) "
                           f"and M_total ({m_total}) covering the rows")
-    cm = cm_kernel(ctx, m, n, k, n4)
+    cm = cm_kernel(ctx, m, n)
     if cm is not None:
         linear_cm_dispatch(ctx, *cm, out, a, wt, bt, m, n, k, n4, out_mode=out_mode, act=act, m0=m0, lda4=lda4,
                            m_total=m_total, residual=residual, part_n=part_n)

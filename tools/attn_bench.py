@@ -16,23 +16,15 @@ import statistics
 import sys
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[0] = str(ROOT)   # not tools/: tools/profile.py shadows the stdlib `profile`
 sys.path.insert(1, str(ROOT / "tests"))
+sys.path.append(str(Path(__file__).resolve().parent))   # after the stdlib: benchconfig
+
+from benchconfig import parse_config  # noqa: E402
 
 SHAPES = "1,1500,1500,6,64;1,1500,1500,8,64"   # B,Tq,Tk,heads,head dim
-
-
-def parse_config(text):
-    prec, _, rest = text.partition(":")
-    opts = {"precision": prec}
-    for item in filter(None, rest.split(",")):
-        k, _, v = item.partition("=")
-        opts[k] = (tuple(int(a) for a in v.split("x")) if "x" in v else
-                   False if v in ("0", "false") else int(v) if v.isdigit() else v)
-    return opts
 
 
 def main(argv=None):

@@ -20,6 +20,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])   # not tools/: tools/profile.py shadows the stdlib
+sys.path.append(str(Path(__file__).resolve().parent))   # after the stdlib: benchconfig
+
+from benchconfig import parse_config  # noqa: E402
 
 SHAPES = "1500,384,384,none;1500,384,1536,gelu;1500,1536,384,residual"   # M,K,N,epilogue
 
@@ -55,18 +58,6 @@ def reference(x, w, b, r, epilogue, half):
     elif epilogue == "residual":
         y = y + q(r)
     return y
-
-
-def parse_config(text):
-    prec, _, rest = text.partition(":")
-    opts = {"precision": prec}
-    for item in filter(None, rest.split(",")):
-        k, _, v = item.partition("=")
-        opts[k] = (False if v in ("0", "false") else (tuple(int(a) for a in v.split("x")) + (1, 1))[:3] if k == "local_size"
-                   else v)
-    if "local_size" in opts:
-        opts["local_size_families"] = ("gemm",)
-    return opts
 
 
 def main(argv=None):

@@ -13,9 +13,7 @@ import numpy as np
 from .. import ops
 from ..errors import UnsupportedError
 from .plan import (CONSTANT, INPUT, INTERMEDIATE, OUTPUT, SCRATCH, WEIGHT, Dispatch, Plan, Push,
-                   TensorSpec)
-
-FP16_MAX = 65504.0
+                   TensorSpec, as_dtype)
 from .storage_layout import packed_dim_for
 
 
@@ -74,8 +72,7 @@ class LowerCtx:
         data = np.ascontiguousarray(data, np.float32).reshape(-1)
         if data.size % 4:
             data = np.pad(data, (0, 4 - data.size % 4))
-        if self.half:
-            data = np.clip(data, -FP16_MAX, FP16_MAX).astype(np.float16)
+        data = as_dtype(data, self.dtype)
         key = f"{name}@packed"
         spec = TensorSpec(key, (data.size,), WEIGHT, "buffer", 0, data, dtype=self.dtype)
         self.plan.tensors[key] = spec

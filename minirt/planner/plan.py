@@ -11,6 +11,19 @@ INPUT, OUTPUT, INTERMEDIATE, CONSTANT, WEIGHT, SCRATCH, HOST_IN, HOST_OUT = (
     "input", "output", "intermediate", "constant", "weight", "scratch", "host_in", "host_out")
 
 
+FP16_MAX = 65504.0
+
+
+def as_dtype(data: np.ndarray, dtype: str) -> np.ndarray:
+    """data in a GPU element type ("float32" or "float16"); float16 saturates at its range instead of overflowing
+    to inf (NaN and inf stay), as the kernels' stores do."""
+    if data.dtype == np.dtype(dtype):
+        return data
+    if dtype == "float16":
+        return np.clip(data, -FP16_MAX, FP16_MAX).astype(np.float16)
+    return data.astype(dtype)
+
+
 def whcn(shape) -> tuple[int, int, int, int]:
     """Sizes in WHCN order (W = last dim), padded with 1s: the order kernels index in."""
     s = [1, 1, 1, 1]

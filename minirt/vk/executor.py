@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import DeviceError, MinirtError, UnsupportedError
 from ..layout import from_texels, to_texels
 from ..planner.memory_plan import assign_offsets
-from ..planner.plan import CONSTANT, INPUT, OUTPUT, WEIGHT
+from ..planner.plan import CONSTANT, INPUT, OUTPUT, WEIGHT, as_dtype
 from ..timing import Phases
 from .kernels import Kernels
 
@@ -242,11 +242,11 @@ class Executor:
             self.const_buf, _, _ = self._buffer(off, usage, vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, "weights")
             for t in buf_items:
                 self.where[t.name] = ("buffer", self.const_buf, offsets[t.name], t.nbytes)
-                uploads.append((_as(t.data, t.dtype).reshape(-1), "buffer", self.const_buf, offsets[t.name]))
+                uploads.append((as_dtype(t.data, t.dtype).reshape(-1), "buffer", self.const_buf, offsets[t.name]))
         # constants are all alive at once (span (0, 0)): laid end to end
         self._images(img_items, lambda t: (0, 0), "constant textures")
         for t in img_items:
-            uploads.append((_as(to_texels(t.data, t.packed_dim), t.dtype).reshape(-1), "image", self.where[t.name][1],
+            uploads.append((as_dtype(to_texels(t.data, t.packed_dim), t.dtype).reshape(-1), "image", self.where[t.name][1],
                             t.texel_extents))
         if uploads:
             self._upload(uploads)
@@ -454,8 +454,7 @@ class Executor:
         # one command buffer per zero-copy output slot, and the last one copies into the readback buffers
         cmds = vk.vkAllocateCommandBuffers(self.d, vk.VkCommandBufferAllocateInfo(
             commandPool=self.cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=len(self.slots) + 1))
-        cmds = [cmds[i] for i in range(len(self.slots) + 1)]    # a cffi array: no negative indices
-        self.cmd = cmds[-1]
+        cmds = [cmds[i] for i in range(len(self.slots) + 1)]
         self.fence = self._own(vk.vkDestroyFence, vk.vkCreateFence(self.d, vk.VkFenceCreateInfo(), None))
 
         # Descriptor sets and pipelines first: they must stay alive while the command buffer exists.
@@ -737,15 +736,6 @@ def _refs(items):
     """CPython reference counts of a slot's arrays and of the memory they view: a caller holding an output, or any
     view of it (numpy views reference the owner of the memory), raises one of them."""
     return [(sys.getrefcount(arr), sys.getrefcount(raw)) for _, arr, raw in items]
-
-
-def _as(data, dtype):
-    """Constant data in its GPU element type (float16 saturates rather than overflowing to inf)."""
-    if data.dtype == np.dtype(dtype):
-        return data
-    if dtype == "float16":
-        return np.clip(data, -65504.0, 65504.0).astype(np.float16)
-    return data.astype(dtype)
 
 
 def _overlap(a, b):

@@ -173,3 +173,46 @@ def test_row_max_by_subgroup_shuffles(forced):
     x = feeds(2, 37, 45, 64)
     check_model(m, x, storages=("buffer",), options=opts)
     check_model(m, x, storages=("buffer",), options={**opts, "attention_splits": 3})
+
+
+# -- register prefetch and forced tiles -----------------------------------------------------------------
+
+def check_opts(B, Tq, Tk, H, dh, options, storages=STORAGES, seed=0):
+    m = attention_model(B, Tq, Tk, H, dh)
+    fd = inputs(B, Tq, Tk, H * dh, seed)
+    ref = reference(fd["q"], fd["k"], fd["v"], H)
+    for st in storages:
+        with Session(m, storage=st, options={"poison": True, **options}) as s:
+            y = s.run(None, fd)[0]
+        compare(y, ref, 1e-4, f"{st} {options}")
+
+
+@pytest.mark.parametrize("B,Tq,Tk,H,dh,S,tile", [
+    (1, 50, 101, 2, 64, 1, None),            # lavapipe's own tile; 4 key blocks, the last ragged
+    (2, 21, 45, 3, 16, 3, None),             # batch 2, cross attention, splits (one empty) with the prefetch
+    (1, 45, 200, 2, 64, 1, "128x16x3"),      # a GPU tile: 64-key blocks, 8 vec4 per invocation in flight
+    (1, 45, 200, 2, 64, 3, "64x16x4"),       # 16 vec4 per invocation, split over ragged blocks
+    (1, 33, 70, 2, 32, 1, "32x4x2"),         # NL = 2 (each invocation stages two vec4 of a 16 x 8 block)
+])
+def test_register_prefetch_matches_numpy(B, Tq, Tk, H, dh, S, tile):
+    """attention_prefetch (PREFETCH in attention.glslh): K and V staged through registers one phase ahead."""
+    opts = {"attention_prefetch": True, "attention_splits": S}
+    if tile:
+        opts["attention_tile"] = tile
+    check_opts(B, Tq, Tk, H, dh, opts, seed=Tq + Tk + S)
+
+
+def test_prefetch_is_a_specialization_constant():
+    on = plan_for(H200, options={"attention_prefetch": True}).dispatches[0]
+    off = plan_for(H200).dispatches[0]
+    assert on.kernel == off.kernel and on.spec[:3] == off.spec[:3] and (on.spec[3], off.spec[3]) == (1, 0)
+
+
+def test_forced_tile_is_used_and_checked():
+    d = plan_for(H200, options={"attention_tile": "64x8x4", "attention_splits": 1}).dispatches[0]
+    assert d.spec[1:3] == (8, 4) and d.global_size == (64, -(-1500 // 32), 6)
+    check_opts(1, 37, 60, 2, 64, {"attention_tile": (64, 8, 2)}, seed=3)
+    for bad, why in (("64x16", "THREADSxKGxRT"), ("64x5x4", "does not divide"), ("24x16x4", "not a multiple"),
+                     ("2048x16x1", "exceed"), ("1024x16x8", "shared memory")):
+        with pytest.raises(MinirtError, match=why):
+            plan_for(H200, options={"attention_tile": bad})

@@ -36,6 +36,10 @@ SPLIT_MIN_KEYS = 256
 MAX_SPLITS = 16
 
 
+def _on(v) -> bool:
+    return v not in (False, 0, "0", "false", "False", None)
+
+
 def splits(profile, groups, tk, options=None):
     """Key splits S for an attention of `groups` work groups over `tk` keys (see the rule above)."""
     forced = (options or {}).get("attention_splits")
@@ -61,6 +65,25 @@ def tiles(dh, shared, cpu=False):
     """(threads, KG, RT) for head dim dh within `shared` bytes of shared memory, or None."""
     order = CPU_TILES + TILES if cpu else TILES
     return next((t for t in order if (dh // 4) % t[1] == 0 and shared_bytes(dh, *t) <= shared), None)
+
+
+def forced_tile(value, dh, profile):
+    """Session(options={"attention_tile": "THREADSxKGxRT"}) (or a 3-tuple), checked against head dim and device."""
+    try:
+        t = tuple(int(v) for v in (value.split("x") if isinstance(value, str) else value))
+        if len(t) != 3 or min(t) < 1:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise MinirtError(f"option attention_tile must be THREADSxKGxRT (three positive integers), got {value!r}") from None
+    threads, kg, rt = t
+    why = (f"KG {kg} does not divide head dim / 4 = {dh // 4}" if (dh // 4) % kg else
+           f"{threads} threads are not a multiple of KG {kg}" if threads % kg else
+           f"{threads} threads exceed the device's {profile.max_invocations}" if threads > profile.max_invocations else
+           f"it needs {shared_bytes(dh, *t)} bytes of shared memory, the device has {profile.max_shared_memory}"
+           if shared_bytes(dh, *t) > profile.max_shared_memory else None)
+    if why:
+        raise MinirtError(f"option attention_tile={value!r} is refused: {why}")
+    return t
 
 
 @register
@@ -109,7 +132,9 @@ class Attention(Op):
         B, Tq, D = q.shape
         Tk = k.shape[1]
         dh = D // heads
-        tile = tiles(dh, ctx.profile.max_shared_memory, ctx.profile.device_type == "cpu")
+        forced = ctx.options.get("attention_tile")
+        tile = (forced_tile(forced, dh, ctx.profile) if forced is not None else
+                tiles(dh, ctx.profile.max_shared_memory, ctx.profile.device_type == "cpu"))
         if tile is None:
             raise UnsupportedError(f"{node}: head dim {dh} needs more shared memory than this device's "
                                    f"{ctx.profile.max_shared_memory} bytes")
@@ -121,13 +146,15 @@ class Attention(Op):
         # attention_shuffle=False keeps the shared-memory reduction
         p = ctx.profile
         shuffle = (ctx.storage == "buffer" and p.subgroup_shuffle and p.subgroup_size >= kg
-                   and p.subgroup_size % kg == 0 and ctx.options.get("attention_shuffle", True) not in (False, "0", "false"))
+                   and p.subgroup_size % kg == 0 and _on(ctx.options.get("attention_shuffle", True)))
         sfx = "_shuffle" if shuffle else ""
+        # option attention_prefetch: stage K and V through registers one phase ahead (attention.glslh PREFETCH)
+        spec = (dh, kg, rt, _on(ctx.options.get("attention_prefetch", False)))
         flops = 4 * B * heads * Tq * Tk * dh
         # family "reduction": the local x is the global x given, so one work group = `threads` invocations
         if S == 1:
             ctx.dispatch(ctx.variant("attention") + sfx, [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")],
-                         push, (dh, kg, rt), (threads, qblocks, B * heads), "reduction",
+                         push, spec, (threads, qblocks, B * heads), "reduction",
                          flops=flops, nbytes=4 * (2 * q.numel + k.numel + v.numel))
             return
         # Partials, fp32 whatever the storage and precision: rows ((b * H + h) * S + s) * Tq + t of dh floats
@@ -136,7 +163,7 @@ class Attention(Op):
         part = ctx.scratch("attention.partials", rows * (dh + 2))
         ml_base = rows * dh // 2          # in (m, l) pairs
         ctx.dispatch(ctx.variant("attention_split") + sfx, [(part.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")],
-                     push.ivec4(S, ml_base), (dh, kg, rt), (threads, qblocks, B * heads * S), "reduction",
+                     push.ivec4(S, ml_base), spec, (threads, qblocks, B * heads * S), "reduction",
                      flops=flops, nbytes=4 * (S * q.numel + k.numel + v.numel + rows * (dh + 2)))
         # one invocation per output vec4: S weighted vec4 adds (8 flops each) and S exp2 per row and column
         ctx.dispatch(ctx.variant("attention_combine"), [(out.name, "w"), (part.name, "r")],

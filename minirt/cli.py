@@ -280,7 +280,8 @@ def devices():
         click.echo(f"{mark} [{i}] {p.name}  ({p.device_type}, vendor {p.vendor}, Vulkan {p.api_version})")
         click.echo(f"      driver: {p.driver}")
         click.echo(f"      work group: max {p.max_invocations} invocations, size {list(p.max_local_size)}; "
-                   f"subgroup {p.subgroup_size}; shared memory {p.max_shared_memory} B")
+                   f"subgroup {p.subgroup_size}; shared memory {p.max_shared_memory} B"
+                   + (f"; {p.compute_units} multiprocessors" if p.compute_units else ""))
         click.echo(f"      push constants {p.max_push_constants} B; image3D {p.max_image_3d}; "
                    f"storage buffer range {p.max_storage_buffer_range >> 20} MiB")
         feats = [f for f, on in (("fp16", p.fp16), ("16-bit storage", p.storage16),

@@ -75,6 +75,9 @@ class DeviceProfile:
     coopmat_shapes: tuple = ()
     timestamp_period: float = 1.0  # ns per tick
     timestamp_valid_bits: int = 64
+    # multiprocessors (NVIDIA SMs, AMD compute units) where the driver tells (VK_NV_shader_sm_builtins,
+    # VK_AMD_shader_core_properties2), else 0: how many work groups fill one wave of the GPU
+    compute_units: int = 0
 
     def __post_init__(self):
         # Catch typos in hand-written fakes early.
@@ -110,7 +113,7 @@ KNOWN_PROFILES: dict[str, DeviceProfile] = {
         min_storage_buffer_offset_alignment=16,
         fp16=True, storage16=True, cooperative_matrix=True,
         coopmat_shapes=((16, 16, 16, "f16", "f16", "f32", "f32"), (16, 8, 16, "f16", "f16", "f32", "f32"),
-                        (16, 16, 16, "f16", "f16", "f16", "f16"))),
+                        (16, 16, 16, "f16", "f16", "f16", "f16")), compute_units=132),
     "lavapipe": DeviceProfile(
         name="llvmpipe (LLVM 15.0.6, 256 bits)", vendor="llvmpipe", vendor_id=_MESA_ID,
         device_type="cpu", subgroup_size=8, subgroup_shuffle=True, max_shared_memory=32768, max_push_constants=128,

@@ -119,16 +119,16 @@ def test_split_plan_has_attention_then_combine(storage):
 
 
 def test_auto_rule_splits_whisper_base_on_a_discrete_gpu():
-    # Whisper-tiny's encoder attention (38 x 6 = 228 groups of 40 rows) stays one dispatch (splitting measured slower
-    # on an H200); base's (38 x 8 = 304 groups) splits 3 ways
+    # On the H200 profile (132 multiprocessors, tile (128, 8, 5): 80 rows a group): Whisper-tiny's encoder attention
+    # (19 x 6 = 114 groups, one wave) stays one dispatch; base's (19 x 8 = 152 groups, two waves) splits 4 ways
     assert kernels(plan_for(H200)) == ["attention_buffer"]
+    assert plan_for(H200).dispatches[0].global_size[1:] == (19, 6)
     p = plan_for(H200, H=8)
     assert kernels(p) == ["attention_split_buffer", "attention_combine_buffer"]
     split = p.dispatches[0]
     S = split.global_size[2] // 8
-    assert S == 3 and split.global_size[1] * split.global_size[2] >= attention.SPLIT_TARGET_GROUPS
-    assert 1500 // S >= attention.SPLIT_MIN_KEYS
-    assert any("split 3 ways" in n for notes in p.notes.values() for n in notes)
+    assert S == 4 and 1500 // S >= attention.SPLIT_MIN_KEYS
+    assert any("split 4 ways" in n for notes in p.notes.values() for n in notes)
     # an edited CPU profile that claims to be discrete splits too; the real CPU one never does
     assert len(plan_for(dataclasses.replace(LAVAPIPE, device_type="discrete"), H=8).dispatches) == 2
     assert kernels(plan_for(LAVAPIPE, H=8)) == ["attention_buffer"]
@@ -138,14 +138,29 @@ def test_auto_rule_splits_whisper_base_on_a_discrete_gpu():
     assert plan_for(LAVAPIPE, options={"attention_splits": "4"}).dispatches[0].global_size[2] == 6 * 4
 
 
-def test_auto_rule():
+def test_auto_rule_by_waves():
+    """With a multiprocessor count: the fewest waves of work, each split costing SPLIT_COST of a group's time."""
     s = attention.splits
-    assert s(H200, 228, 1500) == 1          # below SPLIT_FROM_GROUPS
-    assert s(H200, 304, 1500) == 3          # ceil(900 / 304) = 3; 500 keys each
-    assert s(H200, 304, 600) == 2           # at least 256 keys per split
-    assert s(H200, 304, 255) == 1
-    assert s(H200, 256, 100000) == 4
-    assert s(H200, 1024, 100000) == 1       # already enough groups
+    assert s(H200, 114, 1500) == 1          # one wave already; a split only adds its cost
+    assert s(H200, 132, 1500) == 1
+    assert s(H200, 133, 1500) == 4          # unsplit 2 waves; S = 2, 3, 4, 5: 1.56, 1.45, 1.43, 1.44
+    assert s(H200, 152, 1500) == 4          # 2, 1.56, 1.45, 1.43, 1.44 for S = 1 .. 5
+    assert s(H200, 152, 600) == 2           # at least 256 keys per split
+    assert s(H200, 152, 255) == 1
+    assert s(H200, 264, 100000) == 1        # two full waves
+    for groups in range(1, 600):            # never more waves than unsplit
+        S = s(H200, groups, 100000)
+        assert -(-groups * S // 132) / S <= -(-groups // 132)
+
+
+def test_auto_rule_without_a_multiprocessor_count():
+    s, h = attention.splits, dataclasses.replace(H200, compute_units=0)
+    assert s(h, 228, 1500) == 1          # below SPLIT_FROM_GROUPS
+    assert s(h, 304, 1500) == 3          # ceil(900 / 304) = 3; 500 keys each
+    assert s(h, 304, 600) == 2           # at least 256 keys per split
+    assert s(h, 304, 255) == 1
+    assert s(h, 256, 100000) == 4
+    assert s(h, 1024, 100000) == 1       # already enough groups
     assert s(LAVAPIPE, 300, 100000) == 1 and s(KNOWN_PROFILES["mali-g715"], 300, 100000) == 1
     assert s(LAVAPIPE, 8, 10, {"attention_splits": 7}) == 7
 
@@ -165,7 +180,7 @@ def test_row_max_by_subgroup_shuffles(forced):
     p = plan_for(H200, options=opts)
     assert [d.kernel for d in p.dispatches] == (["attention_buffer_shuffle"] if forced is None else ["attention_buffer"])
     assert [d.kernel for d in plan_for(H200, storage="texture").dispatches] == ["attention_texture"]
-    small = dataclasses.replace(H200, subgroup_size=8)      # KG = 16 lanes share a row
+    small = dataclasses.replace(H200, subgroup_size=4)      # KG = 8 lanes share a row
     assert [d.kernel for d in plan_for(small).dispatches] == ["attention_buffer"]
     assert [d.kernel for d in plan_for(dataclasses.replace(H200, subgroup_shuffle=False)).dispatches] == \
         ["attention_buffer"]
@@ -203,9 +218,11 @@ def test_register_prefetch_matches_numpy(B, Tq, Tk, H, dh, S, tile):
 
 
 def test_prefetch_is_a_specialization_constant():
-    on = plan_for(H200, options={"attention_prefetch": True}).dispatches[0]
-    off = plan_for(H200).dispatches[0]
+    """On by default on GPUs, off on CPU drivers; the option wins both ways; the kernel variant is the same."""
+    on, off = plan_for(H200).dispatches[0], plan_for(H200, options={"attention_prefetch": False}).dispatches[0]
     assert on.kernel == off.kernel and on.spec[:3] == off.spec[:3] and (on.spec[3], off.spec[3]) == (1, 0)
+    assert plan_for(LAVAPIPE).dispatches[0].spec[3] == 0
+    assert plan_for(LAVAPIPE, options={"attention_prefetch": True}).dispatches[0].spec[3] == 1
 
 
 def test_forced_tile_is_used_and_checked():

@@ -7,8 +7,9 @@ several planner configurations, timed per dispatch from the timestamp query pool
   python tools/gemm_bench.py --config fp16 --config fp16:coopmat=0 --json gemm.json
 
 A config is PRECISION[:KEY=VALUE,...] with Session options (gemm_tile, cm_tile, coopmat=0, local_size=XxY).
-Per row: the GEMM dispatch's median GPU time over --runs, TFLOP/s, and the max error against a float64
-reference computed from the inputs and weights as the kernel sees them (rounded to fp16 at fp16)."""
+Configs are measured round-robin (--rounds times --runs each), so a slow stretch of a shared GPU touches them
+alike. Per row: the GEMM dispatch's median GPU time, TFLOP/s, and the max error against a float64 reference
+computed from the inputs and weights as the kernel sees them (rounded to fp16 at fp16)."""
 from __future__ import annotations
 
 import argparse
@@ -64,7 +65,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default=SHAPES, help=f"M,K,N[,none|gelu|residual];... (default {SHAPES})")
     ap.add_argument("--config", action="append", help="PRECISION[:KEY=VALUE,...] (repeatable; default fp32, fp16)")
-    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--runs", type=int, default=10, help="timed runs per round")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds over the configs (round-robin)")
     ap.add_argument("--json", help="write the rows as JSON")
     a = ap.parse_args(argv)
     from minirt import MinirtError, Session
@@ -80,27 +82,32 @@ def main(argv=None):
         feeds = {"x": rng.standard_normal((1, m, k)).astype(np.float32)}
         if epi == "residual":
             feeds["r"] = rng.standard_normal((1, m, n)).astype(np.float32)
+        sessions, times, kernels, outs = {}, {}, {}, {}
         for cfg in configs:
-            opts = parse_config(cfg)
             try:
-                with Session(model, storage="buffer", profile=True, options=opts) as s:
-                    times = []
-                    for _ in range(a.runs + 3):
-                        y = s.run(None, feeds)[0]
-                        recs = [r for r in s.profile_records() if r.flops >= 2 * m * n * k]
-                        times.append(sum(r.gpu_ms or 0 for r in recs))
-                    kernel = "+".join(r.kernel for r in recs)
-                    device = s.device.profile.name
+                sessions[cfg] = Session(model, storage="buffer", profile=True, options=parse_config(cfg))
             except MinirtError as e:
                 print(f"{m}x{k}x{n:<12} {epi:<9} {cfg:<36} refused: {e}")
-                continue
-            ms = statistics.median(times[3:])
-            ref = reference(feeds["x"][0], w, b, feeds.get("r", [None])[0], epi, opts["precision"] == "fp16")
+        # Round-robin: a slow stretch of a shared GPU then touches every config alike instead of ruining one.
+        for _ in range(a.rounds):
+            for cfg, s in sessions.items():
+                for i in range(a.runs + 2):
+                    outs[cfg] = s.run(None, feeds)[0]
+                    recs = [r for r in s.profile_records() if r.flops >= 2 * m * n * k]
+                    if i >= 2:
+                        times.setdefault(cfg, []).append(sum(r.gpu_ms or 0 for r in recs))
+                kernels[cfg] = "+".join(r.kernel for r in recs)
+                device = s.device.profile.name
+        for cfg, s in sessions.items():
+            s.close()
+            ms = statistics.median(times[cfg])
+            ref = reference(feeds["x"][0], w, b, feeds.get("r", [None])[0], epi, parse_config(cfg)["precision"] == "fp16")
+            y = outs[cfg]
             err = float(np.abs(y[0] - ref).max() / np.abs(ref).max())
             tf = 2 * m * n * k / (ms * 1e-3) / 1e12 if ms else float("nan")
-            rows.append({"m": m, "k": k, "n": n, "epilogue": epi, "config": cfg, "kernel": kernel, "gpu_us": ms * 1e3,
-                         "tflops": tf, "rel_err": err})
-            print(f"{f'{m}x{k}x{n}':<18} {epi:<9} {cfg:<36} {kernel[:26]:<26} {ms * 1e3:>8.1f} {tf:>8.2f} {err:>9.2e}")
+            rows.append({"m": m, "k": k, "n": n, "epilogue": epi, "config": cfg, "kernel": kernels[cfg],
+                         "gpu_us": ms * 1e3, "min_us": min(times[cfg]) * 1e3, "tflops": tf, "rel_err": err})
+            print(f"{f'{m}x{k}x{n}':<18} {epi:<9} {cfg:<36} {kernels[cfg][:26]:<26} {ms * 1e3:>8.1f} {tf:>8.2f} {err:>9.2e}")
     print(f"device: {device}")
     if a.json:
         Path(a.json).write_text(json.dumps({"device": device, "rows": rows}, indent=1))

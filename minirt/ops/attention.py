@@ -12,10 +12,13 @@ from ..planner.plan import Push
 from . import Op, attr, register
 
 MAX_HEAD_DIM = 128
-# (threads, column groups KG, rows per thread RT) in order of preference (measured on an H200: 128-thread groups
-# with 5 rows each are fastest for dh = 64); the first whose KG divides dh / 4 and whose tiles fit the shared
-# memory wins. A work group owns RT * threads / KG query rows and steps over 4 KG keys at a time.
-TILES = ((128, 16, 5), (128, 16, 3), (128, 8, 4), (64, 16, 4), (64, 8, 4)) + \
+# (threads, column groups KG, rows per thread RT) in order of preference; the first whose KG divides dh / 4 and whose
+# tiles fit the shared memory wins. A work group owns RT * threads / KG query rows and steps over 4 KG keys at a time.
+# Measured on an H200 (tools/attn_bench.py, docs/benchmarks.md), Whisper-tiny, dh = 64, with the register prefetch:
+# (128, 8, 5) 163 us, (128, 16, 5) 186, (128, 4, 3) 212, (256, 16, 3) 213, (128, 16, 4) 233; 64-thread groups 270-500
+# and thread counts that are not a power of two (96, 112, 120) twice as slow. (128, 8, 5) gives each invocation a
+# 5 x 8 output tile: 13 shared loads per 160 FMAs in P V against 9 per 80 for (128, 16, 5); it needs 44.5 KiB.
+TILES = ((128, 8, 5), (128, 16, 5), (128, 16, 3), (128, 8, 4), (64, 16, 4), (64, 8, 4)) + \
     tuple((32, kg, rt) for kg in (16, 8, 4, 2, 1) for rt in (4, 2, 1))   # small groups for any other head dim
 # CPU drivers (lavapipe) gain more from fewer, taller work groups (less K/V restaging) than from short blocks.
 CPU_TILES = ((128, 8, 3),)
@@ -23,13 +26,16 @@ CPU_TILES = ((128, 8, 3),)
 
 # Key splits (flash decoding, glsl/attention_split.comp + attention_combine.comp). One work group per
 # (query block, batch, head) may leave a big GPU with a ragged last wave. Splitting the keys S ways multiplies the
-# groups by S at the price of an fp32 partial per split and a small combine pass. Measured on an H200
-# (tools/attn_bench.py, docs/benchmarks.md): Whisper-tiny (228 groups) gains nothing from any S (237 us unsplit,
-# 241-250 us split: the kernel is arithmetic-bound there), Whisper-base (304 groups) runs 351 -> 301 us with S = 3.
-# Rule: on discrete GPUs with at least SPLIT_FROM_GROUPS groups, the smallest S reaching SPLIT_TARGET_GROUPS, no
-# split shorter than SPLIT_MIN_KEYS keys, at most MAX_SPLITS; S = 1 (one dispatch, no scratch) otherwise and on
-# every other device type (integrated and mobile GPUs and CPU drivers are filled by far fewer groups).
+# groups by S at the price of an fp32 partial per split and a small combine pass. Where the driver tells the
+# multiprocessor count (NVIDIA, AMD), S minimises ceil(groups * S / multiprocessors) / S (waves of work, each 1/S as
+# long) + SPLIT_COST * (S - 1). On an H200 (132 SMs) with the (128, 8, 5) tile: Whisper-tiny (114 groups, one wave)
+# runs 163 us unsplit and 171-172 with S = 2..4; Whisper-base (152 groups, two waves) 301 us unsplit, 245 / 226 / 222
+# with S = 2 / 3 / 4, which the cost picks (SPLIT_COST fitted to those). Without a multiprocessor count: on discrete
+# GPUs with at least SPLIT_FROM_GROUPS groups, the smallest S reaching SPLIT_TARGET_GROUPS. Never a split shorter than
+# SPLIT_MIN_KEYS keys or more than MAX_SPLITS; S = 1 (one dispatch, no scratch) on every other device type
+# (integrated and mobile GPUs and CPU drivers are filled by far fewer groups).
 # Session(options={"attention_splits": S}) forces S.
+SPLIT_COST = 0.06
 SPLIT_FROM_GROUPS = 256
 SPLIT_TARGET_GROUPS = 900
 SPLIT_MIN_KEYS = 256
@@ -51,9 +57,15 @@ def splits(profile, groups, tk, options=None):
         if s < 1 or isinstance(forced, bool) or (isinstance(forced, float) and forced != s):
             raise MinirtError(f"option attention_splits must be an integer >= 1, got {forced!r}")
         return s
-    if profile.device_type != "discrete" or groups < SPLIT_FROM_GROUPS:
+    if profile.device_type != "discrete":
         return 1
-    return max(1, min(-(-SPLIT_TARGET_GROUPS // groups), tk // SPLIT_MIN_KEYS, MAX_SPLITS))
+    most = max(1, min(tk // SPLIT_MIN_KEYS, MAX_SPLITS))
+    cu = profile.compute_units
+    if cu:
+        return min(range(1, most + 1), key=lambda s: -(-groups * s // cu) / s + SPLIT_COST * (s - 1))
+    if groups < SPLIT_FROM_GROUPS:
+        return 1
+    return max(1, min(-(-SPLIT_TARGET_GROUPS // groups), most))
 
 
 def shared_bytes(dh, threads, kg, rt):
@@ -148,8 +160,10 @@ class Attention(Op):
         shuffle = (ctx.storage == "buffer" and p.subgroup_shuffle and p.subgroup_size >= kg
                    and p.subgroup_size % kg == 0 and _on(ctx.options.get("attention_shuffle", True)))
         sfx = "_shuffle" if shuffle else ""
-        # option attention_prefetch: stage K and V through registers one phase ahead (attention.glslh PREFETCH)
-        spec = (dh, kg, rt, _on(ctx.options.get("attention_prefetch", False)))
+        # K and V staged through registers one phase ahead (attention.glslh PREFETCH): on an H200 228 -> 186 us
+        # (tiny, (128, 16, 5)), 193 -> 163 ((128, 8, 5)). Off on CPU drivers, where there is no latency to hide.
+        prefetch = ctx.options.get("attention_prefetch", ctx.profile.device_type != "cpu")
+        spec = (dh, kg, rt, _on(prefetch))
         flops = 4 * B * heads * Tq * Tk * dh
         # family "reduction": the local x is the global x given, so one work group = `threads` invocations
         if S == 1:

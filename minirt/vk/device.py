@@ -160,12 +160,19 @@ def read_profile(vk, pd) -> DeviceProfile:
     ffi = vk.ffi
     props = vk.vkGetPhysicalDeviceProperties(pd)
     lim = props.limits
+    exts = {e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(pd, None)}
     sub = ffi.new("VkPhysicalDeviceSubgroupProperties*", {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES})
+    # multiprocessor counts, chained only where the extension is listed
+    sms = ffi.new("VkPhysicalDeviceShaderSMBuiltinsPropertiesNV*",
+                  {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_SM_BUILTINS_PROPERTIES_NV, "pNext": sub})
+    cus = ffi.new("VkPhysicalDeviceShaderCoreProperties2AMD*",
+                  {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CORE_PROPERTIES_2_AMD, "pNext": sub})
+    head = sms if SM_BUILTINS in exts else cus if AMD_CORES in exts else sub
     drv = ffi.new("VkPhysicalDeviceDriverProperties*", {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES,
-                                                        "pNext": sub})
+                                                        "pNext": head})
     p2 = ffi.new("VkPhysicalDeviceProperties2*", {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, "pNext": drv})
     vk.vkGetPhysicalDeviceProperties2(pd, p2)
-    exts = {e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(pd, None)}
+    units = sms.shaderSMCount if head is sms else cus.activeComputeUnitCount if head is cus else 0
     f16 = ffi.new("VkPhysicalDeviceShaderFloat16Int8Features*",
                   {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES})
     s16 = ffi.new("VkPhysicalDevice16BitStorageFeatures*",
@@ -196,10 +203,12 @@ def read_profile(vk, pd) -> DeviceProfile:
         min_storage_buffer_offset_alignment=lim.minStorageBufferOffsetAlignment,
         fp16=bool(f16.shaderFloat16), storage16=bool(s16.storageBuffer16BitAccess),
         cooperative_matrix=bool(shapes and f16.shaderFloat16 and s16.storageBuffer16BitAccess), coopmat_shapes=shapes,
-        timestamp_period=float(lim.timestampPeriod), timestamp_valid_bits=int(bits))
+        timestamp_period=float(lim.timestampPeriod), timestamp_valid_bits=int(bits), compute_units=int(units))
 
 
 COOPMAT = "VK_KHR_cooperative_matrix"
+SM_BUILTINS = "VK_NV_shader_sm_builtins"
+AMD_CORES = "VK_AMD_shader_core_properties2"
 HOST_IMPORT = "VK_EXT_external_memory_host"
 _COMPONENT = {0: "f16", 1: "f32", 2: "f64", 3: "s8", 4: "s16", 5: "s32", 6: "s64", 7: "u8", 8: "u16", 9: "u32",
               10: "u64", 1000141000: "bf16"}

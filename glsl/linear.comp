@@ -1,7 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
-// variants: tile=t44,t84,t48,t88,t44k32 dtype=float,half
+// variants: tile=t44,t84,t48,t88,t44k32,t84k32,t88k32 dtype=float,half
 // Fast fp32 GEMM for buffers: out = act(A[M, K] @ B[K, N] + bias) (+ residual), A row-major with K a
 // multiple of 4 (rows read as vec4), B a weight prepacked as [K][N4] vec4. A work group computes a
 // BM x BN block (BM = local y * TM, BN = local x * 4 * TN4); each BK-deep slice of A and B is staged
@@ -26,6 +26,14 @@
 #elif defined(TILE_T84)
 #define TM 8
 #define TN4 1
+#elif defined(TILE_T84K32)
+#define TM 8
+#define TN4 1
+#define BK 32
+#elif defined(TILE_T88K32)
+#define TM 8
+#define TN4 2
+#define BK 32
 #elif defined(TILE_T48)
 #define TM 4
 #define TN4 2

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from minirt import Session
+from minirt import MinirtError, Session
+from minirt.ops.gemm import LINEAR_TILES
 from minirt.infer import prepare
 from minirt.loaders import load
 from minirt.planner import fuse_gelu, fuse_linear
@@ -63,8 +64,13 @@ def test_linear_matches_onnxruntime(k, n, act, residual):
         assert len(kernels) == 1 and kernels[0].startswith("linear_"), kernels
 
 
-@pytest.mark.parametrize("tile", ["t44", "t84", "t48", "t88", "t44k32"])
+@pytest.mark.parametrize("tile", sorted(LINEAR_TILES))
 def test_every_tile_variant(tile):
     m = _linear_model(384, 200, "Gelu", True)
     feeds = {"x": rand(1, 37, 384), "r": rand(1, 37, 200)}
     check_model(m, feeds, storages=("buffer",), options={"gemm_tile": tile})
+
+
+def test_unknown_tile_is_refused():
+    with pytest.raises(MinirtError, match="gemm_tile must be one of"):
+        Session(_linear_model(384, 200, "Gelu", True), options={"gemm_tile": "t99"})

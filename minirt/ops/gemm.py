@@ -46,6 +46,11 @@ def gemm_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, a_mode=0, out_mode=0, act
                  flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n))
 
 
+# glsl/linear.comp tile variants: (TM rows, TN4 vec4 columns) per invocation; the k32 ones stage 32-deep slices
+LINEAR_TILES = {"t44": (4, 1), "t84": (8, 1), "t48": (4, 2), "t88": (8, 2), "t44k32": (4, 1), "t84k32": (8, 1),
+                "t88k32": (8, 2)}
+
+
 def linear_tile(ctx, m, n):
     """Tile variant of glsl/linear.comp. Discrete GPUs: 4x4 outputs per invocation with 32-deep shared-memory
     slices (on an H200 it beat 16-deep slices and 8x4 tiles on every Whisper GEMM: docs/benchmarks.md);
@@ -53,6 +58,8 @@ def linear_tile(ctx, m, n):
     overrides."""
     forced = ctx.options.get("gemm_tile")
     if forced:
+        if forced not in LINEAR_TILES:
+            raise MinirtError(f"option gemm_tile must be one of {', '.join(LINEAR_TILES)}, got {forced!r}")
         return forced
     return "t44k32" if ctx.profile.device_type == "discrete" else "t44"
 
@@ -151,7 +158,7 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
                            m_total=m_total, residual=residual, part_n=part_n)
         return
     tile = linear_tile(ctx, m, n)
-    tm, tn4 = {"t44": (4, 1), "t84": (8, 1), "t48": (4, 2), "t88": (8, 2), "t44k32": (4, 1)}[tile]
+    tm, tn4 = LINEAR_TILES[tile]
     p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
     res = residual if residual is not None else bt
     ctx.dispatch(f"linear_{tile}", [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],

@@ -72,7 +72,8 @@ def main(argv=None):
     from minirt import MinirtError, Session
     configs = a.config or ["fp32", "fp16"]
     rows, device = [], None
-    print(f"{'shape MxKxN':<18} {'epilogue':<9} {'config':<36} {'kernel':<26} {'GPU us':>8} {'TFLOP/s':>8} {'err/max':>9}")
+    print(f"{'shape MxKxN':<18} {'epilogue':<9} {'config':<36} {'kernel':<26} {'GPU us':>8} {'min us':>8} {'TFLOP/s':>8} "
+          f"{'err/max':>9}")
     for spec in a.shapes.split(";"):
         parts = spec.split(",")
         m, k, n = (int(v) for v in parts[:3])
@@ -107,7 +108,8 @@ def main(argv=None):
             tf = 2 * m * n * k / (ms * 1e-3) / 1e12 if ms else float("nan")
             rows.append({"m": m, "k": k, "n": n, "epilogue": epi, "config": cfg, "kernel": kernels[cfg],
                          "gpu_us": ms * 1e3, "min_us": min(times[cfg]) * 1e3, "tflops": tf, "rel_err": err})
-            print(f"{f'{m}x{k}x{n}':<18} {epi:<9} {cfg:<36} {kernels[cfg][:26]:<26} {ms * 1e3:>8.1f} {tf:>8.2f} {err:>9.2e}")
+            print(f"{f'{m}x{k}x{n}':<18} {epi:<9} {cfg:<36} {kernels[cfg][:26]:<26} {ms * 1e3:>8.1f} "
+                  f"{rows[-1]['min_us']:>8.1f} {tf:>8.2f} {err:>9.2e}")
     print(f"device: {device}")
     if a.json:
         Path(a.json).write_text(json.dumps({"device": device, "rows": rows}, indent=1))

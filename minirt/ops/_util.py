@@ -1,7 +1,24 @@
 """Small helpers shared by op definitions."""
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from ..errors import ModelError
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def activate(y, act):
+    """A fused epilogue activation ("", None, "relu", "gelu", "gelu_tanh") in numpy, for references."""
+    if act == "relu":
+        return np.maximum(y, 0)
+    if act == "gelu":
+        return 0.5 * y * (1 + _erf(y / math.sqrt(2)))
+    if act == "gelu_tanh":
+        return 0.5 * y * (1 + np.tanh(math.sqrt(2 / math.pi) * (y + 0.044715 * y ** 3)))
+    return y
 
 
 def broadcast_shapes(node, *shapes):

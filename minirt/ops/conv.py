@@ -1,13 +1,18 @@
 """Conv (1-D and 2-D) with a direct kernel. The weight must be a constant: it is prepacked at load
 into blocks of 4 output channels, [O/4][I/g][kh][kw] vec4, so one vec4 read feeds 4 outputs.
-A planner pass may route suitable convs to im2col + GEMM; this kernel is the general fallback."""
+A planner pass may route suitable convs to im2col + GEMM; this kernel is the general fallback.
+
+Planner-private attributes: _route (conv_routing), _act (fuse_activation), and _out_layout "NLC"
+(conv_output_nlc, im2col only): the output is [N, H * W, C], channels last, and an optional 4th input
+is a residual added after bias and activation."""
 from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ModelError
+from ..errors import ModelError, UnsupportedError
 from ..planner.plan import Push
 from . import Op, attr, register
+from ._util import activate
 
 
 def conv_params(node, in_spatial, k_spatial):
@@ -51,6 +56,8 @@ class Conv(Op):
         b = ins[2] if len(ins) > 2 else None
         if b is not None and b.shape is not None and w.shape is not None and tuple(b.shape) != (w.shape[0],):
             return f"bias '{node.inputs[2]}' has shape {list(b.shape)}, expected [{w.shape[0]}] (one per output channel)"
+        if len(node.inputs) > 3 and node.attrs.get("_out_layout") != "NLC":
+            return f"{len(node.inputs)} inputs; Conv takes at most 3 (X, W, B)"
         for i, what in ((1, "weight"), (2, "bias")):
             if len(ins) > i and ins[i] is not None and not ins[i].is_const:
                 return (f"{what} '{node.inputs[i]}' is computed at run time; minirt needs Conv {what}s to be "
@@ -65,9 +72,11 @@ class Conv(Op):
         out = [f"{node.outputs[0]}_d{2 + i}" for i in range(len(sp))]
         if all(isinstance(d, int) for d in sp):
             out = conv_params(node, sp, w.shape[2:])[4]
+        if node.attrs.get("_out_layout") == "NLC":
+            return [((x.shape[0], int(np.prod(out)), w.shape[0]), x.dtype)]
         return [((x.shape[0], w.shape[0], *out), x.dtype)]
 
-    def reference(self, node, x, w, b=None):
+    def reference(self, node, x, w, b=None, r=None):
         n, c = x.shape[:2]
         oc, cg, *ks = w.shape
         g = int(attr(node, "group", 1))
@@ -84,6 +93,11 @@ class Conv(Op):
         y = y.reshape(n, oc, *out)
         if b is not None:
             y = y + b.reshape(oc, *[1] * len(out))
+        y = activate(y, node.attrs.get("_act"))     # fused by the planner, as the kernels do
+        if node.attrs.get("_out_layout") == "NLC":
+            y = y.reshape(n, oc, -1).transpose(0, 2, 1)
+            if r is not None:
+                y = y + r
         return [y.astype(np.result_type(x, w), copy=False)]
 
     def lower(self, node, ctx):
@@ -126,7 +140,7 @@ def _out4d(ctx, y):
 
 
 def _lower_im2col(node, ctx):
-    from .gemm import gemm_dispatch, linear_dispatch, linear_ok, pack_bias, pack_weight
+    from .gemm import OUT_NCHW, OUT_ROWS, gemm_dispatch, linear_dispatch, linear_ok, pack_bias, pack_weight
     x, y, w, b, strides, dil, pb, (oh, ow) = _operands(node, ctx)
     oc, c, kh, kw = w.shape
     k = c * kh * kw
@@ -140,6 +154,12 @@ def _lower_im2col(node, ctx):
     rows = min(m, rows // ow * ow if rows >= ow else rows)
     scratch = ctx.scratch("im2col.scratch", rows * kp, dtype=ctx.dtype)   # im2col writes the activation type
     act = node.attrs.get("_act")
+    # conv_output_nlc: the GEMM's rows (positions) by columns (channels) stored as they are, plus the residual
+    nlc = node.attrs.get("_out_layout") == "NLC"
+    res = ctx.t(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] else None
+    if nlc and not linear_ok(ctx, kp):
+        raise UnsupportedError(f"{node}: a channels-last output (conv_output_nlc) needs the buffer GEMM "
+                               f"(buffer storage, no no_fast_gemm)")
     tiles = -(-m // rows)
     for t in range(tiles):
         m0, r = t * rows, min(rows, m - t * rows)
@@ -148,11 +168,13 @@ def _lower_im2col(node, ctx):
         ctx.dispatch(ctx.variant("im2col"), [(scratch.name, "w"), (x.name, "r")], p, (), (kp // 4, r, 1), "im2col",
                      nbytes=4 * (r * kp * 2))
         if linear_ok(ctx, kp):
-            linear_dispatch(ctx, y, scratch, wt, bt, r, oc, kp, n4, out_mode=1, act=act, m0=m0, lda4=kp // 4,
-                            m_total=m)
+            linear_dispatch(ctx, y, scratch, wt, bt, r, oc, kp, n4, out_mode=OUT_ROWS if nlc else OUT_NCHW, act=act,
+                            m0=m0, lda4=kp // 4, m_total=m, residual=res)
         else:
             gemm_dispatch(ctx, y, scratch, wt, bt, r, oc, k, n4, out_mode=1, act=act, m0=m0, lda=kp, scratch=True)
-    ctx.note(f"im2col + tiled GEMM: M {m}, K {k}, N {oc}; scratch {rows * kp * 4 / 2**20:.1f} MiB, {tiles} tile(s)")
+    nlc_note = ("; output channels-last" + (" + residual" if res is not None else "")) if nlc else ""
+    ctx.note(f"im2col + tiled GEMM: M {m}, K {k}, N {oc}; scratch {rows * kp * 4 / 2**20:.1f} MiB, {tiles} tile(s)"
+             f"{nlc_note}")
 
 
 def _lower_pointwise(node, ctx):

@@ -64,9 +64,14 @@ def linear_tile(ctx, m, n):
     return "t44k32" if ctx.profile.device_type == "discrete" else "t44"
 
 
+def fast_gemm(storage, options, k=4) -> bool:
+    """glsl/linear.comp reads A rows as vec4 from buffers: buffer storage and K a multiple of 4 (planner passes
+    ask this before lowering, with the Session options)."""
+    return storage == "buffer" and k % 4 == 0 and not options.get("no_fast_gemm")
+
+
 def linear_ok(ctx, k) -> bool:
-    """glsl/linear.comp reads A rows as vec4 from buffers: buffer storage and K a multiple of 4."""
-    return ctx.storage == "buffer" and k % 4 == 0 and not ctx.options.get("no_fast_gemm")
+    return fast_gemm(ctx.storage, ctx.options, k)
 
 
 # glsl/linear_cm.comp (tensor cores through VK_KHR_cooperative_matrix, fp16 only): tile -> (BM, BN, BK, subgroups)

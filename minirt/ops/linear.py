@@ -9,17 +9,14 @@ SplitParts (also minirt's own, made by merge_siblings): [P, M, Np] -> P tensors 
 (any shapes), part p being input[p]. Buffer storage: free views at element offset p * M * Np."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ..errors import ModelError, UnsupportedError
 from . import Op, attr, register
+from ._util import activate
 from .elementwise import elementwise_dispatch
 from .gemm import OUT_PARTS, linear_dispatch, linear_ok, pack_bias, pack_weight
 from .shape_ops import affine_copy, view_or_copy
-
-_erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
 @register
@@ -49,14 +46,7 @@ class Linear(Op):
         y = x @ w
         if b is not None:
             y = y + b
-        y = y * node.attrs.get("scale", 1.0)
-        act = node.attrs.get("act", "")
-        if act == "relu":
-            y = np.maximum(y, 0)
-        elif act == "gelu":
-            y = 0.5 * y * (1 + _erf(y / math.sqrt(2)))
-        elif act == "gelu_tanh":
-            y = 0.5 * y * (1 + np.tanh(math.sqrt(2 / math.pi) * (y + 0.044715 * y ** 3)))
+        y = activate(y * node.attrs.get("scale", 1.0), node.attrs.get("act", ""))
         if r is not None:
             y = y + r
         return y.astype(x.dtype, copy=False)

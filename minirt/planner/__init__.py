@@ -5,12 +5,14 @@ Pass order (each pass is one module of this package):
   2. conv routing     (conv_routing.py)     every Conv gets one kernel: im2col, pointwise, depthwise, direct
   3. fuse_gelu        (fuse_gelu.py)        the Erf GELU pattern becomes one Gelu node
   4. fuse_activation  (fuse_activation.py)  Relu/Gelu after a conv goes into the conv's GEMM epilogue
-  5. fuse_linear      (fuse_linear.py)      MatMul + bias + scale + activation + residual -> one Linear
-  6. merge_siblings   (merge_siblings.py)   Linears reading the same input (q, k, v) -> one GEMM + part views
-  7. fuse_attention   (fuse_attention.py)   head splits + MatMul + Softmax + MatMul -> one Attention
-  8. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
-  9. local sizes      (minirt.lwg)          one deterministic local size per dispatch
- 10. memory plan      (memory_plan.py)      lifetimes for memory reuse
+  5. conv_output_nlc  (conv_output_nlc.py)  an im2col conv + channels-last Transpose (+ Add) -> one GEMM writing
+                                            [1, L, C] (adding the residual)
+  6. fuse_linear      (fuse_linear.py)      MatMul + bias + scale + activation + residual -> one Linear
+  7. merge_siblings   (merge_siblings.py)   Linears reading the same input (q, k, v) -> one GEMM + part views
+  8. fuse_attention   (fuse_attention.py)   head splits + MatMul + Softmax + MatMul -> one Attention
+  9. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
+ 10. local sizes      (minirt.lwg)          one deterministic local size per dispatch
+ 11. memory plan      (memory_plan.py)      lifetimes for memory reuse
 The planner never imports vulkan: everything it decides is plain data in the Plan. Passes see the Session
 options plus "_storage" (the resolved storage) and "_profile" (the DeviceProfile), set by make_plan."""
 from __future__ import annotations
@@ -19,8 +21,8 @@ import os
 
 from ..errors import MinirtError, UnsupportedError
 from ..lwg import FAMILIES, UNFORCEABLE, check_local_size, pick_local_size
-from . import (conv1d_as_conv2d, conv_routing, fuse_activation, fuse_attention, fuse_gelu, fuse_linear, memory_plan,
-               merge_siblings)
+from . import (conv1d_as_conv2d, conv_output_nlc, conv_routing, fuse_activation, fuse_attention, fuse_gelu,
+               fuse_linear, memory_plan, merge_siblings)
 from .lower import lower
 from .plan import Plan
 from .storage_layout import check_limits, resolve_storage
@@ -28,8 +30,8 @@ from .storage_layout import check_limits, resolve_storage
 # (name, function(graph, options) -> graph), run in this order
 GRAPH_PASSES = [("conv1d_as_conv2d", conv1d_as_conv2d.rewrite), ("conv_routing", conv_routing.annotate),
                 ("fuse_gelu", fuse_gelu.rewrite), ("fuse_activation", fuse_activation.rewrite),
-                ("fuse_linear", fuse_linear.rewrite), ("merge_siblings", merge_siblings.rewrite),
-                ("fuse_attention", fuse_attention.rewrite)]
+                ("conv_output_nlc", conv_output_nlc.rewrite), ("fuse_linear", fuse_linear.rewrite),
+                ("merge_siblings", merge_siblings.rewrite), ("fuse_attention", fuse_attention.rewrite)]
 FORCEABLE = tuple(f for f in FAMILIES if f not in UNFORCEABLE)
 
 

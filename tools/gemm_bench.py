@@ -7,8 +7,8 @@ several planner configurations, timed per dispatch from the timestamp query pool
   python tools/gemm_bench.py --config fp16 --config fp16:coopmat=0 --json gemm.json
 
 A config is PRECISION[:KEY=VALUE,...] with Session options (gemm_tile, cm_tile, coopmat=0, local_size=XxY).
-Configs are measured round-robin (--rounds times --runs each), so a slow stretch of a shared GPU touches them
-alike. Per row: the GEMM dispatch's median GPU time, TFLOP/s, and the max error against a float64 reference
+Shapes and configs are measured round-robin (--rounds times --runs each), so a slow stretch of a shared GPU
+touches them alike. Per row: the GEMM dispatch's median GPU time, TFLOP/s, and the max error against a float64 reference
 computed from the inputs and weights as the kernel sees them (rounded to fp16 at fp16)."""
 from __future__ import annotations
 
@@ -74,6 +74,7 @@ def main(argv=None):
     rows, device = [], None
     print(f"{'shape MxKxN':<18} {'epilogue':<9} {'config':<36} {'kernel':<26} {'GPU us':>8} {'min us':>8} {'TFLOP/s':>8} "
           f"{'err/max':>9}")
+    cases = {}   # (shape, config) -> dict; every session is built first so the rounds go over all of them
     for spec in a.shapes.split(";"):
         parts = spec.split(",")
         m, k, n = (int(v) for v in parts[:3])
@@ -83,33 +84,36 @@ def main(argv=None):
         feeds = {"x": rng.standard_normal((1, m, k)).astype(np.float32)}
         if epi == "residual":
             feeds["r"] = rng.standard_normal((1, m, n)).astype(np.float32)
-        sessions, times, kernels, outs = {}, {}, {}, {}
         for cfg in configs:
             try:
-                sessions[cfg] = Session(model, storage="buffer", profile=True, options=parse_config(cfg))
+                s = Session(model, storage="buffer", profile=True, options=parse_config(cfg))
             except MinirtError as e:
                 print(f"{m}x{k}x{n:<12} {epi:<9} {cfg:<36} refused: {e}")
-        # Round-robin: a slow stretch of a shared GPU then touches every config alike instead of ruining one.
-        for _ in range(a.rounds):
-            for cfg, s in sessions.items():
-                for i in range(a.runs + 2):
-                    outs[cfg] = s.run(None, feeds)[0]
-                    recs = [r for r in s.profile_records() if r.flops >= 2 * m * n * k]
-                    if i >= 2:
-                        times.setdefault(cfg, []).append(sum(r.gpu_ms or 0 for r in recs))
-                kernels[cfg] = "+".join(r.kernel for r in recs)
-                device = s.device.profile.name
-        for cfg, s in sessions.items():
-            s.close()
-            ms = statistics.median(times[cfg])
-            ref = reference(feeds["x"][0], w, b, feeds.get("r", [None])[0], epi, parse_config(cfg)["precision"] == "fp16")
-            y = outs[cfg]
-            err = float(np.abs(y[0] - ref).max() / np.abs(ref).max())
-            tf = 2 * m * n * k / (ms * 1e-3) / 1e12 if ms else float("nan")
-            rows.append({"m": m, "k": k, "n": n, "epilogue": epi, "config": cfg, "kernel": kernels[cfg],
-                         "gpu_us": ms * 1e3, "min_us": min(times[cfg]) * 1e3, "tflops": tf, "rel_err": err})
-            print(f"{f'{m}x{k}x{n}':<18} {epi:<9} {cfg:<36} {kernels[cfg][:26]:<26} {ms * 1e3:>8.1f} "
-                  f"{rows[-1]['min_us']:>8.1f} {tf:>8.2f} {err:>9.2e}")
+                continue
+            cases[spec, cfg] = {"m": m, "k": k, "n": n, "epi": epi, "w": w, "b": b, "feeds": feeds, "s": s, "t": []}
+    # Round-robin over shapes and configs: a slow stretch of a shared GPU then touches them alike.
+    for _ in range(a.rounds):
+        for c in cases.values():
+            m, n, k = c["m"], c["n"], c["k"]
+            for i in range(a.runs + 2):
+                c["y"] = c["s"].run(None, c["feeds"])[0]
+                recs = [r for r in c["s"].profile_records() if r.flops >= 2 * m * n * k]
+                if i >= 2:
+                    c["t"].append(sum(r.gpu_ms or 0 for r in recs))
+            c["kernel"] = "+".join(r.kernel for r in recs)
+            device = c["s"].device.profile.name
+    for (spec, cfg), c in cases.items():
+        c["s"].close()
+        m, k, n, epi, feeds = c["m"], c["k"], c["n"], c["epi"], c["feeds"]
+        ms = statistics.median(c["t"])
+        ref = reference(feeds["x"][0], c["w"], c["b"], feeds.get("r", [None])[0], epi,
+                        parse_config(cfg)["precision"] == "fp16")
+        err = float(np.abs(c["y"][0] - ref).max() / np.abs(ref).max())
+        tf = 2 * m * n * k / (ms * 1e-3) / 1e12 if ms else float("nan")
+        rows.append({"m": m, "k": k, "n": n, "epilogue": epi, "config": cfg, "kernel": c["kernel"],
+                     "gpu_us": ms * 1e3, "min_us": min(c["t"]) * 1e3, "tflops": tf, "rel_err": err})
+        print(f"{f'{m}x{k}x{n}':<18} {epi:<9} {cfg:<36} {c['kernel'][:26]:<26} {ms * 1e3:>8.1f} "
+              f"{rows[-1]['min_us']:>8.1f} {tf:>8.2f} {err:>9.2e}")
     print(f"device: {device}")
     if a.json:
         Path(a.json).write_text(json.dumps({"device": device, "rows": rows}, indent=1))

@@ -32,6 +32,12 @@ ADRENO_BAD_GEMM = ((8, 8, 1), (4, 16, 1))
 IM2COL_SHAPE = (16, 4, 1)  # as ExecuTorch, on every vendor
 DESKTOP_VENDORS = ("nvidia", "amd")   # 256-invocation GEMM groups when there are enough of them
 DESKTOP_MIN_GROUPS = 256
+# Desktop GPUs whose driver tells the multiprocessor count: the GEMM shape with the fewest waves of work, each
+# wave costing x + y (a group's shared-memory staging per output, which bounds these kernels more than the FMAs),
+# among these shapes (ties keep this order). On an H200 (132 SMs; tools/gemm_bench.py, docs/benchmarks.md)
+# it takes 24x12 for Whisper's 1500 x 384 outputs (128 groups: one wave; 8-13% faster than 16x8 or 16x16) and
+# 24x16 for its 1500 x 1536 one (4% faster than 16x16).
+WAVE_SHAPES = ((16, 16), (16, 8), (24, 12), (16, 12), (24, 16), (12, 12), (8, 16))
 
 
 def _pow2_floor(n: int) -> int:
@@ -134,6 +140,9 @@ def _gemm(g, profile: DeviceProfile) -> tuple[int, int, int]:
     # y = 1, 2, 3..4 and the transposes.  z stays 1: batches go to group count.
     need, budget = _need(g, profile), _budget(profile)
     shape = GEMM_SHAPE
+    waves = _by_waves(g, profile) if profile.vendor in DESKTOP_VENDORS else None
+    if waves:
+        return waves
     if profile.vendor in DESKTOP_VENDORS and -(-g[0] // 16) * -(-g[1] // 16) >= DESKTOP_MIN_GROUPS:
         # Big GPUs hide latency with 256-invocation groups (16x16 measured faster than 8x8 on an H200),
         # but only while there are enough of them to spread over every multiprocessor; smaller GEMMs
@@ -147,6 +156,18 @@ def _gemm(g, profile: DeviceProfile) -> tuple[int, int, int]:
         shape = (16, 8)
     start = _clamp([min(shape[i], need[i]) for i in (0, 1)] + [1], profile, budget)
     return _grow(start, need, [i for i in _largest_first(g) if i < 2], budget)
+
+
+def _by_waves(g, profile: DeviceProfile):
+    """WAVE_SHAPES' choice for a GEMM big enough to fill its largest shape, on a device with a multiprocessor count;
+    else None."""
+    cu = profile.compute_units
+    fits = [(x, y) for x, y in WAVE_SHAPES if x * y <= profile.max_invocations and x <= profile.max_local_size[0]
+            and y <= profile.max_local_size[1]]
+    if not cu or not fits or g[0] < max(x for x, _ in fits) or g[1] < max(y for _, y in fits):
+        return None
+    x, y = min(fits, key=lambda s: -(-(-(-g[0] // s[0]) * -(-g[1] // s[1])) // cu) * (s[0] + s[1]))
+    return (x, y, 1)
 
 
 def _im2col(g, profile: DeviceProfile) -> tuple[int, int, int]:
@@ -217,9 +238,13 @@ def describe_rule(family: str, profile: DeviceProfile) -> str:
         if profile.vendor == "adreno":
             return ("gemm on Adreno: fixed 16x4x1 (8x8x1 and 4x16x1 corrupt tiled-GEMM "
                     "work groups on Adreno 840)")
+        if profile.vendor in DESKTOP_VENDORS and profile.compute_units:
+            return (f"gemm on {profile.vendor} with {profile.compute_units} multiprocessors: of "
+                    f"{', '.join(f'{x}x{y}' for x, y in WAVE_SHAPES)}, the fewest waves x (x + y); small GEMMs as "
+                    f"without a count; z=1")
         if profile.vendor in DESKTOP_VENDORS:
             return (f"gemm on {profile.vendor}: 16x16x1 when that makes at least {DESKTOP_MIN_GROUPS} groups, else "
-                    f"8x8x1; shrunk to the x/y extent, spare share to the other axis; z=1")
+                    f"16x8x1 when that does, else 8x8x1; shrunk to the x/y extent, spare share to the other axis; z=1")
         return f"gemm: 8x8x1 shrunk to the x/y extent, spare share to the other axis, up to {b} invocations; z=1"
     if family == "im2col":
         return "im2col: 16x4x1 as ExecuTorch; 1-D dispatches become n x 1 or 1 x n"

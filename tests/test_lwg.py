@@ -1,4 +1,5 @@
 """Tests for minirt.lwg and minirt.device_profile (no GPU needed)."""
+import dataclasses
 import itertools
 import math
 import subprocess
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from minirt.device_profile import KNOWN_PROFILES, DeviceProfile, classify_vendor
+from minirt import lwg
 from minirt.lwg import FAMILIES, check_local_size, describe_rule, pick_local_size
 
 # Extra fakes with odd, small limits so clamping is exercised too.
@@ -101,8 +103,9 @@ def test_gemm_and_im2col_shapes(pname):
             if p.vendor != "adreno" or family == "im2col":
                 assert all(local[i] == 1 for i in (0, 1) if g[i] == 1), (family, g, local)
     if p is KNOWN_PROFILES.get(pname) and p.vendor in ("nvidia", "amd"):
-        # 256-invocation groups on desktop GPUs when there are at least 256 of them, else 128 while those make
-        # 256, else 64
+        # Without a multiprocessor count: 256-invocation groups on desktop GPUs when there are at least 256 of
+        # them, else 128 while those make 256, else 64
+        p = dataclasses.replace(p, compute_units=0)
         assert pick_local_size("gemm", (512, 512, 1), p) == (16, 16, 1)
         assert pick_local_size("gemm", (96, 375, 1), p) == (16, 8, 1)      # Whisper's 1500 x 384 GEMMs
         assert pick_local_size("gemm", (40, 40, 1), p) == (8, 8, 1)
@@ -116,6 +119,25 @@ def test_gemm_and_im2col_shapes(pname):
     if p is KNOWN_PROFILES.get(pname) and p.vendor != "adreno":
         assert pick_local_size("im2col", (4096, 300, 1), p) == (16, 4, 1)
         assert pick_local_size("im2col", (1, 300, 1), p) == (1, 64, 1)
+
+
+def test_gemm_by_waves_with_a_multiprocessor_count():
+    """The H200 profile (132 SMs): the shape with the fewest waves x (x + y); small GEMMs as without a count."""
+    p = KNOWN_PROFILES["nvidia-h200"]
+    assert pick_local_size("gemm", (96, 375, 1), p) == (24, 12, 1)     # 1500 x 384: 4 x 32 = 128 groups, one wave
+    assert pick_local_size("gemm", (384, 375, 1), p) == (24, 16, 1)    # 1500 x 1536: 16 x 24 = 384, three waves
+    assert pick_local_size("gemm", (96, 750, 1), p) == (24, 12, 1)     # 3000 x 384 (conv1): 252, two waves
+    assert pick_local_size("gemm", (40, 40, 1), p) == (16, 8, 1)       # one wave each: the smallest x + y first
+    assert pick_local_size("gemm", (20, 40, 1), p) == (8, 8, 1)        # narrower than 24: the old rule
+    for g in ((96, 375, 1), (384, 375, 1), (288, 375, 1), (1000, 1000, 1), (24, 16, 1), (500, 17, 1)):
+        x, y, _ = pick_local_size("gemm", g, p)
+        groups = -(-g[0] // x) * -(-g[1] // y)
+        cost = -(-groups // 132) * (x + y)
+        assert all(cost <= -(-(-(-g[0] // a) * -(-g[1] // b)) // 132) * (a + b) for a, b in lwg.WAVE_SHAPES)
+    small = dataclasses.replace(p, max_invocations=256, max_local_size=(256, 256, 64))
+    assert pick_local_size("gemm", (96, 375, 1), small) in ((16, 16, 1), (16, 8, 1), (16, 12, 1), (12, 12, 1),
+                                                            (8, 16, 1))     # 288 and 384 invocations don't fit
+    assert "fewest waves" in lwg.describe_rule("gemm", p)
 
 
 @pytest.mark.parametrize("pname", PROFILES)

@@ -274,15 +274,15 @@ def test_im2col_row_tiles(budget_rows, monkeypatch):
 @pytest.mark.parametrize("cm_emulate", [False, True])
 @pytest.mark.parametrize("case", ["whisper_like", "pos_runtime_input", "no_activation"])
 def test_fp16(case, cm_emulate, monkeypatch):
-    """precision fp16: the scalar half GEMM and the emulated tensor-core GEMM (its OUT_MODE 0 epilogue with the
-    residual), in row tiles of 16 positions where K = 48."""
+    """precision fp16: the device's own half GEMM (scalar, or tensor cores where it has them) and the emulated
+    tensor-core GEMM (its OUT_MODE 0 epilogue with the residual), in row tiles of 16 positions where K = 48."""
     m = front_model(**CASES[case])
     monkeypatch.setattr(conv_op, "IM2COL_SCRATCH_BUDGET", 16 * 48 * 4)
     fd = feeds_for(m)
     ref = onnxruntime_run(m, fd)[0]
     with Session(m, storage="buffer", precision="fp16", options={"poison": True, "cm_emulate": cm_emulate}) as s:
         gemms = [d for d in s.plan.dispatches if d.kernel.startswith("linear")]
-        want = "linear_cm_emu_" if cm_emulate else "linear_t"
+        want = "linear_cm_emu_" if cm_emulate else "linear_cm_m" if s.device.profile.cooperative_matrix else "linear_t"
         assert gemms and all(d.kernel.startswith(want) and d.kernel.endswith("_half") for d in gemms), gemms
         assert all(d.spec[0] == OUT_ROWS and d.spec[2] == 1 for d in gemms)
         assert not any(d.op in ("Transpose", "Add") for d in s.plan.dispatches)

@@ -225,34 +225,11 @@ def test_prefetch_is_a_specialization_constant():
     assert plan_for(LAVAPIPE, options={"attention_prefetch": True}).dispatches[0].spec[3] == 1
 
 
-@pytest.mark.parametrize("storage", STORAGES)
-@pytest.mark.parametrize("B,Tq,Tk,H,dh,S,tile,qd", [
-    (1, 50, 101, 2, 64, 1, "64x8x2x8", True),     # 64-key blocks (KT = 8), the last ragged; Q from its buffer
-    (1, 50, 101, 2, 64, 1, "64x8x2x8", False),    # KT = 8 with Q staged
-    (2, 21, 45, 3, 16, 3, "32x4x2x2", True),      # batch 2, cross attention, splits, KT = 2 (8-key blocks)
-    (1, 37, 70, 2, 32, 2, "64x8x3", True),        # Q_DIRECT with the default KT; 37 rows: the last block partial
-])
-def test_keys_per_thread_and_direct_q_match_numpy(storage, B, Tq, Tk, H, dh, S, tile, qd):
-    """attention_tile's 4th number (KT, keys per thread in Q K^T) and attention_qdirect (Q_DIRECT)."""
-    check_opts(B, Tq, Tk, H, dh, {"attention_tile": tile, "attention_splits": S, "attention_qdirect": qd},
-               storages=[storage], seed=Tq * Tk + S)
-
-
-def test_keys_per_thread_and_direct_q_reach_the_kernel():
-    d = plan_for(H200, options={"attention_tile": "128x8x5x8", "attention_qdirect": True, "attention_splits": 1})
-    assert d.dispatches[0].spec == (64, 8, 5, 1, 8, 1)
-    assert attention.shared_bytes(64, 128, 8, 5, 8, True) < 49152 < attention.shared_bytes(64, 128, 8, 5, 8)
-    with pytest.raises(MinirtError, match="shared memory"):
-        plan_for(H200, options={"attention_tile": "128x8x5x8"})
-    with pytest.raises(MinirtError, match="multiple of 4"):
-        plan_for(H200, options={"attention_tile": "64x2x2x1"})
-
-
 def test_forced_tile_is_used_and_checked():
     d = plan_for(H200, options={"attention_tile": "64x8x4", "attention_splits": 1}).dispatches[0]
     assert d.spec[1:3] == (8, 4) and d.global_size == (64, -(-1500 // 32), 6)
     check_opts(1, 37, 60, 2, 64, {"attention_tile": (64, 8, 2)}, seed=3)
-    for bad, why in (("64x16", "THREADSxKGxRT"), ("64x8x2x4x1", "THREADSxKGxRT"), ("64x5x4", "does not divide"), ("24x16x4", "not a multiple"),
+    for bad, why in (("64x16", "THREADSxKGxRT"), ("64x5x4", "does not divide"), ("24x16x4", "not a multiple"),
                      ("2048x16x1", "exceed"), ("1024x16x8", "shared memory")):
         with pytest.raises(MinirtError, match=why):
             plan_for(H200, options={"attention_tile": bad})

@@ -68,9 +68,9 @@ def splits(profile, groups, tk, options=None):
     return max(1, min(-(-SPLIT_TARGET_GROUPS // groups), most))
 
 
-def shared_bytes(dh, threads, kg, rt, kt=4, q_direct=False):
-    p4, bq, bk = dh // 4 + 1, rt * threads // kg, kt * kg
-    return 16 * (1 if q_direct else p4 * bq) + 16 * p4 * bk + 4 * bq * (bk + 4 + kg)
+def shared_bytes(dh, threads, kg, rt):
+    p4, bq, bk = dh // 4 + 1, rt * threads // kg, 4 * kg
+    return 16 * p4 * (bq + bk) + 4 * bq * (bk + 4 + kg)
 
 
 def tiles(dh, shared, cpu=False):
@@ -79,26 +79,23 @@ def tiles(dh, shared, cpu=False):
     return next((t for t in order if (dh // 4) % t[1] == 0 and shared_bytes(dh, *t) <= shared), None)
 
 
-def forced_tile(value, dh, profile, q_direct=False):
-    """Session(options={"attention_tile": "THREADSxKGxRT[xKT]"}) (or a tuple), checked against head dim and device."""
+def forced_tile(value, dh, profile):
+    """Session(options={"attention_tile": "THREADSxKGxRT"}) (or a 3-tuple), checked against head dim and device."""
     try:
         t = tuple(int(v) for v in (value.split("x") if isinstance(value, str) else value))
-        if len(t) not in (3, 4) or min(t) < 1:
+        if len(t) != 3 or min(t) < 1:
             raise ValueError
     except (TypeError, ValueError):
-        raise MinirtError(f"option attention_tile must be THREADSxKGxRT or THREADSxKGxRTxKT (positive integers), "
-                          f"got {value!r}") from None
-    threads, kg, rt, kt = t + (4,) * (4 - len(t))
-    need = shared_bytes(dh, threads, kg, rt, kt, q_direct)
+        raise MinirtError(f"option attention_tile must be THREADSxKGxRT (three positive integers), got {value!r}") from None
+    threads, kg, rt = t
     why = (f"KG {kg} does not divide head dim / 4 = {dh // 4}" if (dh // 4) % kg else
            f"{threads} threads are not a multiple of KG {kg}" if threads % kg else
-           f"KT * KG = {kt * kg} keys per block is not a multiple of 4" if kt * kg % 4 else
            f"{threads} threads exceed the device's {profile.max_invocations}" if threads > profile.max_invocations else
-           f"it needs {need} bytes of shared memory, the device has {profile.max_shared_memory}"
-           if need > profile.max_shared_memory else None)
+           f"it needs {shared_bytes(dh, *t)} bytes of shared memory, the device has {profile.max_shared_memory}"
+           if shared_bytes(dh, *t) > profile.max_shared_memory else None)
     if why:
         raise MinirtError(f"option attention_tile={value!r} is refused: {why}")
-    return threads, kg, rt, kt
+    return t
 
 
 @register
@@ -148,14 +145,12 @@ class Attention(Op):
         Tk = k.shape[1]
         dh = D // heads
         forced = ctx.options.get("attention_tile")
-        # option attention_qdirect: Q read from its buffer in Q K^T, not staged (attention.glslh Q_DIRECT)
-        q_direct = _on(ctx.options.get("attention_qdirect", False))
-        tile = (forced_tile(forced, dh, ctx.profile, q_direct) if forced is not None else
+        tile = (forced_tile(forced, dh, ctx.profile) if forced is not None else
                 tiles(dh, ctx.profile.max_shared_memory, ctx.profile.device_type == "cpu"))
         if tile is None:
             raise UnsupportedError(f"{node}: head dim {dh} needs more shared memory than this device's "
                                    f"{ctx.profile.max_shared_memory} bytes")
-        threads, kg, rt, kt = tuple(tile) + (4,) * (4 - len(tile))
+        threads, kg, rt = tile
         qblocks = -(-Tq // (rt * threads // kg))
         S = splits(ctx.profile, qblocks * B * heads, Tk, ctx.options)
         push = Push().ivec4(Tq, Tk, heads, D // 4).vec4(scale * math.log2(math.e))
@@ -168,7 +163,7 @@ class Attention(Op):
         # K and V staged through registers one phase ahead (attention.glslh PREFETCH): on an H200 228 -> 186 us
         # (tiny, (128, 16, 5)), 193 -> 163 ((128, 8, 5)). Off on CPU drivers, where there is no latency to hide.
         prefetch = ctx.options.get("attention_prefetch", ctx.profile.device_type != "cpu")
-        spec = (dh, kg, rt, _on(prefetch), kt, q_direct)
+        spec = (dh, kg, rt, _on(prefetch))
         flops = 4 * B * heads * Tq * Tk * dh
         # family "reduction": the local x is the global x given, so one work group = `threads` invocations
         if S == 1:

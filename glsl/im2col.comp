@@ -1,10 +1,13 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// variants: storage=buffer,texture dtype=float,half
+// variants: storage=buffer,texture dtype=float,half io=elem,in32
+// exclude: dtype=float io=in32
+// exclude: storage=texture io=in32
 // im2col for a 2-D conv (batch 1): scratch[r, k] = input at output position m0 + r, tap and channel k,
 // with k ordered (kh, kw, c) so 4 consecutive k of a channels-packed texture share one tap; zero where
 // the tap falls in the padding. The scratch is a plain buffer [rows, Kp] (Kp = K rounded up to 4) in
-// both storages; the GEMM reads it as A.
+// both storages; the GEMM reads it as A. io=in32 (fp16, buffers): the input is a float32 graph input, read as
+// it is (in textures the sampler converts, so they need no such variant).
 #include "common.glslh"
 
 layout(set = 0, binding = 0, std430) writeonly buffer s_buf { ELEM scratch[]; };

@@ -1,9 +1,11 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// variants: storage=buffer,texture dtype=float,half
+// variants: storage=buffer,texture dtype=float,half io=elem,out32
+// exclude: dtype=float io=out32
 // LayerNormalization over the WHCN dims in `mask` (all dims from the axis inwards), two-pass in fp32:
 // mean, then mean of squared deviations (no cancellation for large offsets). Both passes work on x minus
 // the row's first element, so a large common offset costs no precision in the mean either. See rows.glslh.
+// io=out32 (fp16): the output is a float32 graph output, written as it is.
 #include "common.glslh"
 #include "rows.glslh"
 

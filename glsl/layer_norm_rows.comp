@@ -1,16 +1,18 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
-// variants: dtype=float,half
+// variants: dtype=float,half io=elem,out32
+// exclude: dtype=float io=out32
 // LayerNormalization over the last dim of a dense buffer whose rows are a multiple of 4 long: one subgroup
 // per row, subgroup adds instead of shared-memory trees and barriers. Same numerics as layer_norm.comp:
 // two passes over x minus the row's first element (no cancellation for large offsets).
 // A work group takes a block of ROWS rows; its subgroups stride over them, so any subgroup size works.
+// io=out32 (fp16): the output is a float32 graph output, written as it is.
 #include "common.glslh"
 
 layout(constant_id = 3) const bool HAS_BIAS = true;
 
-layout(set = 0, binding = 0, std430) writeonly buffer o_buf { ELEM4 o[]; };
+layout(set = 0, binding = 0, std430) writeonly buffer o_buf { OUT_ELEM4 o[]; };
 layout(set = 0, binding = 1, std430) readonly buffer x_buf { ELEM4 x[]; };
 layout(set = 0, binding = 2, std430) readonly buffer w_buf { ELEM4 w[]; };  // scale [L4] then bias [L4]
 
@@ -40,7 +42,7 @@ void main() {
     for (int i = lane; i < L4; i += width) {
       vec4 y = ((vec4(x[base + i]) - pivot) - shift) * rstd * W4(w, i);
       if (HAS_BIAS) y += W4(w, L4 + i);
-      o[base + i] = to_elem4(y);
+      o[base + i] = to_out4(y);
     }
   }
 }

@@ -1,7 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
-// variants: tile=t44,t84,t48,t88,t44k32,t84k32,t88k32 dtype=float,half
+// variants: tile=t44,t84,t48,t88,t44k32 dtype=float,half io=elem,out32
+// exclude: dtype=float io=out32
 // Fast fp32 GEMM for buffers: out = act(A[M, K] @ B[K, N] + bias) (+ residual), A row-major with K a
 // multiple of 4 (rows read as vec4), B a weight prepacked as [K][N4] vec4. A work group computes a
 // BM x BN block (BM = local y * TM, BN = local x * 4 * TN4); each BK-deep slice of A and B is staged
@@ -14,6 +15,7 @@
 //   dispatch's rows starting at M0 (a conv's output channels by spatial positions). OUT_MODE 2: out
 //   part-major [N / NP][M_total][NP] with NP = geo.w (sibling Linears merged into one GEMM by the
 //   merge_siblings pass: column n is column n % NP of part n / NP, so each part is contiguous).
+// io=out32 (fp16): the output is a float32 graph output, written as it is.
 #include "common.glslh"
 
 #if defined(TILE_T44)
@@ -26,14 +28,6 @@
 #elif defined(TILE_T84)
 #define TM 8
 #define TN4 1
-#elif defined(TILE_T84K32)
-#define TM 8
-#define TN4 1
-#define BK 32
-#elif defined(TILE_T88K32)
-#define TM 8
-#define TN4 2
-#define BK 32
 #elif defined(TILE_T48)
 #define TM 4
 #define TN4 2
@@ -50,7 +44,7 @@ layout(constant_id = 3) const int OUT_MODE = 0;
 layout(constant_id = 4) const int ACT = 0;          // 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh)
 layout(constant_id = 5) const bool HAS_RES = false; // + residual[m, n] (OUT_MODE 0)
 
-layout(set = 0, binding = 0, std430) writeonly buffer o_buf { ELEM o[]; };
+layout(set = 0, binding = 0, std430) writeonly buffer o_buf { OUT_ELEM o[]; };
 layout(set = 0, binding = 1, std430) readonly buffer a_buf { ELEM4 a4[]; };
 layout(set = 0, binding = 2, std430) readonly buffer b_buf { ELEM4 b4[]; };
 layout(set = 0, binding = 3, std430) readonly buffer bias_buf { ELEM4 bias4[]; };
@@ -148,12 +142,12 @@ void main() {
         int n = n4 * 4, rem = min(p.dims.y - n, 4);
         if (OUT_MODE == 1) {
           [[unroll]] for (int l = 0; l < 4; ++l)
-            if (l < rem) o[(n + l) * p.geo.z + p.geo.x + m] = to_elem(v[l]);
+            if (l < rem) o[(n + l) * p.geo.z + p.geo.x + m] = to_out(v[l]);
         } else {
           [[unroll]] for (int l = 0; l < 4; ++l)
             if (l < rem) {
               const int idx = out_index(p.geo.x + m, n + l);
-              o[idx] = to_elem(v[l] + (HAS_RES ? float(res[idx]) : 0.0));
+              o[idx] = to_out(v[l] + (HAS_RES ? float(res[idx]) : 0.0));
             }
         }
       }

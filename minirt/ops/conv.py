@@ -166,7 +166,7 @@ def _lower_im2col(node, ctx):
         p = (Push().sizes(x).ivec4(kh, kw, strides[0], strides[1]).ivec4(pb[0], pb[1], dil[0], dil[1])
              .ivec4(c, kp, m0, r).ivec4(ow, x.packed_dim, k, 0))
         ctx.dispatch(ctx.variant("im2col"), [(scratch.name, "w"), (x.name, "r")], p, (), (kp // 4, r, 1), "im2col",
-                     nbytes=4 * (r * kp * 2))
+                     nbytes=4 * (r * kp * 2), io="in32")
         if linear_ok(ctx, kp):
             linear_dispatch(ctx, y, scratch, wt, bt, r, oc, kp, n4, out_mode=OUT_ROWS if nlc else OUT_NCHW, act=act,
                             m0=m0, lda4=kp // 4, m_total=m, residual=res)

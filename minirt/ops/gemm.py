@@ -46,9 +46,8 @@ def gemm_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, a_mode=0, out_mode=0, act
                  flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n))
 
 
-# glsl/linear.comp tile variants: (TM rows, TN4 vec4 columns) per invocation; the k32 ones stage 32-deep slices
-LINEAR_TILES = {"t44": (4, 1), "t84": (8, 1), "t48": (4, 2), "t88": (8, 2), "t44k32": (4, 1), "t84k32": (8, 1),
-                "t88k32": (8, 2)}
+# glsl/linear.comp tile variants: (TM rows, TN4 vec4 columns) per invocation; t44k32 stages 32-deep slices
+LINEAR_TILES = {"t44": (4, 1), "t84": (8, 1), "t48": (4, 2), "t88": (8, 2), "t44k32": (4, 1)}
 
 
 def linear_tile(ctx, m, n):
@@ -168,4 +167,5 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
     res = residual if residual is not None else bt
     ctx.dispatch(f"linear_{tile}", [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
                  p, (out_mode, ACTS[act], residual is not None), (-(-n4 // tn4), -(-m // tm), 1), "gemm",
-                 flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)))
+                 flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)),
+                 io="out32")

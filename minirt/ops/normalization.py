@@ -18,8 +18,8 @@ def _mask(dims):
     return sum(1 << d for d in dims)
 
 
-def row_dispatch(ctx, kernel, out, x, mask, extra_args=(), push_tail=(), spec=(), flops_per=4):
-    """One work group per texel row of x (see rows.glslh); mask = the reduced WHCN dims."""
+def row_dispatch(ctx, kernel, out, x, mask, extra_args=(), push_tail=(), spec=(), flops_per=4, io=None):
+    """One work group per texel row of x (see rows.glslh); mask = the reduced WHCN dims; io as in ctx.dispatch."""
     ts = list(x.whcn)
     ts[x.packed_dim] = (ts[x.packed_dim] + 3) // 4
     per_row = int(np.prod([ts[d] for d in range(4) if mask >> d & 1]))
@@ -31,7 +31,7 @@ def row_dispatch(ctx, kernel, out, x, mask, extra_args=(), push_tail=(), spec=()
         p.vec4(v)
     ctx.dispatch(ctx.variant(kernel), [(out.name, "w"), (x.name, "r"), *extra_args], p, spec,
                  (threads, gy, -(-rows // gy)), "reduction", flops=flops_per * x.numel,
-                 nbytes=16 * x.numel)   # x read 3 times, out written once
+                 nbytes=16 * x.numel, io=io)   # x read 3 times, out written once
 
 
 @register
@@ -77,7 +77,7 @@ class LayerNormalization(Op):
         affine = np.concatenate([_per_texel(a, x.shape[rank - k:], x.packed_dim) for a in consts])
         w = ctx.weight(f"{node.name}/scale_bias", affine)
         row_dispatch(ctx, "layer_norm", out, x, _mask(range(k)), [(w.name, "r")],
-                     [attr(node, "epsilon", 1e-5)], (len(consts) > 1,), flops_per=8)
+                     [attr(node, "epsilon", 1e-5)], (len(consts) > 1,), flops_per=8, io="out32")
 
 
 # Subgroup arithmetic is required by the row kernel; these drivers have it (and buffers are their storage).
@@ -94,7 +94,7 @@ def _lower_rows(node, ctx, x, out, consts):
     w = ctx.weight(f"{node.name}/scale_bias", aff)
     p = Push().ivec4(rows, length // 4, per).vec4(attr(node, "epsilon", 1e-5))
     ctx.dispatch("layer_norm_rows", [(out.name, "w"), (x.name, "r"), (w.name, "r")], p, (len(consts) > 1,),
-                 (64, -(-rows // per), 1), "reduction", flops=8 * x.numel, nbytes=8 * x.numel)
+                 (64, -(-rows // per), 1), "reduction", flops=8 * x.numel, nbytes=8 * x.numel, io="out32")
 
 
 def _broadcasts_to(shape, target):

@@ -3,9 +3,12 @@
 LowerCtx is what an op sees: tensor specs in the chosen storage and layout, helpers to add
 prepacked weights, temporaries, free views and dispatches. It knows nothing about Vulkan.
 
-precision="fp16": every tensor an op sees is float16 in GPU memory and every dispatch runs the kernel's
+precision="fp16": every tensor an op makes is float16 in GPU memory and every dispatch runs the kernel's
 `_half` variant (16-bit loads and stores, fp32 arithmetic). The graph's inputs and outputs stay float32 for
-the host: lowering adds a cast after each input and before each output, so ops never see a mixed case."""
+the host, and the kernels at those edges convert them where they can (LowerCtx.dispatch, its `io`): a graph
+input is read as float32 by texture kernels (samplers convert any format) and by `_in32` variants, a graph
+output written as float32 by `_out32` variants. Elsewhere a cast dispatch stands between: a float16 copy of
+the input made before its first reader, or a float16 stand-in for the output converted after the last dispatch."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,22 +27,21 @@ class LowerCtx:
         self.profile = profile
         self.options = options or {}
         self.half = precision == "fp16"
-        self.dtype = "float16" if self.half else "float32"    # of every tensor an op sees
+        self.dtype = "float16" if self.half else "float32"    # of every tensor an op makes
         self.plan = Plan(storage=storage, inputs=list(graph.inputs), outputs=list(graph.outputs),
                          notes={k: list(v) for k, v in graph.notes.items()}, precision=precision)
         self.node = None
-        self.alias = {}       # fp16: graph input/output name -> the float16 tensor ops use in its place
-        self.alias_outputs = self.half   # off once the ops are lowered: the final casts write the float32 outputs
+        # fp16 (see _edges): float32 graph input (or view of one) -> its float16 copy; graph output -> the float16
+        # stand-in ops write instead (a final cast writes the output); outputs written as float32 by a kernel
+        self.half_inputs, self.half_outputs, self.direct_outputs = {}, {}, set()
+        self.read_by_nodes = {i for n in graph.nodes for i in n.inputs}
 
     # -- tensors --------------------------------------------------------------------------
     def t(self, name: str) -> TensorSpec:
-        """The spec of a graph tensor, created on first use with its role, storage and layout."""
-        if name in self.alias:
-            return self.plan.tensors[self.alias[name]]
-        if (self.alias_outputs and name in self.graph.outputs and name not in self.plan.tensors
-                and not self.graph.tensor(name).is_const):
-            self.alias[name] = self.temp(f"{name}@f16", self._graph_shape(name)).name
-            return self.plan.tensors[self.alias[name]]
+        """The spec of a graph tensor, created on first use with its role, storage and layout. At fp16 a graph output
+        that nodes also read is their float16 stand-in from the start (see _edges)."""
+        if name in self.half_outputs:
+            return self.plan.tensors[self.half_outputs[name]]
         spec = self.plan.tensors.get(name)
         if spec is not None:
             return spec
@@ -58,13 +60,9 @@ class LowerCtx:
         dtype = "float32" if role in (INPUT, OUTPUT) else self.dtype
         spec = TensorSpec(name, shape, role, self.storage, packed_dim_for(shape, self.storage), data, dtype=dtype)
         self.plan.tensors[name] = spec
+        if self.half and role == OUTPUT and name in self.read_by_nodes:
+            return self.plan.tensors[self._half_output(name)]
         return spec
-
-    def _graph_shape(self, name):
-        gt = self.graph.tensor(name)
-        if not gt.is_static:
-            raise UnsupportedError(f"{self.graph.source}: tensor '{name}' has no static shape ({gt.shape})")
-        return tuple(gt.shape)
 
     def weight(self, name: str, data: np.ndarray) -> TensorSpec:
         """A prepacked weight: a read-only vec4 storage buffer in both storage modes (float16 at fp16,
@@ -118,18 +116,25 @@ class LowerCtx:
             raise UnsupportedError(f"a view at an offset ('{dst.name}' in '{src.name}') needs buffer storage")
         if offset < 0 or offset + dst.numel > src.numel:
             raise UnsupportedError(f"view '{dst.name}' at element {offset} runs past '{src.name}'")
+        if dst.role == OUTPUT and dst.dtype != src.dtype:    # fp16: a float32 output cannot share float16 memory
+            dst = self.plan.tensors[self._half_output(dst.name)]
         dst.view_of = src.name
         dst.view_offset = int(offset)
+        dst.dtype = src.dtype      # what the memory holds: a view of a graph input is float32 at fp16 too
 
     # -- dispatches -------------------------------------------------------------------------
     def variant(self, base: str) -> str:
         return f"{base}_{self.storage}"
 
     def dispatch(self, kernel, args, push=b"", spec=(), global_size=(1, 1, 1), family="elementwise",
-                 flops=0, nbytes=0, exact_kernel=False):
-        """Adds a dispatch of `kernel` (its `_half` variant at fp16, unless exact_kernel)."""
+                 flops=0, nbytes=0, exact_kernel=False, io=None):
+        """Adds a dispatch of `kernel` (its `_half` variant at fp16, unless exact_kernel). `io` declares the kernel's
+        float32-edge variant (variant axis io, glsl/common.glslh): "in32" reads its first read argument as float32,
+        "out32" writes its first written argument as float32. At fp16 it runs where that argument is a graph input
+        or output; elsewhere a cast stands between (_edges)."""
         if self.half and not exact_kernel:
-            kernel += "_half"
+            args, io = self._edges(kernel, list(args), io)
+            kernel += "_half" + (f"_{io}" if io else "")
             nbytes //= 2
         node = self.node
         d = Dispatch(kernel=kernel, node=node.name if node else "", op=node.op if node else "",
@@ -142,39 +147,86 @@ class LowerCtx:
     def note(self, text: str) -> None:
         self.plan.notes.setdefault(self.node.name, []).append(text)
 
+    # -- fp16 graph edges ---------------------------------------------------------------------
+    def _edges(self, kernel, args, io):
+        """(args, io variant or None) of a dispatch at fp16. A float32 graph input it reads stays where a sampler
+        reads it (texture storage: the image view converts float32 texels as it does float16 ones) or where the
+        declared in32 variant does; a float32 graph output it writes, where the out32 variant does. Anywhere else the
+        kernel gets the tensor's float16 stand-in."""
+        chosen = None
+        for i, (name, access) in enumerate(args):
+            t, root = self.plan.tensors[name], self.plan.tensors[self.plan.root(name)]
+            if t.dtype != "float32" or root.role not in (INPUT, OUTPUT):
+                continue      # float16 activations, and scratch that a kernel keeps in float32
+            first = i == next(j for j, (_, a) in enumerate(args) if a == access)
+            if (root.role, access) == (INPUT, "r"):
+                if root.storage == "texture":
+                    continue
+                if first and io == "in32":
+                    chosen = io
+                else:
+                    args[i] = (self._half_input(name), "r")
+            elif (root.role, access) == (OUTPUT, "w"):
+                if first and io == "out32" and name not in self.half_outputs:
+                    chosen = io
+                    self.direct_outputs.add(name)
+                else:
+                    args[i] = (self._half_output(name), "w")
+            else:     # no op lowers to this: a bug, not a model minirt cannot run
+                raise RuntimeError(f"{kernel} ({self.node}) would {'write' if access == 'w' else 'read'} float32 "
+                                   f"graph {root.role} '{name}'")
+        return args, chosen
+
+    def _half_input(self, name: str) -> str:
+        """The float16 copy of a float32 graph input (or of a view of one), cast at its first use."""
+        if name not in self.half_inputs:
+            x = self.plan.tensors[name]
+            half = self.temp(f"{name}@f16", x.shape)
+            if x.view_of:
+                self.view(half, self.plan.tensors[self._half_input(x.view_of)], x.view_offset)
+            else:
+                _cast(self, x, half, "down")
+            self.half_inputs[name] = half.name
+        return self.half_inputs[name]
+
+    def _half_output(self, name: str) -> str:
+        """The float16 tensor written in place of graph output `name`; the final cast converts it into the output."""
+        if name in self.direct_outputs:     # no op lowers to this: a bug, not a model minirt cannot run
+            raise RuntimeError(f"graph output '{name}' is written as float32 and then through a float16 stand-in "
+                               f"({self.node})")
+        if name not in self.half_outputs:
+            self.half_outputs[name] = self.temp(f"{name}@f16", self.plan.tensors[name].shape).name
+        return self.half_outputs[name]
+
 
 def lower(graph, storage, profile, options=None, precision="fp32") -> Plan:
     ctx = LowerCtx(graph, storage, profile, options, precision)
     for name in graph.inputs:
-        x = ctx.t(name)
-        if ctx.half:    # ops read the float16 copy
-            ctx.alias[name] = _cast(ctx, x, ctx.temp(f"{name}@f16", x.shape), "down").name
+        ctx.t(name)
     for node in graph.nodes:
         ctx.node = node
         ops.get(node.op, node.domain).lower(node, ctx)
     ctx.node = None
-    if ctx.half:
-        ctx.alias_outputs = False
-        for name in graph.outputs:
-            src = ctx.t(name)
-            del ctx.alias[name]
-            _cast(ctx, src, ctx.t(name), "up")
+    for name, half in ctx.half_outputs.items():
+        _cast(ctx, ctx.plan.tensors[half], ctx.plan.tensors[name], "up")
     _check_outputs(ctx)
     return ctx.plan
 
 
 def _cast(ctx, src, dst, direction):
-    """dst = src converted float32 -> float16 ("down") or back ("up"); same shape, storage and layout."""
+    """dst = src converted float32 -> float16 ("down") or back ("up"); same shape, storage and layout. Casts
+    belong to the graph's edges, not to the node whose lowering needed one."""
+    node, ctx.node = ctx.node, None
     p = Push().sizes(dst).ivec4(dst.packed_dim)
     ctx.dispatch(f"cast_{ctx.storage}_{direction}", [(dst.name, "w"), (src.name, "r")], p, (), dst.texel_extents,
                  "elementwise", nbytes=6 * dst.numel, exact_kernel=True)
+    ctx.node = node
     return dst
 
 
 def _check_outputs(ctx: LowerCtx) -> None:
     for name in ctx.plan.outputs:
-        if ctx.half:     # the output's value is what the cast reads
-            name = next(d.reads[0] for d in ctx.plan.dispatches if name in d.writes)
+        name = ctx.half_outputs.get(name, name)    # fp16: the value may be the stand-in the final cast reads
         if ctx.plan.tensors[ctx.plan.root(name)].role in (INPUT, CONSTANT):
             raise UnsupportedError(f"{ctx.graph.source}: graph output '{name}' is a graph input or a constant; "
                                    f"minirt needs every output to be computed by a node")

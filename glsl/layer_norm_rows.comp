@@ -1,6 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_EXT_control_flow_attributes : require
 // variants: dtype=float,half io=elem,out32
 // exclude: dtype=float io=out32
 // LayerNormalization over the last dim of a dense buffer whose rows are a multiple of 4 long: one subgroup
@@ -11,6 +12,9 @@
 #include "common.glslh"
 
 layout(constant_id = 3) const bool HAS_BIAS = true;
+// Rows of up to REG * subgroup size vec4 (512 floats with 32 lanes: Whisper tiny to base) are read once into
+// registers; longer rows stream through the three passes from memory.
+const int REG = 4;
 
 layout(set = 0, binding = 0, std430) writeonly buffer o_buf { OUT_ELEM4 o[]; };
 layout(set = 0, binding = 1, std430) readonly buffer x_buf { ELEM4 x[]; };
@@ -30,6 +34,31 @@ void main() {
     if (row >= p.cfg.x) break;            // uniform per subgroup: no barriers here
     int base = row * L4;
     float pivot = float(x[base].x);
+    if (L4 <= REG * width) {
+      // The whole row in registers (REG vec4 per lane): one read of x instead of three.
+      vec4 v[REG];
+      vec4 s = vec4(0.0);
+      [[unroll]] for (int j = 0; j < REG; ++j) {
+        int i = lane + j * width;
+        v[j] = i < L4 ? vec4(x[base + i]) - pivot : vec4(0.0);
+        s += v[j];
+      }
+      float shift = subgroupAdd(s.x + s.y + s.z + s.w) * inv_len;
+      vec4 q = vec4(0.0);
+      [[unroll]] for (int j = 0; j < REG; ++j) {
+        vec4 d = v[j] - shift;
+        q += lane + j * width < L4 ? d * d : vec4(0.0);
+      }
+      float rstd = inversesqrt(subgroupAdd(q.x + q.y + q.z + q.w) * inv_len + p.eps.x);
+      [[unroll]] for (int j = 0; j < REG; ++j) {
+        int i = lane + j * width;
+        if (i >= L4) break;
+        vec4 y = (v[j] - shift) * rstd * W4(w, i);
+        if (HAS_BIAS) y += W4(w, L4 + i);
+        o[base + i] = to_out4(y);
+      }
+      continue;
+    }
     vec4 s = vec4(0.0);
     for (int i = lane; i < L4; i += width) s += vec4(x[base + i]) - pivot;
     float shift = subgroupAdd(s.x + s.y + s.z + s.w) * inv_len;

@@ -24,6 +24,8 @@ def layer_norm_model(shape, axis, bias=True, scale_shape=None, epsilon=1e-5, see
 
 @pytest.mark.parametrize("shape,axis", [
     ((1, 20, 384), -1),      # Whisper's rows (384 = tiny's width), fewer of them
+    ((1, 9, 100), -1),       # rows held in registers on any subgroup size (25 vec4: under 4 per lane of 8)
+    ((1, 9, 132), -1),       # 33 vec4: one past lavapipe's 4 x 8 in registers, so they stream
     ((3, 37), -1),           # row length not a multiple of 4
     ((2, 6, 37), -2),        # normalise over the last two dims
     ((2, 3, 5, 7), -1),      # textures: channels-packed, lanes are 4 separate rows

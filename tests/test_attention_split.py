@@ -192,14 +192,24 @@ def test_row_max_by_subgroup_shuffles(forced):
 
 # -- register prefetch and forced tiles -----------------------------------------------------------------
 
-def check_opts(B, Tq, Tk, H, dh, options, storages=STORAGES, seed=0):
+def check_opts(B, Tq, Tk, H, dh, options, storages=STORAGES, seed=0, precision="fp32"):
     m = attention_model(B, Tq, Tk, H, dh)
     fd = inputs(B, Tq, Tk, H * dh, seed)
+    if precision == "fp16":   # the kernel sees fp16 q, k, v; its output is rounded to fp16 too
+        fd = {k: v.astype(np.float16).astype(np.float32) for k, v in fd.items()}
     ref = reference(fd["q"], fd["k"], fd["v"], H)
     for st in storages:
-        with Session(m, storage=st, options={"poison": True, **options}) as s:
+        with Session(m, storage=st, precision=precision, options={"poison": True, **options}) as s:
             y = s.run(None, fd)[0]
-        compare(y, ref, 1e-4, f"{st} {options}")
+        compare(y, ref, 1e-4 if precision == "fp32" else 2e-3, f"{st} {precision} {options}")
+
+
+@pytest.mark.parametrize("B,Tq,Tk,H,dh,S", [(1, 200, 300, 2, 64, 1), (1, 45, 200, 2, 64, 3)])
+def test_default_tiles_at_fp16_match_numpy(B, Tq, Tk, H, dh, S):
+    """The device's own scalar tile, prefetch and shuffles with fp16 storage (coopmat=False keeps tensor-core
+    devices on this kernel): on an H200 (128, 8, 5) with the register prefetch, on lavapipe its CPU tile."""
+    check_opts(B, Tq, Tk, H, dh, {"coopmat": False, "attention_splits": S}, storages=["buffer"], seed=S,
+               precision="fp16")
 
 
 @pytest.mark.parametrize("B,Tq,Tk,H,dh,S,tile", [

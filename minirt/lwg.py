@@ -19,7 +19,7 @@ from .device_profile import DeviceProfile
 
 FAMILIES = ("gemm", "im2col", "elementwise", "reduction", "conv", "copy", "attention", "coopmat")
 # Families whose kernels size their work from the local size: a forced local size never applies to them.
-UNFORCEABLE = ("reduction", "coopmat")
+UNFORCEABLE = ("reduction", "coopmat", "attention")
 
 DEFAULT_INVOCATIONS = 64
 # Non-Adreno GEMM: square tiles load the fewest A/B edges per output.
@@ -208,7 +208,7 @@ _PICKERS = {
     "elementwise": _default,
     "copy": _default,
     "conv": _default,
-    "attention": _default,
+    "attention": _coopmat,     # the flash-attention kernels size their tiles from the exact thread count
     "coopmat": _coopmat,
 }
 
@@ -251,6 +251,9 @@ def describe_rule(family: str, profile: DeviceProfile) -> str:
     if family == "coopmat":
         return (f"coopmat: local size = (global x, 1, 1), whole subgroups of {profile.subgroup_size} chosen by the "
                 f"kernel's dispatcher; y and z count work groups; never forced")
+    if family == "attention":
+        return ("attention: local size = (global x, 1, 1), the thread count of the dispatcher's tile (any number, "
+                "not only powers of two); y and z count work groups; never forced")
     if family == "reduction":
         cap = min(_caps(profile)[0], _pow2_floor(profile.max_invocations))
         return (f"reduction: one group per row, local x = threads per row (power of two, "

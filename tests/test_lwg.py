@@ -24,7 +24,7 @@ PROFILES = {**KNOWN_PROFILES, **ODD_PROFILES}
 EXTENTS = (0, 1, 2, 3, 5, 8, 17, 64, 100, 1000, 10**7)
 GLOBALS = list(itertools.product(EXTENTS, repeat=3))
 ORDERINGS = sorted(set(itertools.permutations((2, 100, 50))))  # all 6
-DEFAULT_FAMILIES = ("elementwise", "copy", "conv", "attention")
+DEFAULT_FAMILIES = ("elementwise", "copy", "conv")
 
 
 def assert_within(local, p):
@@ -153,18 +153,19 @@ def test_reduction_follows_global_x(pname):
     assert "gl_WorkGroupSize.x" in describe_rule("reduction", p)
 
 
+@pytest.mark.parametrize("family", ["coopmat", "attention"])
 @pytest.mark.parametrize("pname", PROFILES)
-def test_coopmat_takes_global_x_exactly(pname):
-    """Cooperative-matrix kernels give each subgroup a fixed part of the tile: the local x is exactly the
-    global x the dispatcher asked for (whole subgroups, not rounded to a power of two), y and z are 1."""
+def test_coopmat_and_attention_take_global_x_exactly(pname, family):
+    """Cooperative-matrix and flash-attention kernels size their tiles from the thread count: the local x is exactly
+    the global x the dispatcher asked for (not rounded to a power of two), y and z are 1."""
     p = PROFILES[pname]
     fits = min(p.max_local_size[0], p.max_invocations)
-    for threads in (1, 3, 32, 96, 128, 192, 256, 1024):
-        local = pick_local_size("coopmat", (threads, 47, 6), p)
+    for threads in (1, 3, 32, 96, 112, 128, 192, 256, 1024):
+        local = pick_local_size(family, (threads, 47, 6), p)
         if threads <= fits:
             assert local == (threads, 1, 1)
         assert_within(local, p)
-    assert describe_rule("coopmat", p).startswith("coopmat") and "never forced" in describe_rule("coopmat", p)
+    assert describe_rule(family, p).startswith(family) and "never forced" in describe_rule(family, p)
 
 
 def test_forced():

@@ -165,10 +165,10 @@ class Attention(Op):
         prefetch = ctx.options.get("attention_prefetch", ctx.profile.device_type != "cpu")
         spec = (dh, kg, rt, _on(prefetch))
         flops = 4 * B * heads * Tq * Tk * dh
-        # family "reduction": the local x is the global x given, so one work group = `threads` invocations
+        # family "attention": the local x is exactly the global x given, so one work group = `threads` invocations
         if S == 1:
             ctx.dispatch(ctx.variant("attention") + sfx, [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")],
-                         push, spec, (threads, qblocks, B * heads), "reduction",
+                         push, spec, (threads, qblocks, B * heads), "attention",
                          flops=flops, nbytes=4 * (2 * q.numel + k.numel + v.numel))
             return
         # Partials, fp32 whatever the storage and precision: rows ((b * H + h) * S + s) * Tq + t of dh floats
@@ -177,7 +177,7 @@ class Attention(Op):
         part = ctx.scratch("attention.partials", rows * (dh + 2))
         ml_base = rows * dh // 2          # in (m, l) pairs
         ctx.dispatch(ctx.variant("attention_split") + sfx, [(part.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")],
-                     push.ivec4(S, ml_base), spec, (threads, qblocks, B * heads * S), "reduction",
+                     push.ivec4(S, ml_base), spec, (threads, qblocks, B * heads * S), "attention",
                      flops=flops, nbytes=4 * (S * q.numel + k.numel + v.numel + rows * (dh + 2)))
         # one invocation per output vec4: S weighted vec4 adds (8 flops each) and S exp2 per row and column
         ctx.dispatch(ctx.variant("attention_combine"), [(out.name, "w"), (part.name, "r")],

@@ -89,8 +89,8 @@ def lower(node, ctx):
     ctx.note(f"cooperative-matrix attention{' (emulated)' if emulate else ''}: {16 * nr} query rows per work group, "
              f"{ks} key split(s), blocks of {bk} keys")
     push = Push().ivec4(Tq, Tk, heads, D // 4).vec4(scale * math.log2(math.e))
-    # family "reduction": the local x is the global x given, so one work group = NR * KS subgroups
+    # family "attention": the local x is exactly the global x given, so one work group = NR * KS subgroups
     ctx.dispatch("attention_cm_emu" if emulate else "attention_cm_khr",
                  [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")], push, (dh, nr, ks, bk),
-                 (SUBGROUP * nr * ks, -(-Tq // (16 * nr)), B * heads), "reduction",
+                 (SUBGROUP * nr * ks, -(-Tq // (16 * nr)), B * heads), "attention",
                  flops=4 * B * heads * Tq * Tk * dh, nbytes=4 * (2 * q.numel + k.numel + v.numel))

@@ -15,9 +15,10 @@ MAX_HEAD_DIM = 128
 # (threads, column groups KG, rows per thread RT) in order of preference; the first whose KG divides dh / 4 and whose
 # tiles fit the shared memory wins. A work group owns RT * threads / KG query rows and steps over 4 KG keys at a time.
 # Measured on an H200 (tools/attn_bench.py, docs/benchmarks.md), Whisper-tiny, dh = 64, with the register prefetch:
-# (128, 8, 5) 163 us, (128, 16, 5) 186, (128, 4, 3) 212, (256, 16, 3) 213, (128, 16, 4) 233; 64-thread groups 270-500
-# and thread counts that are not a power of two (96, 112, 120) twice as slow. (128, 8, 5) gives each invocation a
-# 5 x 8 output tile: 13 shared loads per 160 FMAs in P V against 9 per 80 for (128, 16, 5); it needs 44.5 KiB.
+# (128, 8, 5) 163 us, (128, 16, 5) 186, (128, 4, 3) 212, (256, 16, 3) 213, (128, 16, 4) 233; 64-thread groups 270-500.
+# Thread counts that give exactly one wave of groups (112 threads, 70 rows: 132 groups on 132 SMs) gained nothing.
+# (128, 8, 5) gives each invocation a 5 x 8 output tile: 13 shared loads per 160 FMAs in P V against 9 per 80 for
+# (128, 16, 5); it needs 44.5 KiB.
 TILES = ((128, 8, 5), (128, 16, 5), (128, 16, 3), (128, 8, 4), (64, 16, 4), (64, 8, 4)) + \
     tuple((32, kg, rt) for kg in (16, 8, 4, 2, 1) for rt in (4, 2, 1))   # small groups for any other head dim
 # CPU drivers (lavapipe) gain more from fewer, taller work groups (less K/V restaging) than from short blocks.

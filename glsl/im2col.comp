@@ -10,7 +10,7 @@
 // it is (in textures the sampler converts, so they need no such variant).
 #include "common.glslh"
 
-layout(set = 0, binding = 0, std430) writeonly buffer s_buf { ELEM scratch[]; };
+layout(set = 0, binding = 0, std430) writeonly buffer s_buf { ELEM4 scratch4[]; };   // rows of Kp, Kp % 4 == 0
 TENSOR_IN(t_in, 1)
 
 layout(push_constant) uniform Params {
@@ -26,16 +26,16 @@ void main() {
   if (k4 * 4 >= p.geo.y || r >= p.geo.w) return;
   int m = p.geo.z + r;
   int oh = m / p.ext.x, ow = m % p.ext.x;
+  vec4 v = vec4(0.0);
   for (int l = 0; l < 4; ++l) {
     int k = k4 * 4 + l;
-    float v = 0.0;
     if (k < p.ext.z) {
       int c = k % p.geo.x, tap = k / p.geo.x;
       int ih = oh * p.kern.z - p.pad.x + (tap / p.kern.y) * p.pad.z;
       int iw = ow * p.kern.w - p.pad.y + (tap % p.kern.y) * p.pad.w;
       if (ih >= 0 && ih < p.in_sizes.y && iw >= 0 && iw < p.in_sizes.x)
-        v = LOAD(t_in, ivec4(iw, ih, c, 0), p.in_sizes, p.ext.y);
+        v[l] = LOAD(t_in, ivec4(iw, ih, c, 0), p.in_sizes, p.ext.y);
     }
-    scratch[r * p.geo.y + k] = to_elem(v);
   }
+  scratch4[(r * p.geo.y >> 2) + k4] = to_elem4(v);   // one 16-byte (8 at fp16) store, not four scalar ones
 }

@@ -29,7 +29,8 @@ GEMM_SHAPE = (8, 8, 1)
 # 2x32 and 1x64 are clean.  ExecuTorch uses 16x4x1 there unconditionally.
 ADRENO_GEMM = (16, 4, 1)
 ADRENO_BAD_GEMM = ((8, 8, 1), (4, 16, 1))
-IM2COL_SHAPE = (16, 4, 1)  # as ExecuTorch, on every vendor
+IM2COL_SHAPE = (16, 4, 1)  # as ExecuTorch, on every vendor but the desktop ones
+IM2COL_DESKTOP = (4, 16, 1)
 DESKTOP_VENDORS = ("nvidia", "amd")   # 256-invocation GEMM groups when there are enough of them
 DESKTOP_MIN_GROUPS = 256
 # Desktop GPUs whose driver tells the multiprocessor count: the GEMM shape with the fewest waves of work, each
@@ -174,6 +175,10 @@ def _im2col(g, profile: DeviceProfile) -> tuple[int, int, int]:
     # Only 1-D cases are reshaped (to n x 1 or 1 x n, clean on Adreno); any
     # 2-D case keeps 16x4 so we never produce 8x8 or 4x16.
     need, budget = _need(g, profile), _budget(profile)
+    if g[0] > 1 and g[1] > 1 and profile.vendor in DESKTOP_VENDORS and g[0] >= 4:
+        # x = 4 columns of 4 channels by y = 16 output positions: a warp's loads are 4 runs of consecutive positions
+        # (whole cache sectors) and its stores 8 rows of 64 contiguous bytes; 16x4 spreads both over 32 lines
+        return _clamp(IM2COL_DESKTOP, profile)
     if g[0] > 1 and g[1] > 1:
         return _clamp(IM2COL_SHAPE, profile)
     if g[0] > 1:
@@ -247,6 +252,9 @@ def describe_rule(family: str, profile: DeviceProfile) -> str:
                     f"16x8x1 when that does, else 8x8x1; shrunk to the x/y extent, spare share to the other axis; z=1")
         return f"gemm: 8x8x1 shrunk to the x/y extent, spare share to the other axis, up to {b} invocations; z=1"
     if family == "im2col":
+        if profile.vendor in DESKTOP_VENDORS:
+            return (f"im2col on {profile.vendor}: 4x16x1 (coalesced position runs); 1-D dispatches become n x 1 or "
+                    f"1 x n")
         return "im2col: 16x4x1 as ExecuTorch; 1-D dispatches become n x 1 or 1 x n"
     if family == "coopmat":
         return (f"coopmat: local size = (global x, 1, 1), whole subgroups of {profile.subgroup_size} chosen by the "

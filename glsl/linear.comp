@@ -1,7 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
-// variants: tile=t44,t84,t48,t88,t44k32,t44k32d dtype=float,half io=elem,out32
+// variants: tile=t44,t84,t48,t88,t44k32 dtype=float,half io=elem,out32
 // exclude: dtype=float io=out32
 // Fast fp32 GEMM for buffers: out = act(A[M, K] @ B[K, N] + bias) (+ residual), A row-major with K a
 // multiple of 4 (rows read as vec4), B a weight prepacked as [K][N4] vec4. A work group computes a
@@ -25,11 +25,6 @@
 #define TM 4
 #define TN4 1
 #define BK 32
-#elif defined(TILE_T44K32D)   // t44k32 with the global loads issued two slices ahead instead of one
-#define TM 4
-#define TN4 1
-#define BK 32
-#define DEEP 1
 #elif defined(TILE_T84)
 #define TM 8
 #define TN4 1
@@ -101,64 +96,39 @@ void main() {
   vec4 a_reg[A_LOADS];
   vec4 b_reg[B_LOADS];
   // A slice: BM rows x BK/4 vec4; invocation e takes row e / (BK/4), vec4 e % (BK/4) (contiguous per row).
-  #define FETCH_TO(A, B, k4_0) { \
+  #define FETCH(k4_0) { \
     [[unroll]] for (int l = 0; l < A_LOADS; ++l) { \
       int e = tid + l * NT; int r = e / (BK / 4), q = e % (BK / 4); int m = m_base + r, k4 = (k4_0) + q; \
-      A[l] = (e < BM4 * 4 * (BK / 4) && m < M && k4 < K4) ? vec4(a4[m * p.geo.y + k4]) : vec4(0.0); } \
+      a_reg[l] = (e < BM4 * 4 * (BK / 4) && m < M && k4 < K4) ? vec4(a4[m * p.geo.y + k4]) : vec4(0.0); } \
     [[unroll]] for (int l = 0; l < B_LOADS; ++l) { \
       int e = tid + l * NT; int kk = e / BN4, c = e % BN4; int k = (k4_0) * 4 + kk, n4 = n4_base + c; \
-      B[l] = (e < BK * BN4 && k < p.dims.z && n4 < N4) ? W4(b4, k * N4 + n4) : vec4(0.0); } }
-  #define STAGE_FROM(A, B) { \
-    [[unroll]] for (int l = 0; l < A_LOADS; ++l) { int e = tid + l * NT; if (e < BM4 * 4 * (BK / 4)) a_sh[e] = A[l]; } \
-    [[unroll]] for (int l = 0; l < B_LOADS; ++l) { int e = tid + l * NT; if (e < BK * BN4) b_sh[e] = B[l]; } }
-  #define MULTIPLY() \
-    [[unroll]] for (int kq = 0; kq < BK / 4; ++kq) { \
-      vec4 b[4][TN4];   /* 4 consecutive k of this invocation's columns */ \
-      [[unroll]] for (int c = 0; c < 4; ++c) \
-        [[unroll]] for (int j = 0; j < TN4; ++j) b[c][j] = b_sh[(kq * 4 + c) * BN4 + tx + j * LX]; \
-      [[unroll]] for (int g = 0; g < TMG; ++g) \
-        [[unroll]] for (int i = 0; i < 4; ++i) { \
-          vec4 a = a_sh[((ty + g * LY) * 4 + i) * (BK / 4) + kq];   /* 4 consecutive k of one row */ \
-          [[unroll]] for (int j = 0; j < TN4; ++j) {   /* four dependent FMAs per lane */ \
-            acc[g * 4 + i][j] += a.x * b[0][j]; \
-            acc[g * 4 + i][j] += a.y * b[1][j]; \
-            acc[g * 4 + i][j] += a.z * b[2][j]; \
-            acc[g * 4 + i][j] += a.w * b[3][j]; \
-          } \
-        } \
-    }
+      b_reg[l] = (e < BK * BN4 && k < p.dims.z && n4 < N4) ? W4(b4, k * N4 + n4) : vec4(0.0); } }
+  #define STAGE() { \
+    [[unroll]] for (int l = 0; l < A_LOADS; ++l) { int e = tid + l * NT; if (e < BM4 * 4 * (BK / 4)) a_sh[e] = a_reg[l]; } \
+    [[unroll]] for (int l = 0; l < B_LOADS; ++l) { int e = tid + l * NT; if (e < BK * BN4) b_sh[e] = b_reg[l]; } }
 
-  const int S4 = BK / 4;   // vec4 of k per slice
-#if defined(DEEP)
-  // Two register sets: slice s + 2 is fetched while slice s is multiplied, so each load has two slices' work to
-  // arrive in (one work group per multiprocessor leaves no other group to hide it).
-  vec4 a_reg2[A_LOADS];
-  vec4 b_reg2[B_LOADS];
-  FETCH_TO(a_reg, b_reg, 0)
-  if (S4 < K4) FETCH_TO(a_reg2, b_reg2, S4)
-  for (int k4_0 = 0; k4_0 < K4; k4_0 += 2 * S4) {
-    STAGE_FROM(a_reg, b_reg)
+  FETCH(0)
+  for (int k4_0 = 0; k4_0 < K4; k4_0 += BK / 4) {
+    STAGE()
     barrier();
-    if (k4_0 + 2 * S4 < K4) FETCH_TO(a_reg, b_reg, k4_0 + 2 * S4)
-    MULTIPLY()
-    barrier();
-    if (k4_0 + S4 >= K4) break;
-    STAGE_FROM(a_reg2, b_reg2)
-    barrier();
-    if (k4_0 + 3 * S4 < K4) FETCH_TO(a_reg2, b_reg2, k4_0 + 3 * S4)
-    MULTIPLY()
-    barrier();
-  }
-#else
-  FETCH_TO(a_reg, b_reg, 0)
-  for (int k4_0 = 0; k4_0 < K4; k4_0 += S4) {
-    STAGE_FROM(a_reg, b_reg)
-    barrier();
-    if (k4_0 + S4 < K4) FETCH_TO(a_reg, b_reg, k4_0 + S4)   // the next slice travels while this one is used
-    MULTIPLY()
+    if (k4_0 + BK / 4 < K4) FETCH(k4_0 + BK / 4)   // the next slice travels while this one is used
+    [[unroll]] for (int kq = 0; kq < BK / 4; ++kq) {
+      vec4 b[4][TN4];   // 4 consecutive k of this invocation's columns
+      [[unroll]] for (int c = 0; c < 4; ++c)
+        [[unroll]] for (int j = 0; j < TN4; ++j) b[c][j] = b_sh[(kq * 4 + c) * BN4 + tx + j * LX];
+      [[unroll]] for (int g = 0; g < TMG; ++g)
+        [[unroll]] for (int i = 0; i < 4; ++i) {
+          vec4 a = a_sh[((ty + g * LY) * 4 + i) * (BK / 4) + kq];   // 4 consecutive k of one row
+          [[unroll]] for (int j = 0; j < TN4; ++j) {   // four dependent FMAs per lane
+            acc[g * 4 + i][j] += a.x * b[0][j];
+            acc[g * 4 + i][j] += a.y * b[1][j];
+            acc[g * 4 + i][j] += a.z * b[2][j];
+            acc[g * 4 + i][j] += a.w * b[3][j];
+          }
+        }
+    }
     barrier();
   }
-#endif
 
   [[unroll]] for (int g = 0; g < TMG; ++g)
     [[unroll]] for (int i = 0; i < 4; ++i) {

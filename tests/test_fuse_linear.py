@@ -71,14 +71,6 @@ def test_every_tile_variant(tile):
     check_model(m, feeds, storages=("buffer",), options={"gemm_tile": tile})
 
 
-@pytest.mark.parametrize("k", [20, 100, 352, 416])
-def test_deep_prefetch_over_odd_and_partial_slice_counts(k):
-    """t44k32d fetches two 32-deep slices ahead in pairs: 1, 4 (the last partial), 11 and 13 slices."""
-    m = _linear_model(k, 72, "Gelu", True)
-    feeds = {"x": rand(1, 37, k), "r": rand(1, 37, 72)}
-    check_model(m, feeds, storages=("buffer",), options={"gemm_tile": "t44k32d"})
-
-
 def test_unknown_tile_is_refused():
     with pytest.raises(MinirtError, match="gemm_tile must be one of"):
         Session(_linear_model(384, 200, "Gelu", True), options={"gemm_tile": "t99"})

@@ -46,9 +46,8 @@ def gemm_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, a_mode=0, out_mode=0, act
                  flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n))
 
 
-# glsl/linear.comp tile variants: (TM rows, TN4 vec4 columns) per invocation; t44k32 stages 32-deep slices, t44k32d
-# too with its global loads two slices ahead
-LINEAR_TILES = {"t44": (4, 1), "t84": (8, 1), "t48": (4, 2), "t88": (8, 2), "t44k32": (4, 1), "t44k32d": (4, 1)}
+# glsl/linear.comp tile variants: (TM rows, TN4 vec4 columns) per invocation; t44k32 stages 32-deep slices
+LINEAR_TILES = {"t44": (4, 1), "t84": (8, 1), "t48": (4, 2), "t88": (8, 2), "t44k32": (4, 1)}
 
 
 def linear_tile(ctx, m, n):

@@ -45,6 +45,7 @@ layout(constant_id = 4) const int ACT = 0;          // 0 none, 1 relu, 2 gelu (e
 layout(constant_id = 5) const bool HAS_RES = false; // + residual[m, n] (OUT_MODE 0)
 
 layout(set = 0, binding = 0, std430) writeonly buffer o_buf { OUT_ELEM o[]; };
+layout(set = 0, binding = 0, std430) writeonly buffer o4_buf { OUT_ELEM4 o4[]; };   // OUT_MODE 1's column runs
 layout(set = 0, binding = 1, std430) readonly buffer a_buf { ELEM4 a4[]; };
 layout(set = 0, binding = 2, std430) readonly buffer b_buf { ELEM4 b4[]; };
 layout(set = 0, binding = 3, std430) readonly buffer bias_buf { ELEM4 bias4[]; };
@@ -130,6 +131,35 @@ void main() {
     barrier();
   }
 
+  if (OUT_MODE == 1) {
+    // NCHW: each invocation's 4 rows are 4 consecutive positions of each of its columns, so one 16-byte store per
+    // column (where the column's start is 4-aligned) instead of four scalar ones 4 * M_total apart
+    const bool vec = (p.geo.z & 3) == 0 && (p.geo.x & 3) == 0;
+    [[unroll]] for (int g = 0; g < TMG; ++g) {
+      const int m = m_base + (ty + g * LY) * 4;   // the first of the 4 rows
+      if (m >= M) continue;
+      [[unroll]] for (int j = 0; j < TN4; ++j) {
+        const int n4 = n4_base + tx + j * LX;
+        if (n4 >= N4) continue;
+        vec4 v[4];
+        [[unroll]] for (int i = 0; i < 4; ++i) {
+          v[i] = acc[g * 4 + i][j] + W4(bias4, n4);
+          v[i] = vec4(activate(v[i].x), activate(v[i].y), activate(v[i].z), activate(v[i].w));
+        }
+        const int n = n4 * 4, rem = min(p.dims.y - n, 4), col = p.geo.x + m;
+        [[unroll]] for (int l = 0; l < 4; ++l) {
+          if (l >= rem) break;
+          if (vec && m + 3 < M) {
+            o4[((n + l) * p.geo.z + col) >> 2] = to_out4(vec4(v[0][l], v[1][l], v[2][l], v[3][l]));
+          } else {
+            [[unroll]] for (int i = 0; i < 4; ++i)
+              if (m + i < M) o[(n + l) * p.geo.z + col + i] = to_out(v[i][l]);
+          }
+        }
+      }
+    }
+    return;
+  }
   [[unroll]] for (int g = 0; g < TMG; ++g)
     [[unroll]] for (int i = 0; i < 4; ++i) {
       int m = m_base + (ty + g * LY) * 4 + i;
@@ -140,16 +170,11 @@ void main() {
         vec4 v = acc[g * 4 + i][j] + W4(bias4, n4);
         v = vec4(activate(v.x), activate(v.y), activate(v.z), activate(v.w));
         int n = n4 * 4, rem = min(p.dims.y - n, 4);
-        if (OUT_MODE == 1) {
-          [[unroll]] for (int l = 0; l < 4; ++l)
-            if (l < rem) o[(n + l) * p.geo.z + p.geo.x + m] = to_out(v[l]);
-        } else {
-          [[unroll]] for (int l = 0; l < 4; ++l)
-            if (l < rem) {
-              const int idx = out_index(p.geo.x + m, n + l);
-              o[idx] = to_out(v[l] + (HAS_RES ? float(res[idx]) : 0.0));
-            }
-        }
+        [[unroll]] for (int l = 0; l < 4; ++l)
+          if (l < rem) {
+            const int idx = out_index(p.geo.x + m, n + l);
+            o[idx] = to_out(v[l] + (HAS_RES ? float(res[idx]) : 0.0));
+          }
       }
     }
 }

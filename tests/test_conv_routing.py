@@ -7,7 +7,7 @@ import pytest
 from onnx import helper
 
 from minirt import Session
-from oracle import check_model, make_model, rand
+from oracle import check_model, compare, make_model, rand
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import conv_matrix  # noqa: E402
@@ -41,6 +41,22 @@ def test_im2col_splits_scratch_by_output_rows(monkeypatch):
         scratch = {a for d in s.plan.dispatches for a, _ in d.args if a == "im2col.scratch"}
     assert kinds.count("im2col") == kinds.count("gemm") > 1
     assert len(scratch) == 1
+
+
+@pytest.mark.parametrize("length, budget", [(203, None), (200, 3 * 288 * 4), (201, 10 * 288 * 4)])
+def test_nchw_gemm_output_aligned_and_not(monkeypatch, length, budget):
+    """The GEMM's NCHW epilogue stores 4 positions of a channel at once where the column start is 4-aligned and
+    falls back to single stores where not: 203 positions (M_total % 4 = 3, a partial last row group); row tiles of
+    3 (the tile starts at 3, 6, ... are unaligned) and of 10 positions (201 % 4 = 1)."""
+    import minirt.ops.conv as conv
+    if budget:
+        monkeypatch.setattr(conv, "IM2COL_SCRATCH_BUDGET", budget)
+    m = conv_matrix.case_model(96, 132, 3, dict(pads=[1, 1]), length)
+    check_model(m, {"x": rand(1, 96, length)})
+    with Session(m, precision="fp16") as s:     # the fp16 variant's 8-byte stores
+        ref = Session(m)
+        compare(s.run(rand(1, 96, length, seed=3)), ref.run(rand(1, 96, length, seed=3)), 3e-3, "fp16")
+        ref.close()
 
 
 def test_conv1d_rewrite_can_be_turned_off():

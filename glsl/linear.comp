@@ -50,6 +50,7 @@ layout(set = 0, binding = 1, std430) readonly buffer a_buf { ELEM4 a4[]; };
 layout(set = 0, binding = 2, std430) readonly buffer b_buf { ELEM4 b4[]; };
 layout(set = 0, binding = 3, std430) readonly buffer bias_buf { ELEM4 bias4[]; };
 layout(set = 0, binding = 4, std430) readonly buffer r_buf { ELEM res[]; };
+layout(set = 0, binding = 4, std430) readonly buffer r4_buf { ELEM4 res4[]; };
 
 layout(push_constant) uniform Params {
   ivec4 dims;   // M (rows of this dispatch), N, K, N4
@@ -160,6 +161,9 @@ void main() {
     }
     return;
   }
+  // Row-major (OUT_MODE 0) or part-major (2): a column's 4-group is contiguous when the row (or part) width is a
+  // multiple of 4.
+  const bool vec = OUT_MODE == 0 ? (p.dims.y & 3) == 0 : (p.geo.w & 3) == 0;
   [[unroll]] for (int g = 0; g < TMG; ++g)
     [[unroll]] for (int i = 0; i < 4; ++i) {
       int m = m_base + (ty + g * LY) * 4 + i;
@@ -170,6 +174,11 @@ void main() {
         vec4 v = acc[g * 4 + i][j] + W4(bias4, n4);
         v = vec4(activate(v.x), activate(v.y), activate(v.z), activate(v.w));
         int n = n4 * 4, rem = min(p.dims.y - n, 4);
+        if (vec && rem == 4) {   // 4 consecutive columns are 4 consecutive, 4-aligned elements: one vec4 each way
+          const int idx = out_index(p.geo.x + m, n);
+          o4[idx >> 2] = to_out4(v + (HAS_RES ? vec4(res4[idx >> 2]) : vec4(0.0)));
+          continue;
+        }
         [[unroll]] for (int l = 0; l < 4; ++l)
           if (l < rem) {
             const int idx = out_index(p.geo.x + m, n + l);

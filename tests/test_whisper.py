@@ -48,3 +48,13 @@ def test_whisper_small_config_is_deterministic():
     with Session(model) as s:
         outs = {s.run(x).tobytes() for _ in range(20)}
     assert len(outs) == 1
+
+
+@pytest.mark.parametrize("local", ["24x12", "24x16", "12x12"])
+@pytest.mark.parametrize("storage", ["buffer", "texture"])
+def test_whisper_small_config_in_wave_shaped_groups(storage, local):
+    """The group shapes the wave rule picks on desktop GPUs (not powers of two), forced on every forceable kernel
+    family of a Whisper layer (GEMMs of both storages, im2col, copies, elementwise)."""
+    model = we.build_whisper_encoder("tiny", layers=1, n_frames=200, seed=9)
+    x = we.sample_input(n_frames=200, seed=np.random.SeedSequence().entropy % 2**31)
+    _check(model, x, storage, local_size=local)

@@ -15,6 +15,8 @@
 //   dispatch's rows starting at M0 (a conv's output channels by spatial positions). OUT_MODE 2: out
 //   part-major [N / NP][M_total][NP] with NP = geo.w (sibling Linears merged into one GEMM by the
 //   merge_siblings pass: column n is column n % NP of part n / NP, so each part is contiguous).
+//   Each invocation's 4 columns (modes 0, 2) or 4 rows of a column (mode 1) are contiguous, so where they are
+//   whole and 4-aligned the epilogue writes them (and reads the residual) as one vector.
 // io=out32 (fp16): the output is a float32 graph output, written as it is.
 #include "common.glslh"
 

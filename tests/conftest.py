@@ -66,3 +66,13 @@ def _private_pipeline_cache(tmp_path_factory):
     if "MINIRT_CACHE_DIR" not in os.environ:
         os.environ["MINIRT_CACHE_DIR"] = str(tmp_path_factory.mktemp("pipeline-cache"))
     yield
+
+
+# OpenAI's Whisper tiny.en encoder weights as safetensors (tests/real_whisper.py), for the real-weights tests
+@pytest.fixture(scope="session")
+def tiny_en():
+    import real_whisper
+    try:
+        return real_whisper.tiny_en_safetensors()
+    except real_whisper.Unavailable as e:
+        pytest.skip(f"Whisper tiny.en weights unavailable: {e}")

@@ -57,3 +57,19 @@ def check_model(model, feeds, storages=STORAGES, tol=1e-4, options=None):
         for o, r, name in zip(outs, refs, [v.name for v in model.graph.output]):
             compare(o, r, tol, f"{st} output '{name}'")
     return refs
+
+
+def graph_after(model, shapes, upto, **options):
+    """The graph after the planner's passes up to and including `upto` (buffer storage on lavapipe unless options say
+    otherwise): what a planner-pass test inspects."""
+    from minirt.device_profile import KNOWN_PROFILES
+    from minirt.infer import bind_inputs, prepare
+    from minirt.loaders import load
+    from minirt.planner import GRAPH_PASSES
+    g = prepare(bind_inputs(load(model), shapes))
+    opts = {"_storage": "buffer", "_profile": KNOWN_PROFILES["lavapipe"], **options}
+    for name, fn in GRAPH_PASSES:
+        g = fn(g, opts)
+        if name == upto:
+            break
+    return g

@@ -19,9 +19,9 @@ from minirt.device_profile import KNOWN_PROFILES
 from minirt.infer import bind_inputs, prepare
 from minirt.loaders import load
 from minirt.ops.gemm import OUT_NCHW, OUT_ROWS
-from minirt.planner import GRAPH_PASSES, make_plan
+from minirt.planner import make_plan
 from minirt.reference import run_graph
-from oracle import check_model, compare, cosine, make_model, onnxruntime_run, rand
+from oracle import check_model, compare, cosine, graph_after, make_model, onnxruntime_run, rand
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 import whisper_encoder as we  # noqa: E402
@@ -84,14 +84,7 @@ def shapes_of(model):
 
 
 def passes(model, upto="conv_output_nlc", **options):
-    """The graph after the planner's passes up to `upto` (buffer storage on lavapipe unless options say else)."""
-    g = prepare(bind_inputs(load(model), shapes_of(model)))
-    opts = {"_storage": "buffer", "_profile": LAVAPIPE, **options}
-    for name, fn in GRAPH_PASSES:
-        g = fn(g, opts)
-        if name == upto:
-            break
-    return g
+    return graph_after(model, shapes_of(model), upto, **options)
 
 
 def structure(g):

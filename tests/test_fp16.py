@@ -192,15 +192,6 @@ def test_cli_run_fp16(tmp_path):
     assert r.exit_code == 0 and "im2col_buffer_half_in32" in r.output and "cast_" not in r.output, r.output
 
 
-@pytest.fixture(scope="module")
-def tiny_en():
-    import real_whisper
-    try:
-        return real_whisper.tiny_en_safetensors()
-    except real_whisper.Unavailable as e:
-        pytest.skip(f"Whisper tiny.en weights unavailable: {e}")
-
-
 @pytest.mark.slow
 def test_real_tiny_en_fp16_close_to_fp32(tiny_en):
     """OpenAI's tiny.en weights on the spoken sample: fp16 storage against minirt fp32 (rel L2 <= 2e-3,

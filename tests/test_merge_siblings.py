@@ -17,9 +17,9 @@ from minirt.graph import Graph, Node, Tensor
 from minirt.infer import bind_inputs, prepare
 from minirt.loaders import load
 from minirt.ops.linear import SplitParts
-from minirt.planner import GRAPH_PASSES, make_plan, merge_siblings
+from minirt.planner import make_plan, merge_siblings
 from minirt.reference import run_graph
-from oracle import check_model, cosine, make_model, onnxruntime_run, rand
+from oracle import check_model, cosine, graph_after, make_model, onnxruntime_run, rand
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "models"))
@@ -33,15 +33,7 @@ def seed():
 
 
 def passes(model, shapes, upto="merge_siblings", **options):
-    """The graph after the planner's passes up to and including `upto` (buffer storage on lavapipe unless
-    options say otherwise)."""
-    g = prepare(bind_inputs(load(model), shapes))
-    opts = {"_storage": "buffer", "_profile": LAVAPIPE, **options}
-    for name, fn in GRAPH_PASSES:
-        g = fn(g, opts)
-        if name == upto:
-            break
-    return g
+    return graph_after(model, shapes, upto, **options)
 
 
 def linears(g):

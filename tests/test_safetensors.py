@@ -403,16 +403,7 @@ def test_ct2_reader_refuses_truncated_leftover_and_unknown(small, tmp_path):
         ct2.ct2_to_hf(bad, aliases)
 
 
-# -- real weights: OpenAI Whisper tiny.en -------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def tiny_en():
-    import real_whisper
-    try:
-        return real_whisper.tiny_en_safetensors()
-    except real_whisper.Unavailable as e:
-        pytest.skip(f"Whisper tiny.en weights unavailable: {e}")
-
+# -- real weights: OpenAI Whisper tiny.en (fixture tiny_en: tests/conftest.py) ---------------------------
 
 def test_tiny_en_converted_checkpoint(tiny_en):
     cfg = json.loads((tiny_en.parent / "config.json").read_text())

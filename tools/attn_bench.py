@@ -22,7 +22,7 @@ sys.path[0] = str(ROOT)   # not tools/: tools/profile.py shadows the stdlib `pro
 sys.path.insert(1, str(ROOT / "tests"))
 sys.path.append(str(Path(__file__).resolve().parent))   # after the stdlib: benchconfig
 
-from benchconfig import parse_config  # noqa: E402
+from benchconfig import parse_config, round_robin  # noqa: E402
 
 SHAPES = "1,1500,1500,6,64;1,1500,1500,8,64"   # B,Tq,Tk,heads,head dim
 
@@ -50,23 +50,16 @@ def main(argv=None):
                 sessions[cfg] = Session(model, storage="buffer", profile=True, options=parse_config(cfg))
             except MinirtError as e:
                 print(f"{spec:<20} {cfg:<34} refused: {e}")
-        times = {cfg: [] for cfg in sessions}
-        kernels = {}
-        for _ in range(a.rounds):
-            for cfg, s in sessions.items():
-                for i in range(a.runs + 2):
-                    s.run(None, x)
-                    recs = [r for r in s.profile_records() if r.op == "Attention"]
-                    if i >= 2:
-                        times[cfg].append(sum(r.gpu_ms or 0 for r in recs) * 1e3)
-                kernels[cfg] = "+".join(r.kernel for r in recs)
-                device = s.device.profile.name
+        timed = round_robin({cfg: (s, x, lambda r: r.op == "Attention") for cfg, s in sessions.items()},
+                            a.rounds, a.runs)
         for cfg, s in sessions.items():
+            device = s.device.profile.name
             s.close()
-            med, mn = statistics.median(times[cfg]), min(times[cfg])
-            rows.append({"shape": spec, "config": cfg, "kernels": kernels[cfg], "median_us": med, "min_us": mn,
+            us = [t * 1e3 for t in timed[cfg]["ms"]]
+            med, mn, kernels = statistics.median(us), min(us), timed[cfg]["kernels"]
+            rows.append({"shape": spec, "config": cfg, "kernels": kernels, "median_us": med, "min_us": mn,
                          "tflops": flops / (med * 1e-6) / 1e12})
-            print(f"{spec:<20} {cfg:<34} {kernels[cfg][:40]:<40} {med:>9.1f} {mn:>8.1f} {rows[-1]['tflops']:>8.2f}")
+            print(f"{spec:<20} {cfg:<34} {kernels[:40]:<40} {med:>9.1f} {mn:>8.1f} {rows[-1]['tflops']:>8.2f}")
     print(f"device: {device}")
     if a.json:
         Path(a.json).write_text(json.dumps({"device": device, "rows": rows}, indent=1))

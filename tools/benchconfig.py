@@ -1,4 +1,5 @@
-"""The PRECISION[:KEY=VALUE,...] configurations that tools/gemm_bench.py and tools/attn_bench.py take."""
+"""What tools/gemm_bench.py and tools/attn_bench.py share: their PRECISION[:KEY=VALUE,...] configurations and their
+round-robin timing."""
 from __future__ import annotations
 
 import re
@@ -23,3 +24,20 @@ def parse_config(text: str, local_size_families=("gemm",)) -> dict:
         size = opts["local_size"] if isinstance(opts["local_size"], tuple) else (int(opts["local_size"]),)
         opts["local_size"], opts["local_size_families"] = (size + (1, 1))[:3], tuple(local_size_families)
     return opts
+
+
+def round_robin(cases, rounds, runs, warmup=2):
+    """GPU times of every case, taken in turns: each round runs each case `warmup` + `runs` times, so a slow stretch of a
+    shared GPU touches every case alike instead of ruining one. cases: {key: (session, feeds, keep)}, where
+    keep(profile record) picks the dispatches timed. Returns {key: {"ms": [GPU ms per timed run], "kernels": "a+b",
+    "out": the last run's outputs}}."""
+    res = {key: {"ms": []} for key in cases}
+    for _ in range(rounds):
+        for key, (session, feeds, keep) in cases.items():
+            for i in range(warmup + runs):
+                out = session.run(None, feeds)
+                recs = [r for r in session.profile_records() if keep(r)]
+                if i >= warmup:
+                    res[key]["ms"].append(sum(r.gpu_ms or 0 for r in recs))
+            res[key]["kernels"], res[key]["out"] = "+".join(r.kernel for r in recs), out
+    return res

@@ -23,7 +23,7 @@ import numpy as np
 sys.path[0] = str(Path(__file__).resolve().parents[1])   # not tools/: tools/profile.py shadows the stdlib
 sys.path.append(str(Path(__file__).resolve().parent))   # after the stdlib: benchconfig
 
-from benchconfig import parse_config  # noqa: E402
+from benchconfig import parse_config, round_robin  # noqa: E402
 
 SHAPES = "1500,384,384,none;1500,384,1536,gelu;1500,1536,384,residual"   # M,K,N,epilogue
 
@@ -90,29 +90,23 @@ def main(argv=None):
             except MinirtError as e:
                 print(f"{m}x{k}x{n:<12} {epi:<9} {cfg:<36} refused: {e}")
                 continue
-            cases[spec, cfg] = {"m": m, "k": k, "n": n, "epi": epi, "w": w, "b": b, "feeds": feeds, "s": s, "t": []}
-    # Round-robin over shapes and configs: a slow stretch of a shared GPU then touches them alike.
-    for _ in range(a.rounds):
-        for c in cases.values():
-            m, n, k = c["m"], c["n"], c["k"]
-            for i in range(a.runs + 2):
-                c["y"] = c["s"].run(None, c["feeds"])[0]
-                recs = [r for r in c["s"].profile_records() if r.flops >= 2 * m * n * k]
-                if i >= 2:
-                    c["t"].append(sum(r.gpu_ms or 0 for r in recs))
-            c["kernel"] = "+".join(r.kernel for r in recs)
-            device = c["s"].device.profile.name
+            cases[spec, cfg] = {"m": m, "k": k, "n": n, "epi": epi, "w": w, "b": b, "feeds": feeds, "s": s}
+    # round-robin over shapes as well as configs
+    timed = round_robin({key: (c["s"], c["feeds"], lambda r, f=2 * c["m"] * c["n"] * c["k"]: r.flops >= f)
+                         for key, c in cases.items()}, a.rounds, a.runs)
     for (spec, cfg), c in cases.items():
+        device = c["s"].device.profile.name
         c["s"].close()
         m, k, n, epi, feeds = c["m"], c["k"], c["n"], c["epi"], c["feeds"]
-        ms = statistics.median(c["t"])
+        t = timed[spec, cfg]
+        ms = statistics.median(t["ms"])
         ref = reference(feeds["x"][0], c["w"], c["b"], feeds.get("r", [None])[0], epi,
                         parse_config(cfg)["precision"] == "fp16")
-        err = float(np.abs(c["y"][0] - ref).max() / np.abs(ref).max())
+        err = float(np.abs(t["out"][0][0] - ref).max() / np.abs(ref).max())
         tf = 2 * m * n * k / (ms * 1e-3) / 1e12 if ms else float("nan")
-        rows.append({"m": m, "k": k, "n": n, "epilogue": epi, "config": cfg, "kernel": c["kernel"],
-                     "gpu_us": ms * 1e3, "min_us": min(c["t"]) * 1e3, "tflops": tf, "rel_err": err})
-        print(f"{f'{m}x{k}x{n}':<18} {epi:<9} {cfg:<36} {c['kernel'][:26]:<26} {ms * 1e3:>8.1f} "
+        rows.append({"m": m, "k": k, "n": n, "epilogue": epi, "config": cfg, "kernel": t["kernels"],
+                     "gpu_us": ms * 1e3, "min_us": min(t["ms"]) * 1e3, "tflops": tf, "rel_err": err})
+        print(f"{f'{m}x{k}x{n}':<18} {epi:<9} {cfg:<36} {t['kernels'][:26]:<26} {ms * 1e3:>8.1f} "
               f"{rows[-1]['min_us']:>8.1f} {tf:>8.2f} {err:>9.2e}")
     print(f"device: {device}")
     if a.json:

@@ -10,6 +10,12 @@ from ..errors import ModelError
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
+def option_on(ctx, key, default) -> bool:
+    """A boolean Session option that may come as a string from a command line (tools/bench.py --option)."""
+    v = ctx.options.get(key, default)
+    return v.strip().lower() not in ("", "0", "false", "off", "no") if isinstance(v, str) else bool(v)
+
+
 def activate(y, act):
     """A fused epilogue activation ("", None, "relu", "gelu", "gelu_tanh") in numpy, for references."""
     if act == "relu":

@@ -10,6 +10,7 @@ import numpy as np
 from ..errors import MinirtError, ModelError, UnsupportedError
 from ..planner.plan import Push
 from . import Op, attr, register
+from ._util import option_on
 
 MAX_HEAD_DIM = 128
 # (threads, column groups KG, rows per thread RT) in order of preference; the first whose KG divides dh / 4 and whose
@@ -41,10 +42,6 @@ SPLIT_FROM_GROUPS = 256
 SPLIT_TARGET_GROUPS = 900
 SPLIT_MIN_KEYS = 256
 MAX_SPLITS = 16
-
-
-def _on(v) -> bool:
-    return v not in (False, 0, "0", "false", "False", None)
 
 
 def splits(profile, groups, tk, options=None):
@@ -159,12 +156,11 @@ class Attention(Op):
         # attention_shuffle=False keeps the shared-memory reduction
         p = ctx.profile
         shuffle = (ctx.storage == "buffer" and p.subgroup_shuffle and p.subgroup_size >= kg
-                   and p.subgroup_size % kg == 0 and _on(ctx.options.get("attention_shuffle", True)))
+                   and p.subgroup_size % kg == 0 and option_on(ctx, "attention_shuffle", True))
         sfx = "_shuffle" if shuffle else ""
         # K and V staged through registers one phase ahead (attention.glslh PREFETCH): on an H200 228 -> 186 us
         # (tiny, (128, 16, 5)), 193 -> 163 ((128, 8, 5)). Off on CPU drivers, where there is no latency to hide.
-        prefetch = ctx.options.get("attention_prefetch", ctx.profile.device_type != "cpu")
-        spec = (dh, kg, rt, _on(prefetch))
+        spec = (dh, kg, rt, option_on(ctx, "attention_prefetch", ctx.profile.device_type != "cpu"))
         flops = 4 * B * heads * Tq * Tk * dh
         # family "attention": the local x is exactly the global x given, so one work group = `threads` invocations
         if S == 1:

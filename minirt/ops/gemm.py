@@ -8,6 +8,7 @@ import numpy as np
 
 from ..errors import MinirtError
 from ..planner.plan import Push
+from ._util import option_on
 
 ACTS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
 
@@ -94,12 +95,6 @@ def _cm_fits(ctx, tile: str) -> bool:
         p.max_invocations, p.max_local_size[0])
 
 
-def _flag(ctx, key, default) -> bool:
-    """A boolean Session option that may come as a string from a command line (tools/bench.py --option)."""
-    v = ctx.options.get(key, default)
-    return v.strip().lower() not in ("", "0", "false", "off", "no") if isinstance(v, str) else bool(v)
-
-
 def cm_kernel(ctx, m, n):
     """(kernel, tile) of the cooperative-matrix GEMM for an M x N output, or None where it does not apply. It needs
     precision fp16 and a device reporting the 16x16x16 f16 x f16 -> f32 subgroup shape (with shaderFloat16);
@@ -108,9 +103,9 @@ def cm_kernel(ctx, m, n):
     options["cm_emulate"] (tests): glsl/linear_cm_emu.comp, the same kernel with the matrix operations in plain
     code, on any fp16 device with subgroups of 8 or more lanes, cooperative matrices or not."""
     p = ctx.profile
-    if not (ctx.half and _flag(ctx, "coopmat", True)):
+    if not (ctx.half and option_on(ctx, "coopmat", True)):
         return None
-    if _flag(ctx, "cm_emulate", False):
+    if option_on(ctx, "cm_emulate", False):
         if not (p.fp16 and p.subgroup_size >= 8):
             return None
         base = "linear_cm_emu"

@@ -235,6 +235,10 @@ def test_prefetch_is_a_specialization_constant():
     assert on.kernel == off.kernel and on.spec[:3] == off.spec[:3] and (on.spec[3], off.spec[3]) == (1, 0)
     assert plan_for(LAVAPIPE).dispatches[0].spec[3] == 0
     assert plan_for(LAVAPIPE, options={"attention_prefetch": True}).dispatches[0].spec[3] == 1
+    # dh = 128 takes (64, 16, 4) on the H200: 32 vec4 of K or V per invocation would be carried, more than MAX_PREFETCH
+    big = plan_for(H200, H=3, dh=128).dispatches[0]
+    assert big.spec[1:3] == (16, 4) and big.spec[3] == 0
+    assert plan_for(H200, H=3, dh=128, options={"attention_prefetch": True}).dispatches[0].spec[3] == 1
 
 
 def test_forced_tile_is_used_and_checked():

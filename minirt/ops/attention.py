@@ -22,6 +22,7 @@ MAX_HEAD_DIM = 128
 # (128, 16, 5); it needs 44.5 KiB.
 TILES = ((128, 8, 5), (128, 16, 5), (128, 16, 3), (128, 8, 4), (64, 16, 4), (64, 8, 4)) + \
     tuple((32, kg, rt) for kg in (16, 8, 4, 2, 1) for rt in (4, 2, 1))   # small groups for any other head dim
+MAX_PREFETCH = 8    # vec4 of K or V an invocation may carry between phases (Whisper's (128, 8, 5): 4)
 # CPU drivers (lavapipe) gain more from fewer, taller work groups (less K/V restaging) than from short blocks.
 CPU_TILES = ((128, 8, 3),)
 
@@ -159,8 +160,11 @@ class Attention(Op):
                    and p.subgroup_size % kg == 0 and option_on(ctx, "attention_shuffle", True))
         sfx = "_shuffle" if shuffle else ""
         # K and V staged through registers one phase ahead (attention.glslh PREFETCH): on an H200 228 -> 186 us
-        # (tiny, (128, 16, 5)), 193 -> 163 ((128, 8, 5)). Off on CPU drivers, where there is no latency to hide.
-        spec = (dh, kg, rt, option_on(ctx, "attention_prefetch", ctx.profile.device_type != "cpu"))
+        # (tiny, (128, 16, 5)), 193 -> 163 ((128, 8, 5)). Off on CPU drivers, where there is no latency to hide, and
+        # where an invocation would carry more than MAX_PREFETCH vec4 (small groups, big heads), which would spill.
+        carried = -(-4 * kg * (dh // 4) // threads)
+        prefetch = ctx.profile.device_type != "cpu" and carried <= MAX_PREFETCH
+        spec = (dh, kg, rt, option_on(ctx, "attention_prefetch", prefetch))
         flops = 4 * B * heads * Tq * Tk * dh
         # family "attention": the local x is exactly the global x given, so one work group = `threads` invocations
         if S == 1:

@@ -51,10 +51,6 @@
 layout(constant_id = 3) const int OUT_MODE = 0;
 layout(constant_id = 4) const int ACT = 0;          // 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh)
 layout(constant_id = 5) const bool HAS_RES = false; // + residual[m, n] (OUT_MODE 0)
-// WARP_TILES: invocations take their (tx, ty) so that 32 consecutive ones form an 8 x 4 tile (where LX % 8 == 0 and
-// LY % 4 == 0): a 32-lane subgroup's shared reads per step are then 8 B vec4 and 4 A rows instead of up to 32 and 2.
-// The A stage is XOR-swizzled per row group of 4 so those 4 rows' reads fall in different banks.
-layout(constant_id = 6) const bool WARP_TILES = true;
 
 layout(set = 0, binding = 0, std430) writeonly buffer o_buf { OUT_ELEM o[]; };
 layout(set = 0, binding = 0, std430) writeonly buffer o4_buf { OUT_ELEM4 o4[]; };   // OUT_MODE 1's column runs
@@ -101,12 +97,8 @@ float activate(float x) {
 }
 
 void main() {
-  const int h = int(gl_LocalInvocationID.z);
-  const int tid = int(gl_LocalInvocationID.y) * LX + int(gl_LocalInvocationID.x);
-  const bool wt = WARP_TILES && LX % 8 == 0 && LY % 4 == 0;
-  const int wx = LX / 8, w = tid >> 5, lane = tid & 31;
-  const int tx = wt ? (w % wx) * 8 + (lane & 7) : int(gl_LocalInvocationID.x);
-  const int ty = wt ? (w / wx) * 4 + (lane >> 3) : int(gl_LocalInvocationID.y);
+  const int tx = int(gl_LocalInvocationID.x), ty = int(gl_LocalInvocationID.y), h = int(gl_LocalInvocationID.z);
+  const int tid = ty * LX + tx;
   const int m_base = int(gl_WorkGroupID.y) * BM4 * 4;
   const int n4_base = int(gl_WorkGroupID.x) * BN4;
   const int M = p.dims.x, K4 = p.dims.z >> 2, N4 = p.dims.w;
@@ -119,8 +111,6 @@ void main() {
   vec4 a_reg[A_LOADS];
   vec4 b_reg[B_LOADS];
   // A step: BM rows x BK/4 vec4; invocation e takes row e / (BK/4), vec4 e % (BK/4) (contiguous per row).
-  // A stage element e (row e / (BK/4), vec4 e % (BK/4)) is stored at its row's slot XOR the row's group of 4
-  #define A_SWZ(e) ((e) ^ (((e) / (4 * (BK / 4))) & (BK / 4 - 1)))
   #define FETCH(k4_0) { \
     [[unroll]] for (int l = 0; l < A_LOADS; ++l) { \
       int e = tid + l * NT; int r = e / (BK / 4), q = e % (BK / 4); int m = m_base + r, k4 = (k4_0) + q; \
@@ -129,7 +119,7 @@ void main() {
       int e = tid + l * NT; int kk = e / BN4, c = e % BN4; int k = (k4_0) * 4 + kk, n4 = n4_base + c; \
       b_reg[l] = (e < B_V && k < p.dims.z && n4 < N4) ? W4(b4, k * N4 + n4) : vec4(0.0); } }
   #define STAGE() { \
-    [[unroll]] for (int l = 0; l < A_LOADS; ++l) { int e = tid + l * NT; if (e < A_V) sh[a_sh + A_SWZ(e)] = a_reg[l]; } \
+    [[unroll]] for (int l = 0; l < A_LOADS; ++l) { int e = tid + l * NT; if (e < A_V) sh[a_sh + e] = a_reg[l]; } \
     [[unroll]] for (int l = 0; l < B_LOADS; ++l) { int e = tid + l * NT; if (e < B_V) sh[b_sh + e] = b_reg[l]; } }
 
   const int steps = (K4 + BK / 4 - 1) / (BK / 4), per = (steps + KS - 1) / KS;   // steps of every slice
@@ -147,7 +137,7 @@ void main() {
           [[unroll]] for (int j = 0; j < TN4; ++j) b[c][j] = sh[b_sh + (kq * 4 + c) * BN4 + tx + j * LX];
         [[unroll]] for (int g = 0; g < TMG; ++g)
           [[unroll]] for (int i = 0; i < 4; ++i) {
-            vec4 a = sh[a_sh + A_SWZ(((ty + g * LY) * 4 + i) * (BK / 4) + kq)];   // 4 consecutive k of one row
+            vec4 a = sh[a_sh + ((ty + g * LY) * 4 + i) * (BK / 4) + kq];   // 4 consecutive k of one row
             [[unroll]] for (int j = 0; j < TN4; ++j) {   // four dependent FMAs per lane
               acc[g * 4 + i][j] += a.x * b[0][j];
               acc[g * 4 + i][j] += a.y * b[1][j];

@@ -93,13 +93,3 @@ def test_picker_keeps_z_and_forced_xy():
     # a group too big for the device gives up x/y, never the slices
     x, y, z = pick_local_size("gemm_ks", (96, 375, 4), p, forced=(32, 32, 1))
     assert z == 4 and x * y * z <= p.max_invocations
-
-
-@pytest.mark.parametrize("local", ["8x8", "24x12", "12x12", "16x4"])   # 8x4 subgroup tiles where x % 8 == 0, y % 4 == 0
-@pytest.mark.parametrize("warp_tiles", [True, False])
-def test_subgroup_tile_mapping(local, warp_tiles):
-    """linear.comp's invocation-to-tile mapping (WARP_TILES, with its swizzled A stage) on and off, in group shapes that
-    take it and shapes that cannot."""
-    m = _linear(200, 100, m=75)
-    check_model(m, _feeds(200, 100, m=75), storages=("buffer",),
-                options={"gemm_warp_tiles": warp_tiles, "gemm_ksplit": 2, "local_size": tuple(map(int, local.split("x"))) + (1,)})

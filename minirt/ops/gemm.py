@@ -200,7 +200,6 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
     p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
     res = residual if residual is not None else bt
     ctx.dispatch(f"linear_{tile}", [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
-                 p, (out_mode, ACTS[act], residual is not None, option_on(ctx, "gemm_warp_tiles", True)), (*grid, ks),
-                 "gemm_ks",
+                 p, (out_mode, ACTS[act], residual is not None), (*grid, ks), "gemm_ks",
                  flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)),
                  io="out32")

@@ -129,10 +129,8 @@ def test_off_switch_fp32_and_other_devices():
 
 def test_forced_tile_and_shared_memory_limit():
     m = _linear_model(1500, 384, 384)[0]
-    for tile, (_bm, _bn, _bk, warps, ks) in CM_TILES.items():
-        d = next(d for d in _plan(m, cm_tile=tile).dispatches if d.kernel.startswith("linear_cm"))
-        # every subgroup of every K group: sliced-K tiles have KS times the threads of their block shape
-        assert d.kernel == f"linear_cm_{tile}_half" and d.local_size == (ks * warps * 32, 1, 1), d
+    for tile in CM_TILES:
+        assert f"linear_cm_{tile}_half" in _kernels(_plan(m, cm_tile=tile))
     with pytest.raises(MinirtError, match="cm_tile"):
         _plan(m, cm_tile="m16n16")
     assert cm_shared_bytes("m64n64k64") <= H200.max_shared_memory
@@ -177,15 +175,8 @@ def _options(mode, **extra):
 
 
 def _run(model, feeds, mode, **options):
-    """The first output of _run_all."""
-    outs, gemms = _run_all(model, feeds, mode, **options)
-    return outs[0], gemms
-
-
-def _run_all(model, feeds, mode, out_modes=None, **options):
-    """Run at fp16 after checking that the plan's GEMMs are the mode's kernel (with these OUT_MODEs, if given)
-    and that every kernel it needs was built (the other kernels' _half variants come with the fp16 kernel work,
-    not with linear_cm). Runs twice and checks that the outputs are the same bits. Returns (outputs, GEMM kernels)."""
+    """Run at fp16 after checking that the plan's GEMMs are the mode's kernel and that every kernel it needs
+    was built (the other kernels' _half variants come with the fp16 kernel work, not with linear_cm)."""
     from minirt.session import get_device
     from minirt.vk.kernels import spirv_dir
     opts = _options(mode, **options)
@@ -193,18 +184,12 @@ def _run_all(model, feeds, mode, out_modes=None, **options):
     want = "linear_cm_emu_" if mode == "emulated" else "linear_cm_"
     gemms = [k for k in _kernels(plan) if k.startswith("linear")]
     assert gemms and all(k.startswith(want) for k in gemms), _kernels(plan)
-    if out_modes is not None:
-        assert {d.spec[0] for d in plan.dispatches if d.kernel.startswith("linear")} == set(out_modes)
     built = json.loads((spirv_dir() / "manifest.json").read_text())["shaders"]
     missing = sorted(set(_kernels(plan)) - set(built))
     if missing:
         pytest.skip(f"kernels not built in this tree: {', '.join(missing)}")
     with Session(model, storage="buffer", precision="fp16", options=opts) as s:
-        outs = s.run(None, feeds)
-        again = s.run(None, feeds)
-    for a, b in zip(outs, again):
-        assert np.array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32)), "not deterministic"
-    return outs, gemms
+        return s.run(None, feeds)[0], gemms
 
 
 def _f16(a):
@@ -234,7 +219,7 @@ def _check_linear(mode, m, n, k, act, residual, seed, **options):
     feeds = {"x": rng.standard_normal((1, m, k)).astype(np.float32)}
     if residual:
         feeds["r"] = rng.standard_normal((1, m, n)).astype(np.float32)
-    y, _ = _run(model, feeds, mode, out_modes=(0,), **options)
+    y, _ = _run(model, feeds, mode, **options)
     ref = _f16(feeds["x"]) @ _f16(w) + _f16(b)
     if act == "relu":
         ref = np.maximum(ref, 0)
@@ -264,73 +249,6 @@ def test_every_tile(mode, tile):
     if cm_shared_bytes(tile) > p.max_shared_memory:
         pytest.skip(f"{tile} needs {cm_shared_bytes(tile)} bytes of shared memory, {p.name} has {p.max_shared_memory}")
     _check_linear(mode, 150, 200, 392, "gelu", True, seed=7, cm_tile=tile)
-
-
-SLICED = [t for t, v in CM_TILES.items() if v[4] > 1]
-
-
-def _sliced_or_skip(mode, tile):
-    p = _device_or_skip(mode)
-    if cm_shared_bytes(tile) > p.max_shared_memory:
-        pytest.skip(f"{tile} needs {cm_shared_bytes(tile)} bytes of shared memory, {p.name} has {p.max_shared_memory}")
-
-
-# M, N, K, act, residual. K = 392 is 13 slices of 32 or 25 of 16: the K groups' last step has zero slices for
-# some of them; K = 12 is one part slice, group 0's alone; 3 x KS x BK + BK (K = 7 slices at KS = 2) below.
-SLICED_CASES = [(150, 200, 392, "gelu", True), (37, 22, 12, "relu", True), (70, 72, None, None, False)]
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("tile", SLICED)
-@pytest.mark.parametrize("case", range(len(SLICED_CASES)))
-def test_sliced_k_linear(mode, tile, case):
-    """Sliced-K tiles (OUT_MODE 0): group 0 must add every other group's sums, or whole slices go missing."""
-    _sliced_or_skip(mode, tile)
-    m, n, k, act, residual = SLICED_CASES[case]
-    bk, ks = CM_TILES[tile][2], CM_TILES[tile][4]
-    k = k or 3 * ks * bk + bk
-    assert -(-k // bk) % ks or k < bk, (tile, k)   # the groups' slice counts differ
-    _check_linear(mode, m, n, k, act, residual, seed=11 + case, cm_tile=tile)
-
-
-def _siblings_model(m, n, k, parts=3, seed=0):
-    """x [1, M, K] @ W_i + b_i for i < parts, each a graph output: merge_siblings makes one GEMM with a part-major
-    output (OUT_MODE 2)."""
-    rng = np.random.default_rng(seed)
-    ws = [(rng.standard_normal((k, n)) / math.sqrt(k)).astype(np.float32) for _ in range(parts)]
-    bs = [(0.5 * rng.standard_normal(n)).astype(np.float32) for _ in range(parts)]
-    nodes = [node for i in range(parts) for node in (helper.make_node("MatMul", ["x", f"w{i}"], [f"h{i}"]),
-                                                     helper.make_node("Add", [f"h{i}", f"b{i}"], [f"y{i}"]))]
-    inits = {**{f"w{i}": w for i, w in enumerate(ws)}, **{f"b{i}": b for i, b in enumerate(bs)}}
-    return make_model(nodes, {"x": (1, m, k)}, [f"y{i}" for i in range(parts)], inits, opset=20), ws, bs
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("tile", SLICED)
-@pytest.mark.parametrize("m,n", [(64, 22), (48, 40)])   # parts of 22 columns: scalar stores; 40: f16vec4 ones
-def test_sliced_k_parts(mode, tile, m, n):
-    """Sliced-K tiles with a part-major output (OUT_MODE 2, merged sibling Linears), blocks straddling parts,
-    K = 84 (3 slices of 32, 6 of 16). Parts of M x N halves are multiples of 256 bytes, so that merge_siblings
-    merges on any device (a part is a view at that offset)."""
-    _sliced_or_skip(mode, tile)
-    k = 84
-    model, ws, bs = _siblings_model(m, n, k, seed=n)
-    x = np.random.default_rng(n + 1).standard_normal((1, m, k)).astype(np.float32)
-    ys, gemms = _run_all(model, {"x": x}, mode, out_modes=(2,), cm_tile=tile)
-    assert gemms == [f"linear_cm_emu_{tile}_half" if mode == "emulated" else f"linear_cm_{tile}_half"], gemms
-    for i, (y, w, b) in enumerate(zip(ys, ws, bs)):
-        _check(y, _f16(x) @ _f16(w) + _f16(b), f"{mode} {tile} part {i} of {n} columns")
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("tile", SLICED)
-def test_sliced_k_conv(mode, tile):
-    """Sliced-K tiles in the conv front end (im2col + OUT_MODE 1, NCHW output): K = 240 and 1152, M = 64 and 32."""
-    _sliced_or_skip(mode, tile)
-    model, ws = _front_end_model(64, seed=8)
-    x = np.random.default_rng(9).standard_normal((1, 80, 64)).astype(np.float32)
-    y, _ = _run(model, {"x": x}, mode, out_modes=(1,), cm_tile=tile)
-    _check(y, _front_end_reference(x, *ws), f"{mode} {tile} front end")
 
 
 def _front_end_reference(x, w1, b1, w2, b2):

@@ -124,44 +124,32 @@ def linear_ok(ctx, k) -> bool:
     return fast_gemm(ctx.storage, ctx.options, k)
 
 
-# glsl/linear_cm.comp (tensor cores through VK_KHR_cooperative_matrix, fp16 only): tile -> (BM, BN, BK, subgroups
-# per K group, K groups). K groups > 1 (sliced K, tiles ...s2, ...s4): that many groups of subgroups share one output
-# block, group h multiplying slices h, h + KS, ..., and group 0 adds the others' sums before the epilogue.
-CM_TILES = {"m64n64k64": (64, 64, 64, 4, 1), "m32n64k64": (32, 64, 64, 4, 1), "m64n128k32": (64, 128, 32, 4, 1),
-            "m32n32k64": (32, 32, 64, 4, 1), "m16n64k64": (16, 64, 64, 4, 1), "m32n64k32": (32, 64, 32, 4, 1),
-            "m64n64k32": (64, 64, 32, 4, 1), "m128n64k32": (128, 64, 32, 4, 1), "m128n128k32": (128, 128, 32, 4, 1),
-            "m64n64k32w8": (64, 64, 32, 8, 1), "m64n128k32w8": (64, 128, 32, 8, 1), "m128n64k32w8": (128, 64, 32, 8, 1),
-            "m32n128k32w8": (32, 128, 32, 8, 1), "m32n64k32s2": (32, 64, 32, 4, 2), "m64n64k32s2": (64, 64, 32, 4, 2),
-            "m64n64k16s2": (64, 64, 16, 4, 2), "m32n64k16s4": (32, 64, 16, 4, 4)}
+# glsl/linear_cm.comp (tensor cores through VK_KHR_cooperative_matrix, fp16 only): tile -> (BM, BN, BK, subgroups)
+CM_TILES = {"m64n64k64": (64, 64, 64, 4), "m32n64k64": (32, 64, 64, 4), "m64n128k32": (64, 128, 32, 4),
+            "m32n32k64": (32, 32, 64, 4), "m16n64k64": (16, 64, 64, 4), "m32n64k32": (32, 64, 32, 4),
+            "m64n64k32": (64, 64, 32, 4), "m128n64k32": (128, 64, 32, 4), "m128n128k32": (128, 128, 32, 4),
+            "m64n64k32w8": (64, 64, 32, 8), "m64n128k32w8": (64, 128, 32, 8), "m128n64k32w8": (128, 64, 32, 8),
+            "m32n128k32w8": (32, 128, 32, 8)}
 CM_SHAPE = (16, 16, 16, "f16", "f16", "f32", "f32")   # the one cooperative-matrix shape the kernel uses
 
 
 def cm_shared_bytes(tile: str) -> int:
-    """Shared memory of a linear_cm tile: two stages of A and B, each KS x BK deep (the K groups' slices side by side;
-    rows padded by 8 halves), + the epilogue scratch of one K group (16x20 floats per subgroup), through which the
-    other groups also hand over their sums."""
-    bm, bn, bk, warps, ks = CM_TILES[tile]
-    return 2 * 2 * (bm * (ks * bk + 8) + ks * bk * (bn + 8)) + warps * 16 * 20 * 4
-
-
-def cm_threads(ctx, tile: str) -> int:
-    """Invocations of a linear_cm work group: every subgroup of every K group."""
-    _bm, _bn, _bk, warps, ks = CM_TILES[tile]
-    return ks * warps * ctx.profile.subgroup_size
+    """Shared memory of a linear_cm tile: two stages of A and B (rows padded by 8 halves) + the epilogue scratch."""
+    bm, bn, bk, warps = CM_TILES[tile]
+    return 2 * 2 * (bm * (bk + 8) + bk * (bn + 8)) + warps * 16 * 20 * 4
 
 
 def _cm_fits(ctx, tile: str) -> bool:
     p = ctx.profile
-    return cm_shared_bytes(tile) <= p.max_shared_memory and cm_threads(ctx, tile) <= min(
+    return cm_shared_bytes(tile) <= p.max_shared_memory and CM_TILES[tile][3] * p.subgroup_size <= min(
         p.max_invocations, p.max_local_size[0])
 
 
 def cm_kernel(ctx, m, n):
     """(kernel, tile) of the cooperative-matrix GEMM for an M x N output, or None where it does not apply. It needs
     precision fp16 and a device reporting the 16x16x16 f16 x f16 -> f32 subgroup shape (with shaderFloat16);
-    Session(options={"coopmat": False}) turns it off, options["cm_tile"] forces a tile (any of CM_TILES, the sliced-K
-    ones included). Default: 64x64 blocks with 32-deep slices (measured best on an H200), smaller tiles where shared
-    memory is short.
+    Session(options={"coopmat": False}) turns it off, options["cm_tile"] forces a tile. Default: 64x64 blocks with
+    32-deep slices (measured best on an H200), smaller tiles where shared memory is short.
     options["cm_emulate"] (tests): glsl/linear_cm_emu.comp, the same kernel with the matrix operations in plain
     code, on any fp16 device with subgroups of 8 or more lanes, cooperative matrices or not."""
     p = ctx.profile
@@ -191,14 +179,14 @@ def cm_kernel(ctx, m, n):
 def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mode, act, m0, lda4, m_total,
                        residual, part_n=0):
     """linear_dispatch on tensor cores: same bindings, push constants and specialization constants as linear.comp.
-    Global size: x = the work group's invocations (whole subgroups of every K group, family "coopmat"), y = row
-    blocks, z = column blocks."""
-    bm, bn = CM_TILES[tile][:2]
+    Global size: x = the work group's invocations (whole subgroups, family "coopmat"), y = row blocks,
+    z = column blocks."""
+    bm, bn, _bk, warps = CM_TILES[tile]
     p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
     res = residual if residual is not None else bt
     ctx.dispatch(kernel, [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
                  p, (out_mode, ACTS[act], residual is not None),
-                 (cm_threads(ctx, tile), -(-m // bm), -(-n // bn)), "coopmat",
+                 (warps * ctx.profile.subgroup_size, -(-m // bm), -(-n // bn)), "coopmat",
                  flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)))
 
 

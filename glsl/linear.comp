@@ -24,7 +24,6 @@
 // their accumulators in the (now free) stage memory and slice 0 adds them in order 1, 2, .. before the epilogue:
 // the same bits every run. Every slice runs the same number of steps (steps past K fetch zeros and skip the
 // FMAs), so the barriers stay uniform.
-// NORM_A: A's rows are LayerNorm'd as they are fetched (linear_norm.glslh; the fold_layer_norm pass).
 #include "common.glslh"
 
 #if defined(TILE_T44)
@@ -52,7 +51,6 @@
 layout(constant_id = 3) const int OUT_MODE = 0;
 layout(constant_id = 4) const int ACT = 0;          // 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh)
 layout(constant_id = 5) const bool HAS_RES = false; // + residual[m, n] (OUT_MODE 0)
-layout(constant_id = 6) const bool NORM_A = false;  // normalise A's rows (LayerNorm folded in, eps = p.norm.x)
 
 layout(set = 0, binding = 0, std430) writeonly buffer o_buf { OUT_ELEM o[]; };
 layout(set = 0, binding = 0, std430) writeonly buffer o4_buf { OUT_ELEM4 o4[]; };   // OUT_MODE 1's column runs
@@ -65,7 +63,6 @@ layout(set = 0, binding = 4, std430) readonly buffer r4_buf { ELEM4 res4[]; };
 layout(push_constant) uniform Params {
   ivec4 dims;   // M (rows of this dispatch), N, K, N4
   ivec4 geo;    // M0 (first output row), LDA4 (A row stride in vec4), M_total (OUT_MODE 1, 2), NP (OUT_MODE 2)
-  vec4 norm;    // x: LayerNorm epsilon (NORM_A)
 } p;
 
 // Index of output (row, column n) in the row-major modes 0 and 2 (also the residual's index).
@@ -92,9 +89,6 @@ const int RED_V = (KS - 1) * TM * TN4 * NT;   // vec4 of the slices' accumulator
 const int SH_V = KS * (A_V + B_V) > RED_V ? KS * (A_V + B_V) : RED_V;
 shared vec4 sh[SH_V];    // slice h: its A stage at h * (A_V + B_V), its B stage right after; then the accumulators
 
-#define NORM_ROWS (BM4 * 4)
-#include "linear_norm.glslh"
-
 float activate(float x) {
   if (ACT == 1) return relu_f(x);
   if (ACT == 2) return 0.5 * x * (1.0 + erf_f(x * 0.70710678118654752));
@@ -114,17 +108,13 @@ void main() {
   [[unroll]] for (int i = 0; i < TM; ++i)
     [[unroll]] for (int j = 0; j < TN4; ++j) acc[i][j] = vec4(0.0);
 
-  if (NORM_A) norm_row_stats(m_base, M, K4);   // uniform: a specialization constant
-
   vec4 a_reg[A_LOADS];
   vec4 b_reg[B_LOADS];
   // A step: BM rows x BK/4 vec4; invocation e takes row e / (BK/4), vec4 e % (BK/4) (contiguous per row).
   #define FETCH(k4_0) { \
     [[unroll]] for (int l = 0; l < A_LOADS; ++l) { \
       int e = tid + l * NT; int r = e / (BK / 4), q = e % (BK / 4); int m = m_base + r, k4 = (k4_0) + q; \
-      const bool in_a = e < A_V && m < M && k4 < K4; \
-      a_reg[l] = in_a ? vec4(a4[m * p.geo.y + k4]) : vec4(0.0); \
-      if (NORM_A && in_a) a_reg[l] = norm_a(a_reg[l], r); } \
+      a_reg[l] = (e < A_V && m < M && k4 < K4) ? vec4(a4[m * p.geo.y + k4]) : vec4(0.0); } \
     [[unroll]] for (int l = 0; l < B_LOADS; ++l) { \
       int e = tid + l * NT; int kk = e / BN4, c = e % BN4; int k = (k4_0) * 4 + kk, n4 = n4_base + c; \
       b_reg[l] = (e < B_V && k < p.dims.z && n4 < N4) ? W4(b4, k * N4 + n4) : vec4(0.0); } }

@@ -176,29 +176,16 @@ def cm_kernel(ctx, m, n):
     return None if tile is None else (f"{base}_{tile}", tile)
 
 
-def _linear_push_spec(m, n, k, n4, out_mode, act, m0, lda4, m_total, residual, part_n, norm_eps):
-    """Push constants and specialization constants of linear.comp and linear_cm (the same interface). NORM_A
-    (constant 6) is given only where it is on, so the other GEMMs' pipelines are what they were."""
-    p = (Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
-         .vec4(0.0 if norm_eps is None else norm_eps))
-    return p, (out_mode, ACTS[act], residual is not None) + ((True,) if norm_eps is not None else ())
-
-
 def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mode, act, m0, lda4, m_total,
-                       residual, part_n=0, norm_eps=None):
+                       residual, part_n=0):
     """linear_dispatch on tensor cores: same bindings, push constants and specialization constants as linear.comp.
     Global size: x = the work group's invocations (whole subgroups, family "coopmat"), y = row blocks,
     z = column blocks."""
     bm, bn, _bk, warps = CM_TILES[tile]
-    threads = warps * ctx.profile.subgroup_size
-    if norm_eps is not None and 3 * bm + bm * -(-threads // bm) > warps * 16 * 20:
-        # NORM_A keeps its row statistics and partial sums in the epilogue scratch (linear_cm.glslh)
-        raise MinirtError(f"linear_cm tile {tile} with {threads} invocations has too little epilogue scratch for "
-                          f"the LayerNorm statistics of {bm} rows")
-    p, spec = _linear_push_spec(m, n, k, n4, out_mode, act, m0, lda4, m_total, residual, part_n, norm_eps)
+    p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
     res = residual if residual is not None else bt
     ctx.dispatch(kernel, [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
-                 p, spec,
+                 p, (out_mode, ACTS[act], residual is not None),
                  (warps * ctx.profile.subgroup_size, -(-m // bm), -(-n // bn)), "coopmat",
                  flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)))
 
@@ -207,26 +194,25 @@ OUT_ROWS, OUT_NCHW, OUT_PARTS = 0, 1, 2    # linear.comp / linear_cm.glslh OUT_M
 
 
 def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=None, m0=0, lda4=None, m_total=0,
-                    residual=None, part_n=0, norm_eps=None):
+                    residual=None, part_n=0):
     """out (rows m0 .. m0 + m) = act(A @ B + bias) (+ residual) on the fast buffer GEMM: glsl/linear_cm.comp
     (cooperative matrices) where cm_kernel allows, else glsl/linear.comp. out_mode OUT_PARTS (merged sibling
-    Linears): out is part-major [n / part_n][m_total][part_n]. norm_eps (a LayerNorm folded in by the
-    fold_layer_norm pass): each row of A is normalised over its k elements first, (a - mean) / sqrt(var + eps)."""
+    Linears): out is part-major [n / part_n][m_total][part_n]."""
     if out_mode == OUT_PARTS and (part_n <= 0 or n % part_n or m_total < m0 + m):
         raise MinirtError(f"part-major GEMM output needs N ({n}) a multiple of the part width ({part_n}) "
                           f"and M_total ({m_total}) covering the rows")
     cm = cm_kernel(ctx, m, n)
     if cm is not None:
         linear_cm_dispatch(ctx, *cm, out, a, wt, bt, m, n, k, n4, out_mode=out_mode, act=act, m0=m0, lda4=lda4,
-                           m_total=m_total, residual=residual, part_n=part_n, norm_eps=norm_eps)
+                           m_total=m_total, residual=residual, part_n=part_n)
         return
     tile = linear_tile(ctx, m, n)
     tm, tn4 = LINEAR_TILES[tile]
     grid = (-(-n4 // tn4), -(-m // tm))
     ks = k_slices(ctx, tile, grid, k)
-    p, spec = _linear_push_spec(m, n, k, n4, out_mode, act, m0, lda4, m_total, residual, part_n, norm_eps)
+    p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
     res = residual if residual is not None else bt
     ctx.dispatch(f"linear_{tile}", [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
-                 p, spec, (*grid, ks), "gemm_ks",
+                 p, (out_mode, ACTS[act], residual is not None), (*grid, ks), "gemm_ks",
                  flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)),
                  io="out32")

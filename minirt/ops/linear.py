@@ -3,9 +3,7 @@ planner pass from MatMul / Add / Mul / Gelu / Relu / Add chains, so a layer is o
 epilogue does the rest. Inputs: x [.., K], W [K, N] (constant), bias [N] or "", residual [.., N] or "".
 Attributes: act ("", "relu", "gelu", "gelu_tanh"), scale (folded into W and b at lowering), and parts P
 (default 1; set by the merge_siblings pass): P sibling Linears' weights side by side, the output laid out
-part-major [P, M, N / P] (M = the rows of x), which SplitParts hands out as P views. norm_eps (set by the
-fold_layer_norm pass, absent otherwise): x is first normalised over its last dim, (x - mean) / sqrt(var + eps),
-a LayerNorm whose scale and bias the pass folded into W and b; only the buffer GEMM does that (its NORM_A).
+part-major [P, M, N / P] (M = the rows of x), which SplitParts hands out as P views.
 
 SplitParts (also minirt's own, made by merge_siblings): [P, M, Np] -> P tensors of M * Np elements each
 (any shapes), part p being input[p]. Buffer storage: free views at element offset p * M * Np."""
@@ -25,8 +23,7 @@ from .shape_ops import affine_copy, view_or_copy
 class Linear(Op):
     name = "Linear"
     domain = "minirt"
-    limits = ("made by the planner (fuse_linear; merge_siblings joins siblings into one; fold_layer_norm folds in the "
-              "LayerNorm before it); W must be a 2-D constant")
+    limits = "made by the planner (fuse_linear; merge_siblings joins siblings into one); W must be a 2-D constant"
 
     def infer(self, node, ins):
         x, w = ins[0], ins[1]
@@ -46,10 +43,6 @@ class Linear(Op):
         return [self._reference(node, x, w, b, r)]
 
     def _reference(self, node, x, w, b, r):
-        eps = node.attrs.get("norm_eps")
-        if eps is not None:
-            mean = x.mean(-1, keepdims=True)
-            x = ((x - mean) / np.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + eps)).astype(x.dtype, copy=False)
         y = x @ w
         if b is not None:
             y = y + b
@@ -69,12 +62,6 @@ class Linear(Op):
         k, n = w.shape
         m = int(np.prod(x.shape[:-1]))
         parts = int(attr(node, "parts", 1))
-        eps = node.attrs.get("norm_eps")
-        if eps is not None and not linear_ok(ctx, k):
-            # fold_layer_norm asks fast_gemm before folding, so this means the pass and the lowering disagree
-            raise UnsupportedError(f"{node}: a LayerNorm folded into the GEMM (norm_eps) runs only on the buffer GEMM "
-                                   f"(buffer storage, K a multiple of 4); K = {k}, {ctx.storage} storage")
-        norm_eps = None if eps is None else float(eps)
         if parts > 1:
             # Only merge_siblings makes these, and only where this holds (it checks parts_ok first).
             if not linear_ok(ctx, k) or res is not None:
@@ -83,12 +70,12 @@ class Linear(Op):
             wt, n4 = pack_weight(ctx, node.inputs[1], w)
             bt = pack_bias(ctx, f"{node.name}.bias", b, n)
             linear_dispatch(ctx, y, x, wt, bt, m, n, k, n4, act=act, out_mode=OUT_PARTS, m_total=m,
-                            part_n=n // parts, norm_eps=norm_eps)
+                            part_n=n // parts)
             return
         if linear_ok(ctx, k):
             wt, n4 = pack_weight(ctx, node.inputs[1], w)
             bt = pack_bias(ctx, f"{node.name}.bias", b, n)
-            linear_dispatch(ctx, y, x, wt, bt, m, n, k, n4, act=act, residual=res, norm_eps=norm_eps)
+            linear_dispatch(ctx, y, x, wt, bt, m, n, k, n4, act=act, residual=res)
             return
         # Other storages: the general matmul kernel with the bias fused, then the epilogue as separate ops.
         from .matmul import matmul_dispatch

@@ -9,12 +9,10 @@ Pass order (each pass is one module of this package):
                                             [1, L, C] (adding the residual)
   6. fuse_linear      (fuse_linear.py)      MatMul + bias + scale + activation + residual -> one Linear
   7. merge_siblings   (merge_siblings.py)   Linears reading the same input (q, k, v) -> one GEMM + part views
-  8. fold_layer_norm  (fold_layer_norm.py)  a LayerNorm read only by a Linear (as A) -> that GEMM normalises its
-                                            A rows, the LayerNorm's scale and bias folded into W and b
-  9. fuse_attention   (fuse_attention.py)   head splits + MatMul + Softmax + MatMul -> one Attention
- 10. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
- 11. local sizes      (minirt.lwg)          one deterministic local size per dispatch
- 12. memory plan      (memory_plan.py)      lifetimes for memory reuse
+  8. fuse_attention   (fuse_attention.py)   head splits + MatMul + Softmax + MatMul -> one Attention
+  9. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
+ 10. local sizes      (minirt.lwg)          one deterministic local size per dispatch
+ 11. memory plan      (memory_plan.py)      lifetimes for memory reuse
 The planner never imports vulkan: everything it decides is plain data in the Plan. Passes see the Session
 options plus "_storage" (the resolved storage) and "_profile" (the DeviceProfile), set by make_plan."""
 from __future__ import annotations
@@ -23,8 +21,8 @@ import os
 
 from ..errors import MinirtError, UnsupportedError
 from ..lwg import FAMILIES, UNFORCEABLE, check_local_size, pick_local_size
-from . import (conv1d_as_conv2d, conv_output_nlc, conv_routing, fold_layer_norm, fuse_activation, fuse_attention,
-               fuse_gelu, fuse_linear, memory_plan, merge_siblings)
+from . import (conv1d_as_conv2d, conv_output_nlc, conv_routing, fuse_activation, fuse_attention, fuse_gelu,
+               fuse_linear, memory_plan, merge_siblings)
 from .lower import lower
 from .plan import Plan
 from .storage_layout import check_limits, resolve_storage
@@ -33,8 +31,7 @@ from .storage_layout import check_limits, resolve_storage
 GRAPH_PASSES = [("conv1d_as_conv2d", conv1d_as_conv2d.rewrite), ("conv_routing", conv_routing.annotate),
                 ("fuse_gelu", fuse_gelu.rewrite), ("fuse_activation", fuse_activation.rewrite),
                 ("conv_output_nlc", conv_output_nlc.rewrite), ("fuse_linear", fuse_linear.rewrite),
-                ("merge_siblings", merge_siblings.rewrite), ("fold_layer_norm", fold_layer_norm.rewrite),
-                ("fuse_attention", fuse_attention.rewrite)]
+                ("merge_siblings", merge_siblings.rewrite), ("fuse_attention", fuse_attention.rewrite)]
 FORCEABLE = tuple(f for f in FAMILIES if f not in UNFORCEABLE)
 
 

@@ -8,7 +8,6 @@ import numpy as np
 
 from ..errors import MinirtError
 from ..planner.plan import Push
-from ..lwg import DESKTOP_VENDORS, pick_local_size
 from ._util import option_on
 
 ACTS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
@@ -74,17 +73,9 @@ def linear_shared(tile, local) -> int:
     return 16 * max(ks * (y * tm * (bk // 4) + bk * x * tn4), (ks - 1) * tm * tn4 * x * y)
 
 
-# Sliced K by default (desktop GPUs that report their multiprocessor count): 2 slices where the block grid is at most
-# one wave (each multiprocessor holds one group, whose warps then double) and K has at least KS_MIN_STEPS steps (6 a
-# slice). On an H200 (tools/gemm_bench.py, docs/benchmarks.md) that takes Whisper's 1500 x 384 outputs with K 384,
-# 1152 and 1536 (128 groups: 4-9% faster); the QKV and fc1 GEMMs (384 groups) and conv1 (K 240) ran 5-14% slower split.
-KS_MIN_STEPS = 12
-
-
 def k_slices(ctx, tile, grid, k) -> int:
     """K slices KS of a glsl/linear.comp dispatch (its sliced-K work groups: the header of the shader). Option
-    gemm_ksplit forces KS; by default 2 where the rule above holds, else 1. KS is capped by the BK-deep steps of K
-    and by shared memory."""
+    gemm_ksplit forces KS; the default is 1. KS is capped by the BK-deep steps of K and by shared memory."""
     forced = ctx.options.get("gemm_ksplit")
     if forced is not None:
         if isinstance(forced, bool) or not isinstance(forced, (int, str)) or not str(forced).isdigit() \
@@ -94,12 +85,8 @@ def k_slices(ctx, tile, grid, k) -> int:
     else:
         ks = 1
     steps = -(-k // (32 if tile.endswith("k32") else 16))
-    cu = ctx.profile.compute_units
-    if forced is None and cu and steps >= KS_MIN_STEPS and ctx.profile.vendor in DESKTOP_VENDORS:
-        x, y, _ = pick_local_size("gemm", (*grid, 1), ctx.profile)
-        if -(-grid[0] // x) * -(-grid[1] // y) <= cu:
-            ks = 2
     ks = max(1, min(ks, steps))
+    from ..lwg import pick_local_size   # the local size the planner will pick (forced x/y included)
     loc = ctx.options.get("local_size")
     fam = ctx.options.get("local_size_families")
     loc = loc if loc and (fam is None or "gemm_ks" in fam) else None

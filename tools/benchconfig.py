@@ -7,7 +7,7 @@ import re
 _DIMS = re.compile(r"^\d+(x\d+)+$")
 
 
-def parse_config(text: str, local_size_families=("gemm", "gemm_ks")) -> dict:
+def parse_config(text: str, local_size_families=("gemm",)) -> dict:
     """Session options from "fp16:cm_tile=m64n64k32,local_size=16x8,coopmat=0": 0/false -> False, NxM.. -> a tuple of
     ints (local_size padded to 3 and applied to `local_size_families` only), digits -> int, else the string."""
     prec, _, rest = text.partition(":")

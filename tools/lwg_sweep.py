@@ -42,7 +42,7 @@ def main(argv=None):
     ap.add_argument("--gemm", metavar="M,K,N", help="sweep one MatMul+bias of this shape instead of a model")
     ap.add_argument("--sizes", default=DEFAULT_SIZES, help=f"local sizes to try (default {DEFAULT_SIZES})")
     ap.add_argument("--family", default="gemm", help="which kernel family the forced size applies to "
-                                                     "(gemm (with gemm_ks), im2col, elementwise, conv, copy, all)")
+                                                     "(gemm, im2col, elementwise, conv, copy, attention, all)")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--storage", default="auto", choices=["auto", "buffer", "texture"])
     ap.add_argument("--json", help="write the table as JSON")
@@ -60,8 +60,6 @@ def main(argv=None):
     else:
         ap.error("give a model or --gemm M,K,N")
     families = tuple(f for f in FAMILIES if f not in UNFORCEABLE) if a.family == "all" else (a.family,)
-    if a.family == "gemm":
-        families += ("gemm_ks",)    # glsl/linear.comp's family: the same x/y shapes, z its K slices
     g = load(model)
     info = g.tensor(g.inputs[0])
     x = (np.load(a.input).astype(np.float32) if a.input else

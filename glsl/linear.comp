@@ -18,12 +18,6 @@
 //   Each invocation's 4 columns (modes 0, 2) or 4 rows of a column (mode 1) are contiguous, so where they are
 //   whole and 4-aligned the epilogue writes them (and reads the residual) as one vector.
 // io=out32 (fp16): the output is a float32 graph output, written as it is.
-// Sliced K: a work group of local size (LX, LY, KS) computes one block with KS slices of invocations; slice h
-// multiplies its own contiguous share of the BK-deep steps, staged in its own part of shared memory, so a small
-// output (few blocks for many multiprocessors) still keeps KS times the warps busy. Slices 1 .. KS - 1 then leave
-// their accumulators in the (now free) stage memory and slice 0 adds them in order 1, 2, .. before the epilogue:
-// the same bits every run. Every slice runs the same number of steps (steps past K fetch zeros and skip the
-// FMAs), so the barriers stay uniform.
 #include "common.glslh"
 
 #if defined(TILE_T44)
@@ -76,18 +70,14 @@ int out_index(int row, int n) {
 
 const int LX = int(gl_WorkGroupSize.x);
 const int LY = int(gl_WorkGroupSize.y);
-const int KS = int(gl_WorkGroupSize.z);   // K slices (see the header)
-const int NT = LX * LY;          // invocations of one slice
+const int NT = LX * LY;
 const int BM4 = LY * TMG;        // row groups of 4 in a block
 const int BN4 = LX * TN4;        // vec4 columns in a block
-const int A_V = BM4 * 4 * (BK / 4);   // vec4 of an A stage: [m][k4], row-major, so staging is one conflict-free store
-const int B_V = BK * BN4;             // vec4 of a B stage: [k][n4]
-const int A_LOADS = (A_V + NT - 1) / NT;   // vec4 loads of A per invocation per step
-const int B_LOADS = (B_V + NT - 1) / NT;
+const int A_LOADS = (BM4 * 4 * (BK / 4) + NT - 1) / NT;   // vec4 loads of A per invocation per slice
+const int B_LOADS = (BK * BN4 + NT - 1) / NT;
 
-const int RED_V = (KS - 1) * TM * TN4 * NT;   // vec4 of the slices' accumulators on their way to slice 0
-const int SH_V = KS * (A_V + B_V) > RED_V ? KS * (A_V + B_V) : RED_V;
-shared vec4 sh[SH_V];    // slice h: its A stage at h * (A_V + B_V), its B stage right after; then the accumulators
+shared vec4 a_sh[BM4 * 4 * (BK / 4)];  // [m][k4]: row-major, so staging is one conflict-free vec4 store
+shared vec4 b_sh[BK * BN4];      // [k][n4]
 
 float activate(float x) {
   if (ACT == 1) return relu_f(x);
@@ -97,12 +87,11 @@ float activate(float x) {
 }
 
 void main() {
-  const int tx = int(gl_LocalInvocationID.x), ty = int(gl_LocalInvocationID.y), h = int(gl_LocalInvocationID.z);
+  const int tx = int(gl_LocalInvocationID.x), ty = int(gl_LocalInvocationID.y);
   const int tid = ty * LX + tx;
   const int m_base = int(gl_WorkGroupID.y) * BM4 * 4;
   const int n4_base = int(gl_WorkGroupID.x) * BN4;
   const int M = p.dims.x, K4 = p.dims.z >> 2, N4 = p.dims.w;
-  const int a_sh = h * (A_V + B_V), b_sh = a_sh + A_V;
 
   vec4 acc[TM][TN4];
   [[unroll]] for (int i = 0; i < TM; ++i)
@@ -110,56 +99,39 @@ void main() {
 
   vec4 a_reg[A_LOADS];
   vec4 b_reg[B_LOADS];
-  // A step: BM rows x BK/4 vec4; invocation e takes row e / (BK/4), vec4 e % (BK/4) (contiguous per row).
+  // A slice: BM rows x BK/4 vec4; invocation e takes row e / (BK/4), vec4 e % (BK/4) (contiguous per row).
   #define FETCH(k4_0) { \
     [[unroll]] for (int l = 0; l < A_LOADS; ++l) { \
       int e = tid + l * NT; int r = e / (BK / 4), q = e % (BK / 4); int m = m_base + r, k4 = (k4_0) + q; \
-      a_reg[l] = (e < A_V && m < M && k4 < K4) ? vec4(a4[m * p.geo.y + k4]) : vec4(0.0); } \
+      a_reg[l] = (e < BM4 * 4 * (BK / 4) && m < M && k4 < K4) ? vec4(a4[m * p.geo.y + k4]) : vec4(0.0); } \
     [[unroll]] for (int l = 0; l < B_LOADS; ++l) { \
       int e = tid + l * NT; int kk = e / BN4, c = e % BN4; int k = (k4_0) * 4 + kk, n4 = n4_base + c; \
-      b_reg[l] = (e < B_V && k < p.dims.z && n4 < N4) ? W4(b4, k * N4 + n4) : vec4(0.0); } }
+      b_reg[l] = (e < BK * BN4 && k < p.dims.z && n4 < N4) ? W4(b4, k * N4 + n4) : vec4(0.0); } }
   #define STAGE() { \
-    [[unroll]] for (int l = 0; l < A_LOADS; ++l) { int e = tid + l * NT; if (e < A_V) sh[a_sh + e] = a_reg[l]; } \
-    [[unroll]] for (int l = 0; l < B_LOADS; ++l) { int e = tid + l * NT; if (e < B_V) sh[b_sh + e] = b_reg[l]; } }
+    [[unroll]] for (int l = 0; l < A_LOADS; ++l) { int e = tid + l * NT; if (e < BM4 * 4 * (BK / 4)) a_sh[e] = a_reg[l]; } \
+    [[unroll]] for (int l = 0; l < B_LOADS; ++l) { int e = tid + l * NT; if (e < BK * BN4) b_sh[e] = b_reg[l]; } }
 
-  const int steps = (K4 + BK / 4 - 1) / (BK / 4), per = (steps + KS - 1) / KS;   // steps of every slice
-  const int k4_first = h * per * (BK / 4);
-  FETCH(k4_first)
-  for (int st = 0; st < per; ++st) {
-    const int k4_0 = k4_first + st * (BK / 4);
+  FETCH(0)
+  for (int k4_0 = 0; k4_0 < K4; k4_0 += BK / 4) {
     STAGE()
     barrier();
-    if (st + 1 < per) FETCH(k4_0 + BK / 4)   // the next step travels while this one is used
-    if (k4_0 < K4) {   // uniform per slice: a last slice's steps past K only keep the barriers company
-      [[unroll]] for (int kq = 0; kq < BK / 4; ++kq) {
-        vec4 b[4][TN4];   // 4 consecutive k of this invocation's columns
-        [[unroll]] for (int c = 0; c < 4; ++c)
-          [[unroll]] for (int j = 0; j < TN4; ++j) b[c][j] = sh[b_sh + (kq * 4 + c) * BN4 + tx + j * LX];
-        [[unroll]] for (int g = 0; g < TMG; ++g)
-          [[unroll]] for (int i = 0; i < 4; ++i) {
-            vec4 a = sh[a_sh + ((ty + g * LY) * 4 + i) * (BK / 4) + kq];   // 4 consecutive k of one row
-            [[unroll]] for (int j = 0; j < TN4; ++j) {   // four dependent FMAs per lane
-              acc[g * 4 + i][j] += a.x * b[0][j];
-              acc[g * 4 + i][j] += a.y * b[1][j];
-              acc[g * 4 + i][j] += a.z * b[2][j];
-              acc[g * 4 + i][j] += a.w * b[3][j];
-            }
+    if (k4_0 + BK / 4 < K4) FETCH(k4_0 + BK / 4)   // the next slice travels while this one is used
+    [[unroll]] for (int kq = 0; kq < BK / 4; ++kq) {
+      vec4 b[4][TN4];   // 4 consecutive k of this invocation's columns
+      [[unroll]] for (int c = 0; c < 4; ++c)
+        [[unroll]] for (int j = 0; j < TN4; ++j) b[c][j] = b_sh[(kq * 4 + c) * BN4 + tx + j * LX];
+      [[unroll]] for (int g = 0; g < TMG; ++g)
+        [[unroll]] for (int i = 0; i < 4; ++i) {
+          vec4 a = a_sh[((ty + g * LY) * 4 + i) * (BK / 4) + kq];   // 4 consecutive k of one row
+          [[unroll]] for (int j = 0; j < TN4; ++j) {   // four dependent FMAs per lane
+            acc[g * 4 + i][j] += a.x * b[0][j];
+            acc[g * 4 + i][j] += a.y * b[1][j];
+            acc[g * 4 + i][j] += a.z * b[2][j];
+            acc[g * 4 + i][j] += a.w * b[3][j];
           }
-      }
+        }
     }
     barrier();
-  }
-  if (KS > 1) {
-    // Slices 1 .. KS - 1 hand their accumulators to slice 0 through shared memory, laid out
-    // [slice - 1][i][j][invocation] so consecutive invocations store consecutive vec4.
-    if (h > 0)
-      [[unroll]] for (int i = 0; i < TM; ++i)
-        [[unroll]] for (int j = 0; j < TN4; ++j) sh[(((h - 1) * TM + i) * TN4 + j) * NT + tid] = acc[i][j];
-    barrier();
-    if (h > 0) return;
-    for (int s = 1; s < KS; ++s)
-      [[unroll]] for (int i = 0; i < TM; ++i)
-        [[unroll]] for (int j = 0; j < TN4; ++j) acc[i][j] += sh[(((s - 1) * TM + i) * TN4 + j) * NT + tid];
   }
 
   if (OUT_MODE == 1) {

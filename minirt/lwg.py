@@ -17,7 +17,7 @@ import operator
 
 from .device_profile import DeviceProfile
 
-FAMILIES = ("gemm", "gemm_ks", "im2col", "elementwise", "reduction", "conv", "copy", "attention", "coopmat")
+FAMILIES = ("gemm", "im2col", "elementwise", "reduction", "conv", "copy", "attention", "coopmat")
 # Families whose kernels size their work from the local size: a forced local size never applies to them.
 UNFORCEABLE = ("reduction", "coopmat", "attention")
 
@@ -171,20 +171,6 @@ def _by_waves(g, profile: DeviceProfile):
     return (x, y, 1)
 
 
-def _gemm_ks(g, profile: DeviceProfile, forced=None) -> tuple[int, int, int]:
-    # glsl/linear.comp with sliced K: x and y as the gemm family picks them for the block grid, z = the K slices,
-    # exactly global z (one group along z). A group too big for the device loses halves of its larger x/y axis.
-    x, y, _ = forced if forced is not None else _gemm((g[0], g[1], 1), profile)
-    # (a z below global z would still be correct, only redundant: each group along z computes the whole block)
-    z = max(1, min(g[2], profile.max_local_size[2], profile.max_invocations))
-    while x * y * z > profile.max_invocations and max(x, y) > 1:
-        if x >= y:
-            x = max(1, x // 2)
-        else:
-            y = max(1, y // 2)
-    return check_local_size((x, y, z), profile)
-
-
 def _im2col(g, profile: DeviceProfile) -> tuple[int, int, int]:
     # Only 1-D cases are reshaped (to n x 1 or 1 x n, clean on Adreno); any
     # 2-D case keeps 16x4 so we never produce 8x8 or 4x16.
@@ -222,7 +208,6 @@ def _coopmat(g, profile: DeviceProfile) -> tuple[int, int, int]:
 
 _PICKERS = {
     "gemm": _gemm,
-    "gemm_ks": _gemm_ks,
     "im2col": _im2col,
     "reduction": _reduction,
     "elementwise": _default,
@@ -244,8 +229,6 @@ def pick_local_size(family: str, global_size, profile: DeviceProfile,
     _check_family(family)
     g = _ints3(global_size, "global size", 0)
     if forced is not None:
-        if family == "gemm_ks":    # a forced size shapes x and y; z stays the kernel's K slices
-            return _gemm_ks(g, profile, check_local_size(forced, profile))
         return check_local_size(forced, profile)
     if 0 in g:
         return (1, 1, 1)
@@ -268,9 +251,6 @@ def describe_rule(family: str, profile: DeviceProfile) -> str:
             return (f"gemm on {profile.vendor}: 16x16x1 when that makes at least {DESKTOP_MIN_GROUPS} groups, else "
                     f"16x8x1 when that does, else 8x8x1; shrunk to the x/y extent, spare share to the other axis; z=1")
         return f"gemm: 8x8x1 shrunk to the x/y extent, spare share to the other axis, up to {b} invocations; z=1"
-    if family == "gemm_ks":
-        return ("gemm_ks: x and y as the gemm family picks them, z = the GEMM's K slices (global z, exactly); "
-                "a forced size sets x and y only")
     if family == "im2col":
         if profile.vendor in DESKTOP_VENDORS:
             return (f"im2col on {profile.vendor}: 4x16x1 (coalesced position runs); 1-D dispatches become n x 1 or "

@@ -64,43 +64,6 @@ def linear_tile(ctx, m, n):
     return "t44k32" if ctx.profile.device_type == "discrete" else "t44"
 
 
-def linear_shared(tile, local) -> int:
-    """Shared bytes of glsl/linear.comp at a local size (z = K slices): the slices' stages, or their accumulators
-    on the way to slice 0 if those are more."""
-    tm, tn4 = LINEAR_TILES[tile]
-    bk = 32 if tile.endswith("k32") else 16
-    x, y, ks = local
-    return 16 * max(ks * (y * tm * (bk // 4) + bk * x * tn4), (ks - 1) * tm * tn4 * x * y)
-
-
-def k_slices(ctx, tile, grid, k) -> int:
-    """K slices KS of a glsl/linear.comp dispatch (its sliced-K work groups: the header of the shader). Option
-    gemm_ksplit forces KS; the default is 1. KS is capped by the BK-deep steps of K and by shared memory."""
-    forced = ctx.options.get("gemm_ksplit")
-    if forced is not None:
-        if isinstance(forced, bool) or not isinstance(forced, (int, str)) or not str(forced).isdigit() \
-                or int(forced) < 1:
-            raise MinirtError(f"option gemm_ksplit must be an integer >= 1, got {forced!r}")
-        ks = int(forced)
-    else:
-        ks = 1
-    steps = -(-k // (32 if tile.endswith("k32") else 16))
-    ks = max(1, min(ks, steps))
-    from ..lwg import pick_local_size   # the local size the planner will pick (forced x/y included)
-    loc = ctx.options.get("local_size")
-    fam = ctx.options.get("local_size_families")
-    loc = loc if loc and (fam is None or "gemm_ks" in fam) else None
-    while ks > 1:
-        try:
-            local = pick_local_size("gemm_ks", (*grid, ks), ctx.profile, loc)
-        except ValueError:      # a forced size the device refuses: make_plan reports it
-            local = pick_local_size("gemm_ks", (*grid, ks), ctx.profile)
-        if linear_shared(tile, local) <= ctx.profile.max_shared_memory:
-            break
-        ks -= 1
-    return ks
-
-
 def fast_gemm(storage, options, k=4) -> bool:
     """glsl/linear.comp reads A rows as vec4 from buffers: buffer storage and K a multiple of 4 (planner passes
     ask this before lowering, with the Session options)."""
@@ -195,11 +158,9 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
         return
     tile = linear_tile(ctx, m, n)
     tm, tn4 = LINEAR_TILES[tile]
-    grid = (-(-n4 // tn4), -(-m // tm))
-    ks = k_slices(ctx, tile, grid, k)
     p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
     res = residual if residual is not None else bt
     ctx.dispatch(f"linear_{tile}", [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
-                 p, (out_mode, ACTS[act], residual is not None), (*grid, ks), "gemm_ks",
+                 p, (out_mode, ACTS[act], residual is not None), (-(-n4 // tn4), -(-m // tm), 1), "gemm",
                  flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)),
                  io="out32")

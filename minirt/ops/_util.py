@@ -7,13 +7,7 @@ import numpy as np
 
 from ..errors import ModelError
 
-_erf = np.vectorize(math.erf, otypes=[np.float64])
-
-
-def option_on(ctx, key, default) -> bool:
-    """A boolean Session option that may come as a string from a command line (tools/bench.py --option)."""
-    v = ctx.options.get(key, default)
-    return v.strip().lower() not in ("", "0", "false", "off", "no") if isinstance(v, str) else bool(v)
+erf = np.vectorize(math.erf, otypes=[np.float64])   # the exact erf, elementwise, for references
 
 
 def activate(y, act):
@@ -21,7 +15,7 @@ def activate(y, act):
     if act == "relu":
         return np.maximum(y, 0)
     if act == "gelu":
-        return 0.5 * y * (1 + _erf(y / math.sqrt(2)))
+        return 0.5 * y * (1 + erf(y / math.sqrt(2)))
     if act == "gelu_tanh":
         return 0.5 * y * (1 + np.tanh(math.sqrt(2 / math.pi) * (y + 0.044715 * y ** 3)))
     return y

@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import MinirtError, ModelError, UnsupportedError
 from ..planner.plan import Push
 from . import Op, attr, register
-from ._util import option_on
+from ..options import option_on
 
 MAX_HEAD_DIM = 128
 # (threads, column groups KG, rows per thread RT) in order of preference; the first whose KG divides dh / 4 and whose
@@ -157,14 +157,14 @@ class Attention(Op):
         # attention_shuffle=False keeps the shared-memory reduction
         p = ctx.profile
         shuffle = (ctx.storage == "buffer" and p.subgroup_shuffle and p.subgroup_size >= kg
-                   and p.subgroup_size % kg == 0 and option_on(ctx, "attention_shuffle", True))
+                   and p.subgroup_size % kg == 0 and option_on(ctx.options, "attention_shuffle", True))
         sfx = "_shuffle" if shuffle else ""
         # K and V staged through registers one phase ahead (attention.glslh PREFETCH): on an H200 228 -> 186 us
         # (tiny, (128, 16, 5)), 193 -> 163 ((128, 8, 5)). Off on CPU drivers, where there is no latency to hide, and
         # where an invocation would carry more than MAX_PREFETCH vec4 (small groups, big heads), which would spill.
         carried = -(-4 * kg * (dh // 4) // threads)
         prefetch = ctx.profile.device_type != "cpu" and carried <= MAX_PREFETCH
-        spec = (dh, kg, rt, option_on(ctx, "attention_prefetch", prefetch))
+        spec = (dh, kg, rt, option_on(ctx.options, "attention_prefetch", prefetch))
         flops = 4 * B * heads * Tq * Tk * dh
         # family "attention": the local x is exactly the global x given, so one work group = `threads` invocations
         if S == 1:

@@ -2,13 +2,11 @@
 function chosen by a specialization constant."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ..planner.plan import Push
 from . import Op, attr, register
-from ._util import broadcast_shapes, same
+from ._util import activate, broadcast_shapes, erf, same
 
 
 def elementwise_dispatch(ctx, kernel, code, out, ins, flops_per=1):
@@ -97,9 +95,6 @@ class Unary(Op):
         return self.code
 
 
-_erf = np.vectorize(math.erf, otypes=[np.float64])
-
-
 @register
 class Identity(Op):
     name = "Identity"
@@ -131,7 +126,7 @@ class Erf(Unary):
     name, code = "Erf", 2
 
     def fn(self, node, x):
-        return _erf(x)
+        return erf(x)
 
 
 @register
@@ -146,9 +141,7 @@ class Gelu(Unary):
         return 4 if attr(node, "approximate", "none") == "tanh" else 3
 
     def fn(self, node, x):
-        if attr(node, "approximate", "none") == "tanh":
-            return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
-        return 0.5 * x * (1 + _erf(x / math.sqrt(2)))
+        return activate(x, "gelu_tanh" if attr(node, "approximate", "none") == "tanh" else "gelu")
 
 
 @register

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import MinirtError
 from ..planner.plan import Push
-from ._util import option_on
+from ..options import option_on
 
 ACTS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
 
@@ -103,9 +103,9 @@ def cm_kernel(ctx, m, n):
     options["cm_emulate"] (tests): glsl/linear_cm_emu.comp, the same kernel with the matrix operations in plain
     code, on any fp16 device with subgroups of 8 or more lanes, cooperative matrices or not."""
     p = ctx.profile
-    if not (ctx.half and option_on(ctx, "coopmat", True)):
+    if not (ctx.half and option_on(ctx.options, "coopmat", True)):
         return None
-    if option_on(ctx, "cm_emulate", False):
+    if option_on(ctx.options, "cm_emulate", False):
         if not (p.fp16 and p.subgroup_size >= 8):
             return None
         base = "linear_cm_emu"

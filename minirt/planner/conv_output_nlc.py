@@ -24,13 +24,13 @@ row-major output with a residual; batch > 1: the im2col GEMM's rows are one imag
 sends batch > 1 to the direct kernel anyway). Session option conv_output_nlc=False turns the pass off."""
 from __future__ import annotations
 
-from .merge_siblings import _off
+from ..options import option_on
 
 RESHAPES = ("Reshape", "Squeeze", "Unsqueeze", "Flatten")   # row-major relabelings (ops.shape_ops.ReshapeLike)
 
 
 def rewrite(graph, options):
-    if _off(options.get("conv_output_nlc", True)):
+    if not option_on(options, "conv_output_nlc", True):
         return graph
     cons = graph.consumers()
     replace, drop = {}, set()

@@ -22,14 +22,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Node, Tensor
+from ..options import option_on
 
 MAX_ALIGNMENT = 256    # the largest minStorageBufferOffsetAlignment Vulkan allows
-
-
-def _off(v) -> bool:
-    if isinstance(v, str):
-        return v.strip().lower() in ("0", "false", "off", "no")
-    return v is False
 
 
 def _candidate(graph, node):
@@ -63,7 +58,7 @@ def _merged_name(names, taken):
 
 
 def rewrite(graph, options):
-    if _off(options.get("merge_siblings", True)):
+    if not option_on(options, "merge_siblings", True):
         return graph
     storage = options.get("_storage", "buffer")
     profile = options.get("_profile")

@@ -210,6 +210,7 @@ COOPMAT = "VK_KHR_cooperative_matrix"
 SM_BUILTINS = "VK_NV_shader_sm_builtins"
 AMD_CORES = "VK_AMD_shader_core_properties2"
 HOST_IMPORT = "VK_EXT_external_memory_host"
+PIPELINE_STATS = "VK_KHR_pipeline_executable_properties"
 _COMPONENT = {0: "f16", 1: "f32", 2: "f64", 3: "s8", 4: "s16", 5: "s32", 6: "s64", 7: "u8", 8: "u16", 9: "u32",
               10: "u64", 1000141000: "bf16"}
 
@@ -274,6 +275,13 @@ class Device:
             raise DeviceError(f"vkCreateDevice failed on '{self.profile.name}': {type(e).__name__}") from None
         self.queue = vk.vkGetDeviceQueue(self.device, self.family, 0)
         self.host_pointer_properties = None    # raw vkGetMemoryHostPointerPropertiesEXT, when importing host memory
+        # MINIRT_PIPELINE_STATS=1: the driver's statistics of each compiled pipeline (registers, shared memory, ...),
+        # read by Kernels.statistics; a diagnostic, off by default (capturing may cost compile time)
+        self.executable_statistics = None
+        if PIPELINE_STATS in exts:
+            addr = vk.lib.vkGetDeviceProcAddr(self.device, b"vkGetPipelineExecutableStatisticsKHR")
+            if addr != vk.ffi.NULL:
+                self.executable_statistics = vk.ffi.cast("PFN_vkGetPipelineExecutableStatisticsKHR", addr)
         if self.host_import_alignment:
             addr = vk.lib.vkGetDeviceProcAddr(self.device, b"vkGetMemoryHostPointerPropertiesEXT")
             if addr != vk.ffi.NULL:
@@ -314,6 +322,11 @@ class Device:
                 vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES, shaderFloat16=1)
         if HOST_IMPORT in have:    # zero-copy outputs (minirt/vk/executor.py)
             exts += [e for e in ("VK_KHR_external_memory", HOST_IMPORT) if e in have]
+        if PIPELINE_STATS in have and os.environ.get("MINIRT_PIPELINE_STATS", "") not in ("", "0"):
+            exts.append(PIPELINE_STATS)
+            add("VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR*",
+                vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR,
+                pipelineExecutableInfo=1)
         if p.cooperative_matrix:
             exts += [e for e in ("VK_KHR_vulkan_memory_model", COOPMAT) if e in have]
             add("VkPhysicalDeviceVulkanMemoryModelFeatures*",

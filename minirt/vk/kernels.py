@@ -72,12 +72,39 @@ class Kernels:
             stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT,
                                                        module=self.module(name), pName="main",
                                                        pSpecializationInfo=sinfo)
-            info = vk.VkComputePipelineCreateInfo(stage=stage, layout=pl)
+            flags = vk.VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR if self.dev.executable_statistics else 0
+            info = vk.VkComputePipelineCreateInfo(flags=flags, stage=stage, layout=pl)
             t0 = time.perf_counter()
             self.pipelines[key] = vk.vkCreateComputePipelines(self.dev.device, self.cache.handle, 1, [info], None)[0]
             self.pipeline_s += time.perf_counter() - t0
             self.created += 1
         return self.pipelines[key], self.pipe_layouts[types]
+
+    def statistics(self, pipeline) -> dict:
+        """{name: value} the driver reports for a pipeline (VK_KHR_pipeline_executable_properties), or {} where the
+        device was created without MINIRT_PIPELINE_STATS=1 or the driver has none."""
+        fn = self.dev.executable_statistics
+        if not fn:
+            return {}
+        vk, ffi = self.vk, self.vk.ffi
+        info = ffi.new("VkPipelineExecutableInfoKHR*", {"sType": vk.VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR,
+                                                         "pipeline": pipeline, "executableIndex": 0})
+        n = ffi.new("uint32_t*")
+        if fn(self.dev.device, info, n, ffi.NULL) != vk.VK_SUCCESS or not n[0]:
+            return {}
+        stats = ffi.new("VkPipelineExecutableStatisticKHR[]", n[0])
+        for i in range(n[0]):    # the raw call: every element needs its sType
+            stats[i].sType = vk.VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR
+        if fn(self.dev.device, info, n, stats) not in (vk.VK_SUCCESS, vk.VK_INCOMPLETE):
+            return {}
+        out = {}
+        for st in stats[0:n[0]]:
+            fmt, v = st.format, st.value
+            out[ffi.string(st.name).decode()] = (
+                bool(v.b32) if fmt == vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR else
+                int(v.i64) if fmt == vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR else
+                int(v.u64) if fmt == vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR else float(v.f64))
+        return out
 
     def destroy(self):
         vk, d = self.vk, self.dev.device

@@ -89,10 +89,28 @@ def test_whisper_gemms_take_coopmat_on_h200():
         mm, n = np.frombuffer(d.push[:8], np.int32)
         bm, bn = CM_TILES[tile][:2]
         assert d.global_size == (128, -(-mm // bm), -(-n // bn)), d
-    by_node = {d.node.split("/")[-2]: d.kernel for d in gemms}
-    # the default tile (the H200's fastest) for every Whisper GEMM
-    assert set(by_node.values()) == {"linear_cm_m64n64k32_half"}, by_node
+    tiles = {tuple(np.frombuffer(d.push[:8], np.int32)): d.kernel for d in gemms}   # (M, N) -> kernel
+    # the default tile (the H200's fastest) for every Whisper GEMM, except where twice as wide 16-deep blocks fit the
+    # grid in one wave on the H200's 132 multiprocessors (2 groups each) and 64x64 blocks need two: conv1 (3000 x 384:
+    # 282 groups -> 141) and the merged QKV (1500 x 1152: 432 -> 216)
+    one_wave = {(3000, 384), (1500, 1152)}
+    assert one_wave <= set(tiles), tiles
+    for (mm, n), kernel in tiles.items():
+        assert kernel == ("linear_cm_m64n128k16_half" if (mm, n) in one_wave else "linear_cm_m64n64k32_half"), tiles
     assert not any(k.startswith("linear_t") for k in _kernels(plan))
+
+
+def test_one_wave_rule_needs_the_multiprocessor_count():
+    """Without a multiprocessor count (or with a forced tile) every GEMM keeps the default 64x64 tile; and the rule
+    follows the count: with 4x the multiprocessors QKV fits one wave of 64x64 groups already."""
+    import dataclasses
+    m = we.build_whisper_encoder("tiny", layers=1, n_frames=3000, seed=2)
+    for profile, options in ((dataclasses.replace(H200, compute_units=0), {}), (H200, {"cm_tile": "m64n64k32"})):
+        plan = _plan(m, profile=profile, **options)
+        assert {d.kernel for d in plan.dispatches if d.kernel.startswith("linear")} == {"linear_cm_m64n64k32_half"}
+    plan = _plan(m, profile=dataclasses.replace(H200, compute_units=528))
+    tiles = {tuple(np.frombuffer(d.push[:8], np.int32)): d.kernel for d in plan.dispatches if d.kernel.startswith("linear")}
+    assert tiles[(1500, 1152)] == "linear_cm_m64n64k32_half" and tiles[(3000, 384)] == "linear_cm_m64n64k32_half"
 
 
 def test_same_interface_as_linear():

@@ -124,7 +124,30 @@ def cm_kernel(ctx, m, n):
         # (tools/cm_bench.py, docs/benchmarks.md); the others fit smaller shared memories
         candidates = ("m64n64k32", "m32n64k32", "m32n32k64")
     tile = next((t for t in candidates if _cm_fits(ctx, t)), None)
+    if tile == "m64n64k32" and not forced and _cm_fits(ctx, ONE_WAVE_TILE) \
+            and cm_waves(ctx, tile, m, n) > 1 and cm_waves(ctx, ONE_WAVE_TILE, m, n) == 1:
+        tile = ONE_WAVE_TILE
     return None if tile is None else (f"{base}_{tile}", tile)
+
+
+# A multiprocessor holds as many work groups at once as its shared memory allows. NVIDIA's Vulkan driver gives a
+# multiprocessor the same 48 KiB that one work group may declare (tools/occupancy.py probe on an H200: 4 groups of
+# 12 KiB fit, 3 of 13-16 KiB, 2 of 17-24 KiB, 1 above), so the device's per-group limit stands in for it.
+# m64n128k16 (20 KiB, 2 per multiprocessor) covers twice the columns of m64n64k32 (24 KiB, also 2): where that turns
+# two or more waves of groups into one, it wins despite its shallower slices (H200, tools/gemm_bench.py: Whisper-tiny
+# QKV 1500x384x1152 22.3 -> 19.8 us, conv1 3000x240x384 18.9 -> 16.8); where both need several waves it loses
+# (fc1 1500x384x1536: 34.0 -> 37.9), so it is taken only for a single wave.
+ONE_WAVE_TILE = "m64n128k16"
+
+
+def cm_waves(ctx, tile, m, n) -> int:
+    """Waves of work groups of a linear_cm tile for an M x N output (0 where the multiprocessor count is unknown)."""
+    p = ctx.profile
+    if not p.compute_units:
+        return 0
+    bm, bn, _bk, _warps = CM_TILES[tile]
+    resident = max(1, p.max_shared_memory // cm_shared_bytes(tile))
+    return -(-(-(-m // bm) * -(-n // bn)) // (p.compute_units * resident))
 
 
 def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mode, act, m0, lda4, m_total,

@@ -90,27 +90,28 @@ def test_whisper_gemms_take_coopmat_on_h200():
         bm, bn = CM_TILES[tile][:2]
         assert d.global_size == (128, -(-mm // bm), -(-n // bn)), d
     tiles = {tuple(np.frombuffer(d.push[:8], np.int32)): d.kernel for d in gemms}   # (M, N) -> kernel
-    # the default tile (the H200's fastest) for every Whisper GEMM, except where twice as wide 16-deep blocks fit the
-    # grid in one wave on the H200's 132 multiprocessors (2 groups each) and 64x64 blocks need two: conv1 (3000 x 384:
-    # 282 groups -> 141) and the merged QKV (1500 x 1152: 432 -> 216)
-    one_wave = {(3000, 384), (1500, 1152)}
-    assert one_wave <= set(tiles), tiles
+    # the default tile (the H200's fastest) for every Whisper GEMM, except where twice as wide blocks fit the grid in
+    # one wave on the H200's 132 multiprocessors (2 groups of 19 KiB each) and 64x64 blocks (3 groups of 15 KiB) need
+    # two: the merged QKV (1500 x 1152: 432 groups -> 216). conv1 (3000 x 384: 282 groups) fits one wave of 64x64.
+    one_wave = {(1500, 1152)}
+    assert one_wave | {(3000, 384)} <= set(tiles), tiles
     for (mm, n), kernel in tiles.items():
-        assert kernel == ("linear_cm_m64n128k16_half" if (mm, n) in one_wave else "linear_cm_m64n64k32_half"), tiles
+        assert kernel == ("linear_cm_m64n128k32s1_half" if (mm, n) in one_wave else "linear_cm_m64n64k32s1_half"), tiles
     assert not any(k.startswith("linear_t") for k in _kernels(plan))
 
 
 def test_one_wave_rule_needs_the_multiprocessor_count():
-    """Without a multiprocessor count (or with a forced tile) every GEMM keeps the default 64x64 tile; and the rule
-    follows the count: with 4x the multiprocessors QKV fits one wave of 64x64 groups already."""
+    """Without a multiprocessor count (or with a forced tile) every GEMM keeps one 64x64 tile; and the rule follows the
+    count: with 4x the multiprocessors QKV fits one wave of 64x64 groups already."""
     import dataclasses
     m = we.build_whisper_encoder("tiny", layers=1, n_frames=3000, seed=2)
-    for profile, options in ((dataclasses.replace(H200, compute_units=0), {}), (H200, {"cm_tile": "m64n64k32"})):
+    for profile, options, tile in ((dataclasses.replace(H200, compute_units=0), {}, "m64n64k32s1"),
+                                   (H200, {"cm_tile": "m64n64k32"}, "m64n64k32")):
         plan = _plan(m, profile=profile, **options)
-        assert {d.kernel for d in plan.dispatches if d.kernel.startswith("linear")} == {"linear_cm_m64n64k32_half"}
+        assert {d.kernel for d in plan.dispatches if d.kernel.startswith("linear")} == {f"linear_cm_{tile}_half"}
     plan = _plan(m, profile=dataclasses.replace(H200, compute_units=528))
     tiles = {tuple(np.frombuffer(d.push[:8], np.int32)): d.kernel for d in plan.dispatches if d.kernel.startswith("linear")}
-    assert tiles[(1500, 1152)] == "linear_cm_m64n64k32_half" and tiles[(3000, 384)] == "linear_cm_m64n64k32_half"
+    assert tiles[(1500, 1152)] == "linear_cm_m64n64k32s1_half"
 
 
 def test_same_interface_as_linear():
@@ -152,11 +153,12 @@ def test_forced_tile_and_shared_memory_limit():
     with pytest.raises(MinirtError, match="cm_tile"):
         _plan(m, cm_tile="m16n16")
     assert cm_shared_bytes("m64n64k64") <= H200.max_shared_memory
-    small = dataclasses.replace(H200, max_shared_memory=20480)      # 64x64x32 blocks need 24 KiB
-    assert cm_shared_bytes("m64n64k32") > 20480 >= cm_shared_bytes("m32n64k32")
-    assert "linear_cm_m32n64k32_half" in _kernels(_plan(_linear_model(1500, 1536, 384)[0], small))
-    tiny = dataclasses.replace(H200, max_shared_memory=16384)       # no tile fits: linear.comp
-    assert "linear_t44k32_half" in _kernels(_plan(m, tiny))
+    # the default one-stage 64x64x32 blocks need 14.5 KiB, every other candidate more: below that, linear.comp
+    assert cm_shared_bytes("m64n64k32s1") == 14848
+    assert all(cm_shared_bytes(t) > 14848 for t in ("m64n64k32", "m32n64k32", "m32n32k64", "m64n128k32s1"))
+    for shared, want in ((14336, "linear_t44k32_half"), (16384, "linear_cm_m64n64k32s1_half"),
+                         (20480, "linear_cm_m64n64k32s1_half")):
+        assert want in _kernels(_plan(_linear_model(1500, 1536, 384)[0], dataclasses.replace(H200, max_shared_memory=shared)))
 
 
 def test_forced_local_size_leaves_coopmat_alone():

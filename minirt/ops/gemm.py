@@ -80,14 +80,16 @@ CM_TILES = {"m64n64k64": (64, 64, 64, 4), "m32n64k64": (32, 64, 64, 4), "m64n128
             "m64n64k32": (64, 64, 32, 4), "m128n64k32": (128, 64, 32, 4), "m128n128k32": (128, 128, 32, 4),
             "m64n64k32w8": (64, 64, 32, 8), "m64n128k32w8": (64, 128, 32, 8), "m128n64k32w8": (128, 64, 32, 8),
             "m32n128k32w8": (32, 128, 32, 8), "m64n64k16": (64, 64, 16, 4), "m32n64k16": (32, 64, 16, 4),
-            "m64n128k16": (64, 128, 16, 4)}
+            "m64n128k16": (64, 128, 16, 4), "m64n64k32s1": (64, 64, 32, 4),
+            "m64n128k32s1": (64, 128, 32, 4)}
 CM_SHAPE = (16, 16, 16, "f16", "f16", "f32", "f32")   # the one cooperative-matrix shape the kernel uses
 
 
 def cm_shared_bytes(tile: str) -> int:
     """Shared memory of a linear_cm tile: two stages of A and B (rows padded by 8 halves) + the epilogue scratch."""
     bm, bn, bk, warps = CM_TILES[tile]
-    return 2 * 2 * (bm * (bk + 8) + bk * (bn + 8)) + warps * 16 * 20 * 4
+    stages = 1 if tile.endswith("s1") else 2
+    return stages * 2 * (bm * (bk + 8) + bk * (bn + 8)) + warps * 16 * 20 * 4
 
 
 def _cm_fits(ctx, tile: str) -> bool:
@@ -120,24 +122,25 @@ def cm_kernel(ctx, m, n):
             raise MinirtError(f"unknown cm_tile {forced!r}; expected one of {', '.join(CM_TILES)}")
         candidates = (forced,)
     else:
-        # 64x64 blocks with 32-deep slices were fastest on an H200 for the Whisper QKV and fc1 GEMMs
-        # (tools/cm_bench.py, docs/benchmarks.md); the others fit smaller shared memories
-        candidates = ("m64n64k32", "m32n64k32", "m32n32k64")
+        # 64x64 blocks, 32-deep slices, one shared stage: fastest on an H200 for every Whisper GEMM but the merged QKV
+        # (tools/gemm_bench.py, docs/benchmarks.md); the others fit smaller shared memories
+        candidates = ("m64n64k32s1", "m64n64k32", "m32n64k32", "m32n32k64")
     tile = next((t for t in candidates if _cm_fits(ctx, t)), None)
-    if tile == "m64n64k32" and not forced and _cm_fits(ctx, ONE_WAVE_TILE) \
+    if tile == candidates[0] and not forced and _cm_fits(ctx, ONE_WAVE_TILE) \
             and cm_waves(ctx, tile, m, n) > 1 and cm_waves(ctx, ONE_WAVE_TILE, m, n) == 1:
         tile = ONE_WAVE_TILE
     return None if tile is None else (f"{base}_{tile}", tile)
 
 
-# A multiprocessor holds as many work groups at once as its shared memory allows. NVIDIA's Vulkan driver gives a
+# A multiprocessor holds as many work groups at once as its shared memory allows, and NVIDIA's Vulkan driver gives a
 # multiprocessor the same 48 KiB that one work group may declare (tools/occupancy.py probe on an H200: 4 groups of
-# 12 KiB fit, 3 of 13-16 KiB, 2 of 17-24 KiB, 1 above), so the device's per-group limit stands in for it.
-# m64n128k16 (20 KiB, 2 per multiprocessor) covers twice the columns of m64n64k32 (24 KiB, also 2): where that turns
-# two or more waves of groups into one, it wins despite its shallower slices (H200, tools/gemm_bench.py: Whisper-tiny
-# QKV 1500x384x1152 22.3 -> 19.8 us, conv1 3000x240x384 18.9 -> 16.8); where both need several waves it loses
-# (fc1 1500x384x1536: 34.0 -> 37.9), so it is taken only for a single wave.
-ONE_WAVE_TILE = "m64n128k16"
+# 12 KiB fit, 3 of 13-16 KiB, 2 of 17-24 KiB, 1 above), so the device's per-group limit stands in for it. Hence the
+# single shared stage of the default tile: 15 KiB instead of 24, 3 groups per multiprocessor instead of 2, for one
+# more barrier per slice (H200, tools/gemm_bench.py: Whisper-tiny fc1 34.0 -> 26.6 us, conv1 18.8 -> 12.0, fc2 35.7
+# -> 34.1). m64n128k32s1 (19 KiB, 2 per multiprocessor) covers twice the columns: where that turns two or more waves
+# of groups into one it wins (the merged QKV, 1500 x 384 x 1152: 24.1 -> 17.9 us); where both need several waves it
+# loses (fc1: 26.6 -> 36.3), so it is taken only for a single wave.
+ONE_WAVE_TILE = "m64n128k32s1"
 
 
 def cm_waves(ctx, tile, m, n) -> int:

@@ -29,9 +29,11 @@ TILES = ((4, 1, 32), (4, 2, 32), (2, 4, 16), (4, 1, 64), (2, 2, 32), (2, 1, 64),
 
 
 def shared_bytes(dh, nr, ks, bk, emulate=False):
-    """Shared memory of one work group, as glsl/attention_cm.comp declares it."""
+    """Shared memory of one work group, as glsl/attention_cm.comp declares it: each key split's K and V rows, and per
+    team an area of 16 rows x max(BK + 4 floats, DH + 8 halves) for Q, S, P and O tiles in turn."""
     ns = nr * ks
-    total = ks * 2 * bk * (dh + 8) * 2 + ns * 16 * (bk + 4) * 4 + ns * 16 * (bk + 8) * 2 + 2 * ns * 16 * 4
+    area_row = 16 * max(bk // 4 + 1, dh // 8 + 1)
+    total = ks * 2 * bk * (dh + 8) * 2 + ns * 16 * area_row + 2 * ns * 16 * 4
     if emulate:
         total += ns * 512 * 4 + ns * 32 * 4 + 4
     return total
@@ -43,8 +45,8 @@ def tile_problem(dh, tile, shared, emulate=False):
     ns = nr * ks
     if min(tile) < 1 or ns & (ns - 1) or ns > 32:
         return f"NR * KS = {ns} subgroups is not a power of two up to 32"
-    if bk % 16 or bk < 8 * nr:
-        return f"BK = {bk} is not a multiple of 16 of at least 8 NR = {8 * nr}"
+    if bk % 16:
+        return f"BK = {bk} is not a multiple of 16"
     if (bk * dh // 4) % (SUBGROUP * nr) or bk * dh // 4 // (SUBGROUP * nr) > MAX_PREFETCH:
         return f"a block of {bk} x {dh} does not split into 1 .. {MAX_PREFETCH} vec4 per staging invocation"
     if shared_bytes(dh, nr, ks, bk, emulate) > shared:
@@ -78,6 +80,22 @@ def usable(ctx, dh):
     return pick_tile(ctx, dh) is not None
 
 
+def splits(ctx, tile, dh, groups, tk):
+    """Key splits S across work groups (SPLIT in glsl/attention_cm.comp, merged by attention_combine.comp): the most
+    that still run in one wave of resident groups (multiprocessors x the groups its shared memory holds), each split at
+    least attention.SPLIT_MIN_KEYS keys; 1 where the multiprocessor count is unknown or on other than discrete GPUs.
+    Session(options={"attention_splits": S}) forces S."""
+    from . import attention
+    if ctx.options.get("attention_splits") is not None:
+        return attention.splits(ctx.profile, groups, tk, ctx.options)
+    p = ctx.profile
+    if not p.compute_units or p.device_type != "discrete":
+        return 1
+    slots = p.compute_units * max(1, p.max_shared_memory // shared_bytes(dh, *tile, ctx.options.get("coopmat") == "emulate"))
+    most = max(1, min(tk // attention.SPLIT_MIN_KEYS, attention.MAX_SPLITS))
+    return max(s for s in range(1, most + 1) if s == 1 or groups * s <= slots)
+
+
 def lower(node, ctx):
     out, q, k, v = ctx.t(node.outputs[0]), *(ctx.t(i) for i in node.inputs)
     heads, scale = attr(node, "heads", 1), float(attr(node, "scale", 1.0))
@@ -86,11 +104,28 @@ def lower(node, ctx):
     dh = D // heads
     nr, ks, bk = pick_tile(ctx, dh)
     emulate = ctx.options.get("coopmat") == "emulate"
+    kernel = "attention_cm_emu" if emulate else "attention_cm_khr"
+    qblocks = -(-Tq // (16 * nr))
+    S = splits(ctx, (nr, ks, bk), dh, qblocks * B * heads, Tk)
     ctx.note(f"cooperative-matrix attention{' (emulated)' if emulate else ''}: {16 * nr} query rows per work group, "
-             f"{ks} key split(s), blocks of {bk} keys")
+             f"{ks} key split(s) in a group, blocks of {bk} keys" + (f", keys split {S} ways across groups" if S > 1 else ""))
     push = Push().ivec4(Tq, Tk, heads, D // 4).vec4(scale * math.log2(math.e))
+    flops = 4 * B * heads * Tq * Tk * dh
     # family "attention": the local x is exactly the global x given, so one work group = NR * KS subgroups
-    ctx.dispatch("attention_cm_emu" if emulate else "attention_cm_khr",
-                 [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")], push, (dh, nr, ks, bk),
-                 (SUBGROUP * nr * ks, -(-Tq // (16 * nr)), B * heads), "attention",
-                 flops=4 * B * heads * Tq * Tk * dh, nbytes=4 * (2 * q.numel + k.numel + v.numel))
+    local = SUBGROUP * nr * ks
+    if S == 1:
+        ctx.dispatch(kernel, [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")], push.ivec4(1, 0),
+                     (dh, nr, ks, bk, False), (local, qblocks, B * heads), "attention",
+                     flops=flops, nbytes=4 * (2 * q.numel + k.numel + v.numel))
+        return
+    # partials as attention.py's split kernel writes them (fp32): O rows ((b * H + h) * S + s) * Tq + t of dh floats,
+    # then one (m, l) pair per row
+    rows = B * heads * S * Tq
+    part = ctx.scratch("attention.partials", rows * (dh + 2))
+    ml_base = rows * dh // 2
+    ctx.dispatch(kernel, [(part.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")], push.ivec4(S, ml_base),
+                 (dh, nr, ks, bk, True), (local, qblocks, B * heads * S), "attention",
+                 flops=flops, nbytes=4 * (S * q.numel + k.numel + v.numel + rows * (dh + 2)))
+    ctx.dispatch(ctx.variant("attention_combine"), [(out.name, "w"), (part.name, "r")],
+                 Push().ivec4(Tq, heads, D // 4, S).ivec4(B, ml_base), (dh,), (D // 4, Tq, B), "elementwise",
+                 flops=2 * S * out.numel + 2 * S * B * Tq * D // 4, nbytes=4 * (rows * (dh + 2) + out.numel))

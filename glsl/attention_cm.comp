@@ -60,6 +60,8 @@ const int SP4 = BK / 4 + 1;       // S row pitch in the team area, in uvec4 (BK 
 const int QP = DH / 8 + 1;        // Q row pitch there (DH + 8 halves)
 const int PPU = BK / 8 + 1;       // P row pitch there (BK + 8 halves)
 const int AP = SP4 > QP ? SP4 : QP;   // the team area's row pitch in uvec4
+// P goes beside S where the row has room (BK 16 with DH 64: S in uvec4 0-4, P in 5-7), else over it once S is read
+const int PO = SP4 + PPU <= AP ? SP4 : 0;
 const int HB4 = BK / 8;           // vec4 of S (f16vec4 of P) per half row
 const int NST = 32 * NR;          // invocations staging one split's K/V
 const int PF = BK * DH4 / NST;    // f16vec4 of K (and as many of V) each of them carries per block
@@ -274,9 +276,10 @@ void main() {
       m = mn;
       l *= alpha;
     }
-    TEAM_SYNC()  // S is read: the area is free for O tiles and P
+    if (PO == 0) TEAM_SYNC()  // S is read: P may overwrite it
 
     if (rescale && it > 0) {  // O rows *= alpha, one tile at a time through the team's area (rare)
+      if (PO != 0) TEAM_SYNC()  // S is read: the O tiles may overwrite it
       [[unroll]] for (int d = 0; d < DT; ++d) {
         STORE_AREA(o[d], sb, AP);
         TEAM_SYNC()
@@ -298,7 +301,7 @@ void main() {
         pe1[u] = j0 + 4 * i + 4 + u < jend ? exp2(tv[i + 1][u] - m) : 0.0;
       }
       f16vec4 h0 = f16vec4(pe0), h1 = f16vec4(pe1);
-      sa[sb + r * PPU + hf * (HB4 / 2) + i / 2] = uvec4(packFloat2x16(h0.xy), packFloat2x16(h0.zw),
+      sa[sb + r * AP + PO + hf * (HB4 / 2) + i / 2] = uvec4(packFloat2x16(h0.xy), packFloat2x16(h0.zw),
                                                         packFloat2x16(h1.xy), packFloat2x16(h1.zw));
       vec4 p0 = vec4(h0), p1 = vec4(h1);  // the sum takes P as P V will: rounded to fp16
       sum += ((p0.x + p0.y) + (p0.z + p0.w)) + ((p1.x + p1.y) + (p1.z + p1.w));
@@ -308,7 +311,7 @@ void main() {
 
     // O += P V (V rows are row-major B tiles).
     MAT_A pa[KT];
-    [[unroll]] for (int n = 0; n < KT; ++n) LOAD_AREA_H(pa[n], sb + 2 * n, PPU);
+    [[unroll]] for (int n = 0; n < KT; ++n) LOAD_AREA_H(pa[n], sb + PO + 2 * n, AP);
     [[unroll]] for (int d = 0; d < DT; ++d)
       [[unroll]] for (int n = 0; n < KT; ++n) {
         MAT_B vb;

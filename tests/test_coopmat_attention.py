@@ -40,7 +40,8 @@ def graph(B, Tq, Tk, H, dh):
 
 
 def attention_dispatch(plan):
-    (d,) = [d for d in plan.dispatches if d.op == "Attention"]
+    """The attention kernel's dispatch (not the combine pass after a key split)."""
+    (d,) = [d for d in plan.dispatches if d.op == "Attention" and "combine" not in d.kernel]
     return d
 
 
@@ -51,16 +52,53 @@ def plan_kernel(shape, profile=H200, storage="buffer", **options):
 # -- plan level --------------------------------------------------------------------------------------------------
 
 def test_h200_fp16_lowers_to_the_coopmat_kernel():
+    """Whisper-tiny's self-attention on the H200 profile: SPLIT_TILE (14 KiB: 3 groups per multiprocessor, 396 places)
+    with the keys split twice, 24 x 6 x 2 = 288 groups in one wave, then the combine pass."""
     g = graph(1, 1500, 1500, 6, 64)
-    d = attention_dispatch(make_plan(g, H200, "buffer", FP16))
-    assert d.kernel == "attention_cm_khr_half"
-    nr, ks, bk = attention_cm.TILES[0]
-    assert d.spec == (64, nr, ks, bk)
-    assert d.global_size == (32 * nr * ks, math.ceil(1500 / (16 * nr)), 6) and d.local_size == (32 * nr * ks, 1, 1)
+    plan = make_plan(g, H200, "buffer", FP16)
+    nr, ks, bk = attention_cm.SPLIT_TILE
+    assert attention_cm.shared_bytes(64, nr, ks, bk) <= H200.max_shared_memory // 3
+    d = attention_dispatch(plan)
+    assert d.kernel == "attention_cm_khr_half" and d.spec == (64, nr, ks, bk, True)
+    assert d.global_size == (32 * nr * ks, math.ceil(1500 / (16 * nr)), 6 * 2) and d.local_size == (32 * nr * ks, 1, 1)
     assert d.flops == 4 * 6 * 1500 * 1500 * 64
+    assert tuple(np.frombuffer(d.push[32:40], np.int32)) == (2, 6 * 2 * 1500 * 64 // 2)   # S, first (m, l) pair
+    part = plan.tensors[d.args[0][0]]
+    assert part.dtype == "float32" and part.numel == 6 * 2 * 1500 * (64 + 2)
+    assert [x.kernel for x in plan.dispatches] == \
+        ["cast_buffer_down"] * 3 + ["attention_cm_khr_half", "attention_combine_buffer_half", "cast_buffer_up"]
+    comb = plan.dispatches[4]
+    assert comb.args == [(plan.dispatches[5].args[1][0], "w"), (part.name, "r")]
+
+
+def test_unsplit_where_the_multiprocessor_count_is_unknown():
+    """Without a multiprocessor count no key split, and TILES' first tile: one dispatch writing out."""
+    g = graph(1, 1500, 1500, 6, 64)
+    plan = make_plan(g, dataclasses.replace(H200, compute_units=0), "buffer", FP16)
+    nr, ks, bk = attention_cm.TILES[0]
+    d = attention_dispatch(plan)
+    assert d.spec == (64, nr, ks, bk, False) and d.global_size == (32 * nr * ks, math.ceil(1500 / (16 * nr)), 6)
     assert d.bytes == 2 * 4 * 1500 * 384      # fp16: q in, out, k, v once each
-    assert [x.kernel for x in make_plan(g, H200, "buffer", FP16).dispatches] == \
-        ["cast_buffer_down"] * 3 + ["attention_cm_khr_half", "cast_buffer_up"]
+    assert [x.kernel for x in plan.dispatches] == ["cast_buffer_down"] * 3 + ["attention_cm_khr_half", "cast_buffer_up"]
+
+
+@pytest.mark.parametrize("heads, groups, S", [(6, 144, 2), (8, 192, 2), (12, 288, 1), (2, 48, 5), (1, 24, 5)])
+def test_split_count_fills_one_wave(heads, groups, S):
+    """S: the most splits whose groups still fit one wave (132 x 3 = 396 places for the 14 KiB tile), at least 256
+    keys each (1500 keys: at most 5); where no split fits, TILES' own first tile runs unsplit."""
+    d = attention_dispatch(make_plan(graph(1, 1500, 1500, heads, 64), H200, "buffer", FP16))
+    assert math.ceil(1500 / 64) * heads == groups
+    if S == 1:
+        assert d.spec == (64, *attention_cm.TILES[0], False)
+    else:
+        assert d.spec == (64, *attention_cm.SPLIT_TILE, True) and d.global_size[2] == heads * S
+        assert groups * S <= 396 and (groups * (S + 1) > 396 or S == 1500 // 256)
+
+
+def test_forced_splits():
+    d = attention_dispatch(make_plan(graph(1, 100, 600, 2, 64), H200, "buffer", {**FP16, "attention_splits": 3,
+                                                                                  "coopmat_tile": (2, 1, 32)}))
+    assert d.spec == (64, 2, 1, 32, True) and d.global_size == (64, 4, 6)
 
 
 @pytest.mark.parametrize("shape", [(1, 1500, 1500, 8, 64)] + SHAPES[1:])
@@ -93,14 +131,14 @@ def test_head_dims_off_the_16_grid_keep_the_fp32_arithmetic_kernel(H, dh):
 def test_every_head_dim_has_a_tile_within_the_h200_limits(dh):
     d = attention_dispatch(make_plan(graph(1, 50, 50, 1, dh), H200, "buffer", FP16))
     assert d.kernel == "attention_cm_khr_half"
-    assert attention_cm.shared_bytes(dh, *d.spec[1:]) <= H200.max_shared_memory
-    assert attention_cm.tile_problem(dh, d.spec[1:], H200.max_shared_memory) is None
+    assert attention_cm.shared_bytes(dh, *d.spec[1:4]) <= H200.max_shared_memory
+    assert attention_cm.tile_problem(dh, d.spec[1:4], H200.max_shared_memory) is None
 
 
 def test_forced_tile_and_refused_tiles():
     d = attention_dispatch(make_plan(graph(1, 100, 100, 2, 64), H200, "buffer", {**FP16, "coopmat_tile": (4, 1, 64)}))
-    assert d.spec == (64, 4, 1, 64) and d.global_size == (128, 2, 2)
-    for bad in [(3, 1, 32), (2, 2, 24), (4, 1, 16), (4, 2, 64)]:
+    assert d.spec == (64, 4, 1, 64, False) and d.global_size == (128, 2, 2)
+    for bad in [(3, 1, 32), (2, 2, 24), (1, 1, 48), (4, 2, 64)]:
         with pytest.raises(UnsupportedError, match="coopmat_tile"):
             make_plan(graph(1, 100, 100, 2, 64), H200, "buffer", {**FP16, "coopmat_tile": bad})
 
@@ -190,6 +228,21 @@ def test_emulated_kernel_matches_float64(shape, tile, kind):
     assert check(shape, kind, seed(shape, kind), options) == "attention_cm_emu_half"
 
 
+# Keys split across work groups (SPLIT + attention_combine): block-aligned ranges, a ragged last block, splits with
+# no keys at all (5 keys in 3 splits of 16-key blocks), in-group splits inside, and P beside S (BK 16, dh 64).
+EMU_SPLITS = [((1, 100, 230, 2, 64), (4, 1, 16), 2, "ramp"), ((2, 37, 300, 1, 32), (2, 1, 32), 3, "ramp"),
+              ((1, 5, 5, 1, 64), (1, 1, 16), 3, "plain"), ((1, 70, 300, 2, 16), (1, 2, 16), 2, "huge"),
+              ((1, 64, 200, 1, 64), (2, 1, 16), 4, "big")]
+
+
+@pytest.mark.parametrize("shape, tile, S, kind", EMU_SPLITS)
+def test_emulated_split_kernel_matches_float64(shape, tile, S, kind):
+    if not device_profile().storage16:
+        pytest.skip("no 16-bit storage buffers: precision fp16 cannot run")
+    options = {"coopmat": "emulate", "coopmat_tile": tile, "attention_splits": S}
+    assert check(shape, kind, seed(shape, kind, S), options) == "attention_cm_emu_half"
+
+
 def needs_coopmat():
     p = device_profile()
     if not (p.cooperative_matrix and attention_cm.SHAPE in p.coopmat_shapes and p.subgroup_size == 32):
@@ -201,6 +254,14 @@ def needs_coopmat():
 def test_coopmat_kernel_matches_float64(shape, kind):
     needs_coopmat()
     assert check(shape, kind, seed(shape, kind), {}) == "attention_cm_khr_half"
+
+
+@pytest.mark.parametrize("S", [1, 2, 3, 5])
+@pytest.mark.parametrize("tile", [attention_cm.SPLIT_TILE, attention_cm.TILES[0], (2, 2, 16)])
+def test_coopmat_split_kernel_matches_float64(tile, S):
+    needs_coopmat()
+    for kind in ("plain", "ramp"):
+        check((1, 1500, 1500, 6, 64), kind, seed(tile, S, kind), {"coopmat_tile": tile, "attention_splits": S})
 
 
 @pytest.mark.parametrize("tile", attention_cm.TILES)

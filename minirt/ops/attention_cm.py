@@ -54,8 +54,17 @@ def tile_problem(dh, tile, shared, emulate=False):
     return None
 
 
-def pick_tile(ctx, dh):
-    """The (NR, KS, BK) for head dim dh on ctx's device (or the forced coopmat_tile), or None."""
+# Where keys may be split across work groups (a discrete GPU that tells its multiprocessor count), this tile comes
+# first if it then splits: 14 KiB, so 3 groups share an H200 multiprocessor and Whisper-tiny's 144 (query block,
+# head) groups split twice in one wave. tools/attn_bench.py on an H200 (docs/benchmarks.md): 1500 x 1500, 6 heads
+# 56.6 us (with the combine pass) against 64.4 for (4, 1, 32) unsplit; 8 heads 58.1 against 64.6. Unsplit it is
+# slower (83.6 us), so elsewhere TILES' order holds.
+SPLIT_TILE = (4, 1, 16)
+
+
+def pick_tile(ctx, dh, groups_of=None, tk=0):
+    """The (NR, KS, BK) for head dim dh on ctx's device (or the forced coopmat_tile), or None. groups_of(tile): the
+    work groups of a tile before any key split, for the SPLIT_TILE rule (without it, TILES' order)."""
     emulate = ctx.options.get("coopmat") == "emulate"
     shared = ctx.profile.max_shared_memory
     forced = ctx.options.get("coopmat_tile")
@@ -65,6 +74,9 @@ def pick_tile(ctx, dh):
         if why:
             raise UnsupportedError(f"coopmat_tile {list(forced)} for head dim {dh}: {why}")
         return tile
+    if groups_of is not None and tile_problem(dh, SPLIT_TILE, shared, emulate) is None \
+            and splits(ctx, SPLIT_TILE, dh, groups_of(SPLIT_TILE), tk) > 1:
+        return SPLIT_TILE
     return next((t for t in TILES if tile_problem(dh, t, shared, emulate) is None), None)
 
 
@@ -102,7 +114,7 @@ def lower(node, ctx):
     B, Tq, D = q.shape
     Tk = k.shape[1]
     dh = D // heads
-    nr, ks, bk = pick_tile(ctx, dh)
+    nr, ks, bk = pick_tile(ctx, dh, lambda t: -(-Tq // (16 * t[0])) * B * heads, Tk)
     emulate = ctx.options.get("coopmat") == "emulate"
     kernel = "attention_cm_emu" if emulate else "attention_cm_khr"
     qblocks = -(-Tq // (16 * nr))

@@ -13,9 +13,9 @@
 // ks, ks + KS, ks + 2 KS, ... of BK keys. Each key split stages its K and V blocks in shared memory (one block
 // ahead in registers) and its NR teams share them. Per block, a team
 //   S = Q K^T      cooperative matrices: Q (16 x DH, fp16, loaded once) times K^T (column-major view of K rows);
-//                  S (fp32) goes to the team's shared area;
+//                  S (fp32) goes to the team's area of shared memory;
 //   softmax        lane (r, half) = (lane % 16, lane / 16) takes row r, keys half * BK/2 ..: t = s * scale * log2 e
-//                  in fp32, the block's row max (lane pair via shuffle), P = exp2(t - m) to shared as fp16;
+//                  in fp32, the block's row max (lane pair via shuffle), P = exp2(t - m) to the area as fp16;
 //   O += P V       cooperative matrices into DH / 16 fp32 accumulators that stay in registers.
 // Lazy rescaling: KHR cooperative matrices have no per-row scaling, so a row keeps a stale max m and P is taken
 // against it; only when some row of the team sees t > m + RESCALE_LOG2 (P could exceed 2^RESCALE_LOG2) does the
@@ -25,8 +25,9 @@
 //
 // Shared memory (48 KiB per multiprocessor on NVIDIA's driver, so every KiB decides how many groups run at once): a
 // split's K and V rows (fp16) and one area per team of 16 rows x AP uvec4, which holds in turn the team's Q rows (fp16,
-// before the loop), S (fp32), P (fp16, packed two to a uint, written over S once every lane has read it) and O tiles
-// on their way through (rescaling, the final merge).
+// before the loop), S (fp32), P (fp16, packed two to a uint: beside S where the row has room, else over it once every
+// lane has read it) and O tiles on their way through (rescaling, the final merge). One area instead of separate Q, S
+// and P arrays is what brings the (4, 1, 16) tile to 14 KiB, 3 groups per H200 multiprocessor.
 //
 // SPLIT (flash decoding across work groups): work group z = (b * H + h) * S + s takes key blocks [s nb / S, (s + 1)
 // nb / S) of the nb = ceil(Tk / BK) and writes its unnormalised O rows (fp32) and per row (m, l) to a scratch

@@ -65,7 +65,10 @@ def test_whisper_plan_reads_and_writes_the_float32_edges_in_place(whisper_tiny, 
     half = _plan(whisper_tiny, profile=profile, storage=storage)
     full = _plan(whisper_tiny, profile=profile, storage=storage, precision="fp32")
     assert not [k for k in _kernels(half) if k.startswith("cast_")]
-    assert len(half.dispatches) == len(full.dispatches)
+    # the same dispatches but for the H200's fp16 attention, whose keys split across work groups add a combine pass
+    combines = len([k for k in _kernels(half) if k.startswith("attention_combine")])
+    assert combines == (4 if profile == "nvidia-h200" else 0)
+    assert len(half.dispatches) == len(full.dispatches) + combines
     if (profile, storage) == ("lavapipe", "buffer"):
         assert len(half.dispatches) == 33         # 35 with the two casts (conv_output_nlc took 2 more)
     (x,), (y,) = half.inputs, half.outputs

@@ -7,7 +7,8 @@ Session / plan options:
   coopmat="emulate"    take it even without cooperative matrices, running the kernel's impl=emu variant: the same
                        code with the matrix operations emulated by plain shared-memory code (slow; tests use it to
                        check the kernel's logic on devices such as lavapipe)
-  coopmat_tile=(NR, KS, BK)  force a tile: NR row teams (16 query rows each), KS key splits, BK keys per block"""
+  coopmat_tile=(NR, KS, BK)  force a tile: NR row teams (16 query rows each), KS key splits, BK keys per block
+  attention_splits=S   force S key splits across work groups (1: none), merged by glsl/attention_combine.comp"""
 from __future__ import annotations
 
 import math

@@ -17,6 +17,10 @@
 //   merge_siblings pass: column n is column n % NP of part n / NP, so each part is contiguous).
 //   Each invocation's 4 columns (modes 0, 2) or 4 rows of a column (mode 1) are contiguous, so where they are
 //   whole and 4-aligned the epilogue writes them (and reads the residual) as one vector.
+//   OUT_MODE 3: split K (rows of a Linear, fp32 only): work group z = s of S = geo.w takes an even share of the K
+//   slices and writes its raw fp32 sums to part[s][m][n4] (binding 0 as vec4); linear_reduce.comp adds the S
+//   partials in order and applies bias, activation and residual. More, shorter groups where one per output block
+//   would leave multiprocessors with one group each.
 // io=out32 (fp16): the output is a float32 graph output, written as it is.
 #include "common.glslh"
 
@@ -48,6 +52,7 @@ layout(constant_id = 5) const bool HAS_RES = false; // + residual[m, n] (OUT_MOD
 
 layout(set = 0, binding = 0, std430) writeonly buffer o_buf { OUT_ELEM o[]; };
 layout(set = 0, binding = 0, std430) writeonly buffer o4_buf { OUT_ELEM4 o4[]; };   // OUT_MODE 1's column runs
+layout(set = 0, binding = 0, std430) writeonly buffer part_buf { vec4 part4[]; };  // OUT_MODE 3's partials
 layout(set = 0, binding = 1, std430) readonly buffer a_buf { ELEM4 a4[]; };
 layout(set = 0, binding = 2, std430) readonly buffer b_buf { ELEM4 b4[]; };
 layout(set = 0, binding = 3, std430) readonly buffer bias_buf { ELEM4 bias4[]; };
@@ -91,7 +96,14 @@ void main() {
   const int tid = ty * LX + tx;
   const int m_base = int(gl_WorkGroupID.y) * BM4 * 4;
   const int n4_base = int(gl_WorkGroupID.x) * BN4;
-  const int M = p.dims.x, K4 = p.dims.z >> 2, N4 = p.dims.w;
+  const int M = p.dims.x, N4 = p.dims.w;
+  // K4: the end of this group's K range (in vec4); k4_beg its start (a whole slice)
+  int K4 = p.dims.z >> 2, k4_beg = 0;
+  if (OUT_MODE == 3) {
+    const int S = p.geo.w, s = int(gl_WorkGroupID.z), nk = (K4 + BK / 4 - 1) / (BK / 4);
+    k4_beg = (s * nk / S) * (BK / 4);
+    K4 = min(((s + 1) * nk / S) * (BK / 4), K4);
+  }
 
   vec4 acc[TM][TN4];
   [[unroll]] for (int i = 0; i < TM; ++i)
@@ -106,13 +118,13 @@ void main() {
       a_reg[l] = (e < BM4 * 4 * (BK / 4) && m < M && k4 < K4) ? vec4(a4[m * p.geo.y + k4]) : vec4(0.0); } \
     [[unroll]] for (int l = 0; l < B_LOADS; ++l) { \
       int e = tid + l * NT; int kk = e / BN4, c = e % BN4; int k = (k4_0) * 4 + kk, n4 = n4_base + c; \
-      b_reg[l] = (e < BK * BN4 && k < p.dims.z && n4 < N4) ? W4(b4, k * N4 + n4) : vec4(0.0); } }
+      b_reg[l] = (e < BK * BN4 && k < K4 * 4 && n4 < N4) ? W4(b4, k * N4 + n4) : vec4(0.0); } }
   #define STAGE() { \
     [[unroll]] for (int l = 0; l < A_LOADS; ++l) { int e = tid + l * NT; if (e < BM4 * 4 * (BK / 4)) a_sh[e] = a_reg[l]; } \
     [[unroll]] for (int l = 0; l < B_LOADS; ++l) { int e = tid + l * NT; if (e < BK * BN4) b_sh[e] = b_reg[l]; } }
 
-  FETCH(0)
-  for (int k4_0 = 0; k4_0 < K4; k4_0 += BK / 4) {
+  FETCH(k4_beg)
+  for (int k4_0 = k4_beg; k4_0 < K4; k4_0 += BK / 4) {
     STAGE()
     barrier();
     if (k4_0 + BK / 4 < K4) FETCH(k4_0 + BK / 4)   // the next slice travels while this one is used
@@ -134,6 +146,19 @@ void main() {
     barrier();
   }
 
+  if (OUT_MODE == 3) {
+    const int s = int(gl_WorkGroupID.z);
+    [[unroll]] for (int g = 0; g < TMG; ++g)
+      [[unroll]] for (int i = 0; i < 4; ++i) {
+        const int m = m_base + (ty + g * LY) * 4 + i;
+        if (m >= M) continue;
+        [[unroll]] for (int j = 0; j < TN4; ++j) {
+          const int n4 = n4_base + tx + j * LX;
+          if (n4 < N4) part4[(s * M + m) * N4 + n4] = acc[g * 4 + i][j];
+        }
+      }
+    return;
+  }
   if (OUT_MODE == 1) {
     // NCHW: each invocation's 4 rows are 4 consecutive positions of each of its columns, so one 16-byte store per
     // column (where the column's start is 4-aligned) instead of four scalar ones 4 * M_total apart

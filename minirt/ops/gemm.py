@@ -167,7 +167,45 @@ def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mo
                  flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)))
 
 
-OUT_ROWS, OUT_NCHW, OUT_PARTS = 0, 1, 2    # linear.comp / linear_cm.glslh OUT_MODE
+OUT_ROWS, OUT_NCHW, OUT_PARTS, OUT_SPLIT = 0, 1, 2, 3    # linear.comp / linear_cm.glslh OUT_MODE
+
+
+# Split K (linear.comp OUT_MODE 3 + linear_reduce.comp), fp32 only: where an fp32 GEMM's grid leaves each
+# multiprocessor one group (Whisper's 1500 x 384 outputs: 128 groups of 24 x 12 on an H200's 132), splitting K over
+# S groups puts S of them on each multiprocessor, each running 1/S of the K loop, for one more (reduce) dispatch.
+# Taken with the most splits whose groups still fit one wave of resident groups (shared memory per multiprocessor
+# over the group's, as in cm_waves), each split at least SPLIT_K_MIN_SLICES 32-deep slices.
+SPLIT_K_MIN_SLICES = 8
+SPLIT_K_MAX = 4
+
+
+def split_k(ctx, tile, m, n4, k) -> int:
+    """K splits of an fp32 row-major linear.comp GEMM (1: none). Session(options={"gemm_splitk": S}) forces S."""
+    forced = ctx.options.get("gemm_splitk")
+    if forced is not None:
+        try:
+            S = int(forced)
+        except (TypeError, ValueError):
+            S = 0
+        if S < 1 or isinstance(forced, bool):
+            raise MinirtError(f"option gemm_splitk must be an integer >= 1, got {forced!r}")
+        return S
+    p = ctx.profile
+    if ctx.half or not p.compute_units or p.device_type != "discrete" or tile != "t44k32":
+        return 1
+    from ..lwg import FAMILIES, UNFORCEABLE, pick_local_size
+    tm, tn4 = LINEAR_TILES[tile]
+    g = (-(-n4 // tn4), -(-m // tm), 1)
+    forced_local = ctx.options.get("local_size")
+    use = forced_local if forced_local and "gemm" in ctx.options.get(
+        "local_size_families", tuple(f for f in FAMILIES if f not in UNFORCEABLE)) else None
+    lx, ly, _ = pick_local_size("gemm", g, p, use)   # as the planner will pick it
+    groups = -(-g[0] // lx) * -(-g[1] // ly)
+    shared = 4 * 32 * (ly * tm + lx * 4 * tn4)          # the A and B stages of one 32-deep slice
+    slots = p.compute_units * max(1, p.max_shared_memory // shared)
+    slices = -(-k // 32)
+    fits = [S for S in range(2, SPLIT_K_MAX + 1) if groups * S <= slots and slices // S >= SPLIT_K_MIN_SLICES]
+    return max(fits, default=1)
 
 
 def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=None, m0=0, lda4=None, m_total=0,
@@ -185,8 +223,23 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
         return
     tile = linear_tile(ctx, m, n)
     tm, tn4 = LINEAR_TILES[tile]
-    p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
     res = residual if residual is not None else bt
+    S = split_k(ctx, tile, m, n4, k) if out_mode == OUT_ROWS and m0 == 0 else 1
+    if S > 1:
+        # K split S ways across work groups (linear.comp OUT_MODE 3): fp32 partials [S][M][N4] vec4, then
+        # linear_reduce.comp adds them in order with bias, activation and residual
+        part = ctx.scratch("linear.partials", S * m * n4 * 4)
+        ctx.dispatch(f"linear_{tile}", [(part.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (bt.name, "r")],
+                     Push().ivec4(m, n, k, n4).ivec4(0, lda4 if lda4 is not None else k // 4, 0, S),
+                     (OUT_SPLIT, 0, False), (-(-n4 // tn4), -(-m // tm), S), "gemm",
+                     flops=2 * m * n * k, nbytes=4 * (m * k + k * n + S * m * n), exact_kernel=True)
+        ctx.dispatch("linear_reduce", [(out.name, "w"), (part.name, "r"), (bt.name, "r"), (res.name, "r")],
+                     Push().ivec4(m, n, n4, S), (ACTS[act], residual is not None), (n4, m, 1), "elementwise",
+                     flops=S * m * n, nbytes=4 * (S * m * n + m * n * (2 if residual is not None else 1)),
+                     exact_kernel=True)
+        ctx.note(f"K split {S} ways across work groups, then a reduce pass")
+        return
+    p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
     ctx.dispatch(f"linear_{tile}", [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
                  p, (out_mode, ACTS[act], residual is not None), (-(-n4 // tn4), -(-m // tm), 1), "gemm",
                  flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)),

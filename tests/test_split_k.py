@@ -1,0 +1,96 @@
+"""Split K for the fp32 GEMM (glsl/linear.comp OUT_MODE 3 + glsl/linear_reduce.comp, minirt/ops/gemm.py split_k):
+which GEMMs of the Whisper plan split on the H200 profile and how, and the numbers against a float64 reference with
+poisoned activations, for forced split counts on this machine's device."""
+import dataclasses
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from minirt import MinirtError, Session
+from minirt.device_profile import KNOWN_PROFILES
+from minirt.infer import prepare
+from minirt.loaders import load
+from minirt.ops import gemm
+from minirt.planner import make_plan
+from oracle import make_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+import whisper_encoder as we  # noqa: E402
+
+H200 = KNOWN_PROFILES["nvidia-h200"]
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def whisper_plan(profile=H200, **options):
+    return make_plan(prepare(load(we.build_whisper_encoder("tiny", layers=1, seed=3))), profile, "buffer", options)
+
+
+def test_h200_splits_the_gemms_left_one_group_per_multiprocessor():
+    """1500 x 384 outputs are 128 groups of 24 x 12 (18 KiB: 2 per multiprocessor, 264 places): fc2 (K 1536) and the
+    conv2 GEMM (K 1152) split twice; the out-projection (K 384: 12 slices, 6 a split) and the wider GEMMs do not."""
+    p = whisper_plan()
+    splits = [(i, d) for i, d in enumerate(p.dispatches) if d.kernel.startswith("linear_t") and d.spec[0] == gemm.OUT_SPLIT]
+    assert [d.node.split("/")[-2] for _, d in splits] == ["conv2", "fc2"]
+    for i, d in splits:
+        m, n, k, n4 = np.frombuffer(d.push[:16], np.int32)
+        S = np.frombuffer(d.push[16:32], np.int32)[3]
+        assert (m, n, S) == (1500, 384, 2) and d.global_size[2] == S
+        part = p.tensors[d.args[0][0]]
+        assert part.dtype == "float32" and part.numel >= S * m * n4 * 4
+        red = p.dispatches[i + 1]
+        assert red.kernel == "linear_reduce" and red.args[1] == (part.name, "r")
+        assert tuple(np.frombuffer(red.push[:16], np.int32)) == (m, n, n4, S)
+        assert red.spec == ((2, 1) if "conv2" in d.node else (0, 1))    # GELU then the positional embedding; residual
+    others = [d for d in p.dispatches if d.kernel.startswith("linear_t") and d.spec[0] != gemm.OUT_SPLIT]
+    assert len(others) == 4 and all(d.global_size[2] == 1 for d in others)   # conv1, qkv, out_proj, fc1
+
+
+def test_no_split_without_multiprocessor_count_at_fp16_or_when_forced_off():
+    for p in (whisper_plan(dataclasses.replace(H200, compute_units=0)), whisper_plan(precision="fp16"),
+              whisper_plan(gemm_splitk=1), make_plan(prepare(load(we.build_whisper_encoder("tiny", layers=1, seed=3))),
+                                                     KNOWN_PROFILES["lavapipe"], "buffer", {})):
+        assert not any(d.kernel == "linear_reduce" for d in p.dispatches)
+
+
+@pytest.mark.parametrize("bad", [0, -1, "two", True])
+def test_bad_split_option(bad):
+    with pytest.raises(MinirtError, match="gemm_splitk"):
+        whisper_plan(gemm_splitk=bad)
+
+
+def linear_model(m, n, k, act, residual, seed):
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((k, n)) / math.sqrt(k)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"])]
+    cur, inputs = "hb", {"x": (1, m, k)}
+    if act:
+        nodes.append(helper.make_node("Gelu", [cur], ["ha"]))
+        cur = "ha"
+    if residual:
+        nodes.append(helper.make_node("Add", [cur, "r"], ["y"]))
+        inputs["r"] = (1, m, n)
+    else:
+        nodes.append(helper.make_node("Identity", [cur], ["y"]))
+    feeds = {name: rng.uniform(-1, 1, shape).astype(np.float32) for name, shape in inputs.items()}
+    return make_model(nodes, inputs, ["y"], {"w": w, "b": b}, opset=20), w, b, feeds
+
+
+@pytest.mark.parametrize("m, n, k, act, residual, S", [(100, 64, 1536, True, True, 2), (37, 20, 520, False, True, 3),
+                                                        (130, 384, 384, True, False, 4), (9, 8, 64, False, False, 5)])
+def test_split_gemm_matches_float64(m, n, k, act, residual, S):
+    model, w, b, feeds = linear_model(m, n, k, act, residual, seed=m + n + k + S)
+    with Session(model, storage="buffer", options={"gemm_splitk": S, "poison": True}) as s:
+        assert [d.kernel for d in s.plan.dispatches][-1] == "linear_reduce"
+        y = s.run(None, feeds)[0].astype(np.float64)
+    ref = feeds["x"].astype(np.float64) @ w.astype(np.float64) + b
+    if act:
+        ref = 0.5 * ref * (1 + _erf(ref / math.sqrt(2)))
+    if residual:
+        ref = ref + feeds["r"]
+    assert not np.isnan(y).any()
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * math.sqrt(k))

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tools"))   # after the stdlib: tools/profile.py
 import occupancy  # noqa: E402
 
 

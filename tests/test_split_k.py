@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from onnx import helper
+from onnx import numpy_helper
 
 from minirt import MinirtError, Session
 from minirt.device_profile import KNOWN_PROFILES
@@ -16,10 +16,11 @@ from minirt.infer import prepare
 from minirt.loaders import load
 from minirt.ops import gemm
 from minirt.planner import make_plan
-from oracle import make_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tools"))   # after the stdlib: tools/profile.py
 import whisper_encoder as we  # noqa: E402
+from cm_bench import linear_case  # noqa: E402
 
 H200 = KNOWN_PROFILES["nvidia-h200"]
 _erf = np.vectorize(math.erf, otypes=[np.float64])
@@ -62,28 +63,12 @@ def test_bad_split_option(bad):
         whisper_plan(gemm_splitk=bad)
 
 
-def linear_model(m, n, k, act, residual, seed):
-    rng = np.random.default_rng(seed)
-    w = (rng.standard_normal((k, n)) / math.sqrt(k)).astype(np.float32)
-    b = rng.standard_normal(n).astype(np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"])]
-    cur, inputs = "hb", {"x": (1, m, k)}
-    if act:
-        nodes.append(helper.make_node("Gelu", [cur], ["ha"]))
-        cur = "ha"
-    if residual:
-        nodes.append(helper.make_node("Add", [cur, "r"], ["y"]))
-        inputs["r"] = (1, m, n)
-    else:
-        nodes.append(helper.make_node("Identity", [cur], ["y"]))
-    feeds = {name: rng.uniform(-1, 1, shape).astype(np.float32) for name, shape in inputs.items()}
-    return make_model(nodes, inputs, ["y"], {"w": w, "b": b}, opset=20), w, b, feeds
-
-
 @pytest.mark.parametrize("m, n, k, act, residual, S", [(100, 64, 1536, True, True, 2), (37, 20, 520, False, True, 3),
                                                         (130, 384, 384, True, False, 4), (9, 8, 64, False, False, 5)])
 def test_split_gemm_matches_float64(m, n, k, act, residual, S):
-    model, w, b, feeds = linear_model(m, n, k, act, residual, seed=m + n + k + S)
+    model, feeds = linear_case(m, n, k, act, residual)     # tools/cm_bench.py: seeded weights and inputs
+    init = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    w, b = init["w"], init["b"]
     with Session(model, storage="buffer", options={"gemm_splitk": S, "poison": True}) as s:
         assert [d.kernel for d in s.plan.dispatches][-1] == "linear_reduce"
         y = s.run(None, feeds)[0].astype(np.float64)

@@ -23,8 +23,10 @@ SUBGROUP = 32
 MAX_PREFETCH = 8    # f16vec4 of K (and as many of V) an invocation carries from one block to the next
 # (NR, KS, BK) in order of preference: a work group of NR * KS subgroups owns 16 NR query rows; its KS key splits
 # take every KS-th block of BK keys. Measured on an H200 for Whisper-tiny's self-attention (tools/attn_bench.py,
-# docs/benchmarks.md): (4, 1, 32) 64 us, (4, 2, 32) 78 us, (2, 4, 16) 82 us, (4, 1, 64) 114 us, (2, 2, 32) 132 us.
-# Four teams sharing one key stream, with no split merge at the end, beat more, smaller work groups.
+# docs/benchmarks.md; the third session's kernel, before the shared area): (4, 1, 32) 64 us, (4, 2, 32) 78 us,
+# (2, 4, 16) 82 us, (4, 1, 64) 114 us, (2, 2, 32) 132 us. Four teams sharing one key stream, with no split merge at the
+# end, beat more, smaller work groups; several of the others lost because their groups took two waves (a
+# multiprocessor holds 48 KiB of shared memory: tools/occupancy.py). Where keys split across groups, SPLIT_TILE first.
 TILES = ((4, 1, 32), (4, 2, 32), (2, 4, 16), (4, 1, 64), (2, 2, 32), (2, 1, 64), (2, 1, 32), (1, 2, 32), (1, 2, 16),
          (1, 1, 32), (1, 1, 16))
 

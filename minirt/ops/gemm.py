@@ -144,12 +144,19 @@ ONE_WAVE_TILE = "m64n128k32s1"
 
 
 def cm_split_k(ctx, tile, m, n, k) -> int:
-    """K splits of a row-major tensor-core GEMM: only where Session option gemm_splitk forces them. The kernel side
-    (linear_cm OUT_MODE 3 + linear_reduce) is tested, but it has not been measured on tensor cores yet, so split_k's
-    rule does not choose it by itself (docs/benchmarks.md, fifth session)."""
+    """K splits of a row-major tensor-core GEMM (1: none), by split_k's rule: the most splits whose groups still fit
+    one wave of resident groups, each at least SPLIT_K_MIN_SLICES 32-deep slices. Option gemm_splitk forces S."""
     if ctx.options.get("gemm_splitk") is not None:
         return split_k(ctx, tile, m, 0, k)
-    return 1
+    p = ctx.profile
+    if not p.compute_units or p.device_type != "discrete":
+        return 1
+    bm, bn, _bk, _warps = CM_TILES[tile]
+    groups = -(-m // bm) * -(-n // bn)
+    slots = p.compute_units * max(1, p.max_shared_memory // cm_shared_bytes(tile))
+    slices = -(-k // 32)
+    fits = [S for S in range(2, SPLIT_K_MAX + 1) if groups * S <= slots and slices // S >= SPLIT_K_MIN_SLICES]
+    return max(fits, default=1)
 
 
 def cm_waves(ctx, tile, m, n) -> int:

@@ -79,34 +79,3 @@ def test_split_gemm_matches_float64(m, n, k, act, residual, S):
         ref = ref + feeds["r"]
     assert not np.isnan(y).any()
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * math.sqrt(k))
-
-
-def test_h200_fp16_splits_the_same_gemms_on_tensor_cores():
-    """At fp16 the tensor-core GEMM (64x64 one-stage blocks, 15 KiB: 3 per multiprocessor, 396 places) splits the
-    same two: 144 groups twice in one wave; the out-projection's 12 slices stay whole."""
-    p = whisper_plan(precision="fp16")
-    splits = [(i, d) for i, d in enumerate(p.dispatches) if d.kernel.startswith("linear_cm") and d.spec[0] == gemm.OUT_SPLIT]
-    assert [d.node.split("/")[-2] for _, d in splits] == ["conv2", "fc2"]
-    for i, d in splits:
-        assert d.global_size == (128, 24, 6 * 2)               # z: 6 column blocks x 2 splits
-        assert p.dispatches[i + 1].kernel == "linear_reduce_half"
-        assert p.tensors[d.args[0][0]].dtype == "float32"
-
-
-@pytest.mark.parametrize("m, n, k, act, residual, S", [(100, 64, 1536, True, True, 2), (70, 40, 520, False, True, 3),
-                                                        (130, 128, 384, True, False, 4)])
-def test_emulated_tensor_core_split_matches_unsplit(m, n, k, act, residual, S):
-    """The tensor-core kernel's split (its emulated variant, on any fp16 device) against the same kernel unsplit: equal
-    up to the fp16 rounding of the output."""
-    from minirt.session import get_device
-    if not get_device().profile.storage16:
-        pytest.skip("no 16-bit storage buffers: precision fp16 cannot run")
-    model, feeds = linear_case(m, n, k, act, residual)
-    with Session(model, storage="buffer", precision="fp16", options={"cm_emulate": True}) as s:
-        ref = s.run(None, feeds)[0]
-    with Session(model, storage="buffer", precision="fp16", options={"cm_emulate": True, "gemm_splitk": S,
-                                                                     "poison": True}) as s:
-        assert any(d.kernel.startswith("linear_reduce") for d in s.plan.dispatches)
-        y = s.run(None, feeds)[0]
-    assert not np.isnan(y).any()
-    np.testing.assert_allclose(y, ref, rtol=0, atol=2 ** -9 * float(np.abs(ref).max()))

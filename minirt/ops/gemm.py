@@ -143,22 +143,6 @@ def cm_kernel(ctx, m, n):
 ONE_WAVE_TILE = "m64n128k32s1"
 
 
-def cm_split_k(ctx, tile, m, n, k) -> int:
-    """K splits of a row-major tensor-core GEMM (1: none), by split_k's rule: the most splits whose groups still fit
-    one wave of resident groups, each at least SPLIT_K_MIN_SLICES 32-deep slices. Option gemm_splitk forces S."""
-    if ctx.options.get("gemm_splitk") is not None:
-        return split_k(ctx, tile, m, 0, k)
-    p = ctx.profile
-    if not p.compute_units or p.device_type != "discrete":
-        return 1
-    bm, bn, _bk, _warps = CM_TILES[tile]
-    groups = -(-m // bm) * -(-n // bn)
-    slots = p.compute_units * max(1, p.max_shared_memory // cm_shared_bytes(tile))
-    slices = -(-k // 32)
-    fits = [S for S in range(2, SPLIT_K_MAX + 1) if groups * S <= slots and slices // S >= SPLIT_K_MIN_SLICES]
-    return max(fits, default=1)
-
-
 def cm_waves(ctx, tile, m, n) -> int:
     """Waves of work groups of a linear_cm tile for an M x N output (0 where the multiprocessor count is unknown)."""
     p = ctx.profile
@@ -174,23 +158,9 @@ def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mo
     """linear_dispatch on tensor cores: same bindings, push constants and specialization constants as linear.comp.
     Global size: x = the work group's invocations (whole subgroups, family "coopmat"), y = row blocks,
     z = column blocks."""
-    bm, bn, bk, warps = CM_TILES[tile]
-    res = residual if residual is not None else bt
-    S = cm_split_k(ctx, tile, m, n, k) if out_mode == OUT_ROWS and m0 == 0 and n % 4 == 0 else 1
-    if S > 1:
-        # K split S ways across work groups (OUT_MODE 3): fp32 partials [S][M][N], then linear_reduce
-        part = ctx.scratch("linear.partials", S * m * n)
-        nb = -(-n // bn)
-        ctx.dispatch(kernel, [(part.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (bt.name, "r")],
-                     Push().ivec4(m, n, k, n4).ivec4(0, lda4 if lda4 is not None else k // 4, 0, S), (OUT_SPLIT, 0, False),
-                     (warps * ctx.profile.subgroup_size, -(-m // bm), nb * S), "coopmat",
-                     flops=2 * m * n * k, nbytes=2 * (m * k + k * n) + 4 * S * m * n)
-        ctx.dispatch("linear_reduce", [(out.name, "w"), (part.name, "r"), (bt.name, "r"), (res.name, "r")],
-                     Push().ivec4(m, n, n4, S), (ACTS[act], residual is not None), (n4, m, 1), "elementwise",
-                     flops=S * m * n, nbytes=4 * (S * m * n + m * n * (2 if residual is not None else 1)), io="out32")
-        ctx.note(f"K split {S} ways across work groups, then a reduce pass")
-        return
+    bm, bn, _bk, warps = CM_TILES[tile]
     p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
+    res = residual if residual is not None else bt
     ctx.dispatch(kernel, [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
                  p, (out_mode, ACTS[act], residual is not None),
                  (warps * ctx.profile.subgroup_size, -(-m // bm), -(-n // bn)), "coopmat",

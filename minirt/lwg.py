@@ -20,6 +20,7 @@ from .device_profile import DeviceProfile
 FAMILIES = ("gemm", "im2col", "elementwise", "reduction", "conv", "copy", "attention", "coopmat")
 # Families whose kernels size their work from the local size: a forced local size never applies to them.
 UNFORCEABLE = ("reduction", "coopmat", "attention")
+FORCEABLE = tuple(f for f in FAMILIES if f not in UNFORCEABLE)
 
 DEFAULT_INVOCATIONS = 64
 # Non-Adreno GEMM: square tiles load the fewest A/B edges per output.
@@ -216,6 +217,16 @@ _PICKERS = {
     "attention": _coopmat,     # the flash-attention kernels size their tiles from the exact thread count
     "coopmat": _coopmat,
 }
+
+
+def forced_local_size(family: str, options: dict):
+    """The local size options["local_size"] forces on a dispatch of `family`, or None: only families in
+    options["local_size_families"] (default: every forceable one); reduction, cooperative-matrix and attention
+    kernels size their work from their local size, so a forced size never applies to them."""
+    forced = options.get("local_size")
+    if forced and family in options.get("local_size_families", FORCEABLE) and family not in UNFORCEABLE:
+        return forced
+    return None
 
 
 def pick_local_size(family: str, global_size, profile: DeviceProfile,

@@ -48,7 +48,7 @@ def main(argv=None):
     ap.add_argument("--json", help="write the table as JSON")
     a = ap.parse_args(argv)
     from minirt import MinirtError, Session
-    from minirt.lwg import FAMILIES, UNFORCEABLE
+    from minirt.lwg import FORCEABLE
     from minirt.reference import run_graph
     from minirt.loaders import load
     from minirt.session import parse_local_size
@@ -59,7 +59,7 @@ def main(argv=None):
         model, label = a.model, a.model
     else:
         ap.error("give a model or --gemm M,K,N")
-    families = tuple(f for f in FAMILIES if f not in UNFORCEABLE) if a.family == "all" else (a.family,)
+    families = FORCEABLE if a.family == "all" else (a.family,)
     g = load(model)
     info = g.tensor(g.inputs[0])
     x = (np.load(a.input).astype(np.float32) if a.input else

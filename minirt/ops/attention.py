@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import MinirtError, ModelError, UnsupportedError
 from ..planner.plan import Push
 from . import Op, attr, register
-from ..options import option_on
+from ..options import option_count, option_on
 
 MAX_HEAD_DIM = 128
 # (threads, column groups KG, rows per thread RT) in order of preference; the first whose KG divides dh / 4 and whose
@@ -47,15 +47,9 @@ MAX_SPLITS = 16
 
 def splits(profile, groups, tk, options=None):
     """Key splits S for an attention of `groups` work groups over `tk` keys (see the rule above)."""
-    forced = (options or {}).get("attention_splits")
+    forced = option_count(options or {}, "attention_splits")
     if forced is not None:
-        try:
-            s = int(forced)
-        except (TypeError, ValueError):
-            s = 0
-        if s < 1 or isinstance(forced, bool) or (isinstance(forced, float) and forced != s):
-            raise MinirtError(f"option attention_splits must be an integer >= 1, got {forced!r}")
-        return s
+        return forced
     if profile.device_type != "discrete":
         return 1
     most = max(1, min(tk // SPLIT_MIN_KEYS, MAX_SPLITS))

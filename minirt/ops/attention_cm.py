@@ -65,9 +65,9 @@ def tile_problem(dh, tile, shared, emulate=False):
 SPLIT_TILE = (4, 1, 16)
 
 
-def pick_tile(ctx, dh, groups_of=None, tk=0):
-    """The (NR, KS, BK) for head dim dh on ctx's device (or the forced coopmat_tile), or None. groups_of(tile): the
-    work groups of a tile before any key split, for the SPLIT_TILE rule (without it, TILES' order)."""
+def pick_tile(ctx, dh):
+    """The (NR, KS, BK) for head dim dh on ctx's device (or the forced coopmat_tile), or None (TILES' order; lower
+    puts SPLIT_TILE first where it splits)."""
     emulate = ctx.options.get("coopmat") == "emulate"
     shared = ctx.profile.max_shared_memory
     forced = ctx.options.get("coopmat_tile")
@@ -77,9 +77,6 @@ def pick_tile(ctx, dh, groups_of=None, tk=0):
         if why:
             raise UnsupportedError(f"coopmat_tile {list(forced)} for head dim {dh}: {why}")
         return tile
-    if groups_of is not None and tile_problem(dh, SPLIT_TILE, shared, emulate) is None \
-            and splits(ctx, SPLIT_TILE, dh, groups_of(SPLIT_TILE), tk) > 1:
-        return SPLIT_TILE
     return next((t for t in TILES if tile_problem(dh, t, shared, emulate) is None), None)
 
 
@@ -106,7 +103,7 @@ def splits(ctx, tile, dh, groups, tk):
     p = ctx.profile
     if not p.compute_units or p.device_type != "discrete":
         return 1
-    slots = p.compute_units * max(1, p.max_shared_memory // shared_bytes(dh, *tile, ctx.options.get("coopmat") == "emulate"))
+    slots = p.wave_slots(shared_bytes(dh, *tile, ctx.options.get("coopmat") == "emulate"))
     most = max(1, min(tk // attention.SPLIT_MIN_KEYS, attention.MAX_SPLITS))
     return max(s for s in range(1, most + 1) if s == 1 or groups * s <= slots)
 
@@ -117,11 +114,18 @@ def lower(node, ctx):
     B, Tq, D = q.shape
     Tk = k.shape[1]
     dh = D // heads
-    nr, ks, bk = pick_tile(ctx, dh, lambda t: -(-Tq // (16 * t[0])) * B * heads, Tk)
     emulate = ctx.options.get("coopmat") == "emulate"
     kernel = "attention_cm_emu" if emulate else "attention_cm_khr"
+    tile, S = pick_tile(ctx, dh), None
+    if ctx.options.get("coopmat_tile") is None \
+            and tile_problem(dh, SPLIT_TILE, ctx.profile.max_shared_memory, emulate) is None:
+        s = splits(ctx, SPLIT_TILE, dh, -(-Tq // (16 * SPLIT_TILE[0])) * B * heads, Tk)
+        if s > 1:    # SPLIT_TILE first where it splits
+            tile, S = SPLIT_TILE, s
+    nr, ks, bk = tile
     qblocks = -(-Tq // (16 * nr))
-    S = splits(ctx, (nr, ks, bk), dh, qblocks * B * heads, Tk)
+    if S is None:
+        S = splits(ctx, tile, dh, qblocks * B * heads, Tk)
     ctx.note(f"cooperative-matrix attention{' (emulated)' if emulate else ''}: {16 * nr} query rows per work group, "
              f"{ks} key split(s) in a group, blocks of {bk} keys" + (f", keys split {S} ways across groups" if S > 1 else ""))
     push = Push().ivec4(Tq, Tk, heads, D // 4).vec4(scale * math.log2(math.e))

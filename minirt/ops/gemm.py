@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import MinirtError
 from ..planner.plan import Push
-from ..options import option_on
+from ..options import option_count, option_on
 
 ACTS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
 
@@ -132,10 +132,8 @@ def cm_kernel(ctx, m, n):
     return None if tile is None else (f"{base}_{tile}", tile)
 
 
-# A multiprocessor holds as many work groups at once as its shared memory allows, and NVIDIA's Vulkan driver gives a
-# multiprocessor the same 48 KiB that one work group may declare (tools/occupancy.py probe on an H200: 4 groups of
-# 12 KiB fit, 3 of 13-16 KiB, 2 of 17-24 KiB, 1 above), so the device's per-group limit stands in for it. Hence the
-# single shared stage of the default tile: 15 KiB instead of 24, 3 groups per multiprocessor instead of 2, for one
+# A multiprocessor holds as many work groups at once as its shared memory allows (DeviceProfile.wave_slots: 48 KiB in
+# all on an H200). Hence the single shared stage of the default tile: 15 KiB instead of 24, 3 groups per multiprocessor instead of 2, for one
 # more barrier per slice (H200, tools/gemm_bench.py: Whisper-tiny fc1 34.0 -> 26.6 us, conv1 18.8 -> 12.0, fc2 35.7
 # -> 34.1). m64n128k32s1 (19 KiB, 2 per multiprocessor) covers twice the columns: where that turns two or more waves
 # of groups into one it wins (the merged QKV, 1500 x 384 x 1152: 24.1 -> 17.9 us); where both need several waves it
@@ -145,12 +143,11 @@ ONE_WAVE_TILE = "m64n128k32s1"
 
 def cm_waves(ctx, tile, m, n) -> int:
     """Waves of work groups of a linear_cm tile for an M x N output (0 where the multiprocessor count is unknown)."""
-    p = ctx.profile
-    if not p.compute_units:
+    slots = ctx.profile.wave_slots(cm_shared_bytes(tile))
+    if not slots:
         return 0
     bm, bn, _bk, _warps = CM_TILES[tile]
-    resident = max(1, p.max_shared_memory // cm_shared_bytes(tile))
-    return -(-(-(-m // bm) * -(-n // bn)) // (p.compute_units * resident))
+    return -(-(-(-m // bm) * -(-n // bn)) // slots)
 
 
 def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mode, act, m0, lda4, m_total,
@@ -173,36 +170,26 @@ OUT_ROWS, OUT_NCHW, OUT_PARTS, OUT_SPLIT = 0, 1, 2, 3    # linear.comp / linear_
 # Split K (linear.comp OUT_MODE 3 + linear_reduce.comp), fp32 only: where an fp32 GEMM's grid leaves each
 # multiprocessor one group (Whisper's 1500 x 384 outputs: 128 groups of 24 x 12 on an H200's 132), splitting K over
 # S groups puts S of them on each multiprocessor, each running 1/S of the K loop, for one more (reduce) dispatch.
-# Taken with the most splits whose groups still fit one wave of resident groups (shared memory per multiprocessor
-# over the group's, as in cm_waves), each split at least SPLIT_K_MIN_SLICES 32-deep slices.
+# Taken with the most splits whose groups still fit one wave (DeviceProfile.wave_slots), each split at least
+# SPLIT_K_MIN_SLICES 32-deep slices.
 SPLIT_K_MIN_SLICES = 8
 SPLIT_K_MAX = 4
 
 
 def split_k(ctx, tile, m, n4, k) -> int:
     """K splits of an fp32 row-major linear.comp GEMM (1: none). Session(options={"gemm_splitk": S}) forces S."""
-    forced = ctx.options.get("gemm_splitk")
+    forced = option_count(ctx.options, "gemm_splitk")
     if forced is not None:
-        try:
-            S = int(forced)
-        except (TypeError, ValueError):
-            S = 0
-        if S < 1 or isinstance(forced, bool):
-            raise MinirtError(f"option gemm_splitk must be an integer >= 1, got {forced!r}")
-        return S
+        return forced
     p = ctx.profile
     if ctx.half or not p.compute_units or p.device_type != "discrete" or tile != "t44k32":
         return 1
-    from ..lwg import FAMILIES, UNFORCEABLE, pick_local_size
+    from ..lwg import forced_local_size, pick_local_size
     tm, tn4 = LINEAR_TILES[tile]
     g = (-(-n4 // tn4), -(-m // tm), 1)
-    forced_local = ctx.options.get("local_size")
-    use = forced_local if forced_local and "gemm" in ctx.options.get(
-        "local_size_families", tuple(f for f in FAMILIES if f not in UNFORCEABLE)) else None
-    lx, ly, _ = pick_local_size("gemm", g, p, use)   # as the planner will pick it
+    lx, ly, _ = pick_local_size("gemm", g, p, forced_local_size("gemm", ctx.options))   # as the planner will
     groups = -(-g[0] // lx) * -(-g[1] // ly)
-    shared = 4 * 32 * (ly * tm + lx * 4 * tn4)          # the A and B stages of one 32-deep slice
-    slots = p.compute_units * max(1, p.max_shared_memory // shared)
+    slots = p.wave_slots(4 * 32 * (ly * tm + lx * 4 * tn4))   # the A and B stages of one 32-deep slice
     slices = -(-k // 32)
     fits = [S for S in range(2, SPLIT_K_MAX + 1) if groups * S <= slots and slices // S >= SPLIT_K_MIN_SLICES]
     return max(fits, default=1)

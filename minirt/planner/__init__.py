@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 
 from ..errors import MinirtError, UnsupportedError
-from ..lwg import FAMILIES, UNFORCEABLE, check_local_size, pick_local_size
+from ..lwg import check_local_size, forced_local_size, pick_local_size
 from . import (conv1d_as_conv2d, conv_output_nlc, conv_routing, fuse_activation, fuse_attention, fuse_gelu,
                fuse_linear, memory_plan, merge_siblings)
 from .lower import lower
@@ -32,7 +32,6 @@ GRAPH_PASSES = [("conv1d_as_conv2d", conv1d_as_conv2d.rewrite), ("conv_routing",
                 ("fuse_gelu", fuse_gelu.rewrite), ("fuse_activation", fuse_activation.rewrite),
                 ("conv_output_nlc", conv_output_nlc.rewrite), ("fuse_linear", fuse_linear.rewrite),
                 ("merge_siblings", merge_siblings.rewrite), ("fuse_attention", fuse_attention.rewrite)]
-FORCEABLE = tuple(f for f in FAMILIES if f not in UNFORCEABLE)
 
 
 PRECISIONS = ("fp32", "fp16")
@@ -62,17 +61,13 @@ def make_plan(graph, profile, storage="auto", options=None) -> Plan:
     plan = lower(g, storage, profile, options, precision)
     check_limits(plan, profile)
     forced = options.get("local_size")
-    families = options.get("local_size_families", FORCEABLE)
     if forced:
         try:
             check_local_size(forced, profile)
         except ValueError as e:
             raise MinirtError(f"forced local size {list(forced)} is refused: {e}") from None
     for d in plan.dispatches:
-        # Reduction and cooperative-matrix kernels size their work from the local size; a forced size never
-        # applies to them.
-        f = forced if forced and d.family in families and d.family not in UNFORCEABLE else None
-        d.local_size = pick_local_size(d.family, d.global_size, profile, f)
+        d.local_size = pick_local_size(d.family, d.global_size, profile, forced_local_size(d.family, options))
         groups = [-(-g // l) for g, l in zip(d.global_size, d.local_size)]
         for axis, (n, lim) in enumerate(zip(groups, profile.max_group_count)):
             if n > lim:

@@ -93,7 +93,7 @@ def test_peaked_scores_in_different_splits():
     check_split(1, 20, 150, 2, 64, 3, seed=11, spread=6.0)
 
 
-@pytest.mark.parametrize("tile", [(128, 16, 3), (64, 16, 4)])
+@pytest.mark.parametrize("tile", [(128, 16, 3, 4), (64, 16, 4, 4)])
 def test_gpu_tiles_split(monkeypatch, tile):
     """GPU tiles (64-key blocks; the H200's own (128, 16, 5) needs more than lavapipe's 32 KiB of shared
     memory), split over ragged blocks."""
@@ -253,7 +253,94 @@ def test_forced_tile_is_used_and_checked():
     d = plan_for(H200, options={"attention_tile": "64x8x4", "attention_splits": 1}).dispatches[0]
     assert d.spec[1:3] == (8, 4) and d.global_size == (64, -(-1500 // 32), 6)
     check_opts(1, 37, 60, 2, 64, {"attention_tile": (64, 8, 2)}, seed=3)
-    for bad, why in (("64x16", "THREADSxKGxRT"), ("64x5x4", "does not divide"), ("24x16x4", "not a multiple"),
-                     ("2048x16x1", "exceed"), ("1024x16x8", "shared memory")):
+    for bad, why in (("64x16", "THREADSxKGxRT"), ("64x8x4x2x1", "THREADSxKGxRTxNK"), ("64x8x4x0", "positive"),
+                     ("64x5x4", "does not divide"), ("24x16x4", "not a multiple"), ("64x2x4x3", "keys per block"),
+                     ("2048x16x1", "exceed"), ("1024x16x8", "shared memory"), ("128x8x5x8", "shared memory")):
         with pytest.raises(MinirtError, match=why):
             plan_for(H200, options={"attention_tile": bad})
+
+
+def test_default_plans_keep_four_keys_per_thread():
+    """NK (constant_id 7, the 5th specialization value) is 4 in every default tile: today's kernels and plans."""
+    assert plan_for(H200).dispatches[0].spec == (64, 8, 5, True, 4)
+    assert plan_for(LAVAPIPE).dispatches[0].spec == (64, 8, 3, False, 4)
+    assert plan_for(KNOWN_PROFILES["adreno-840"], storage="texture").dispatches[0].spec == (64, 16, 3, True, 4)
+    assert all(t[3] == 4 for t in attention.TILES + attention.CPU_TILES)
+
+
+# -- keys per thread (NK: blocks of BK = NK KG keys) --------------------------------------------------------
+
+def test_forced_tile_takes_keys_per_thread():
+    f = attention.forced_tile
+    assert f("64x8x4", 64, H200) == f((64, 8, 4), 64, H200) == f("64x8x4x4", 64, H200) == (64, 8, 4, 4)
+    assert f("64x8x4x2", 64, H200) == f((64, 8, 4, 2), 64, H200) == (64, 8, 4, 2)
+    assert f("64x4x4x3", 64, H200) == (64, 4, 4, 3) and f("64x4x4x1", 64, H200) == (64, 4, 4, 1)
+    for bad, why in (("64x2x4x3", "NK 3 x KG 2 = 6 keys per block, not a multiple of 4"),
+                     ("64x2x4x1", "NK 1 x KG 2 = 2 keys per block, not a multiple of 4"),
+                     ("64x8x4x2x1", "THREADSxKGxRT or THREADSxKGxRTxNK"), ((64, 8, 4, 0), "positive integers")):
+        with pytest.raises(MinirtError, match=why):
+            f(bad, 64, H200)
+
+
+# Configurations for the GPU measurement (Whisper-tiny, dh = 64) and their shared memory, from the kernel's arrays:
+# Q BQ x 17 vec4 + K/V BK x 17 vec4 + P BQ x (BK + 4) floats + row partials BQ x KG floats.
+MEASURE_TILES = {"256x16x5x2": 47104, "128x8x5x2": 35072, "256x16x4x2": 39424, "128x16x5x2": 27904,
+                 "128x8x5x4": 44544}
+
+
+@pytest.mark.parametrize("tile,nbytes", MEASURE_TILES.items())
+def test_tiles_to_measure_plan(tile, nbytes):
+    """Each plans on the H200 profile (and on lavapipe's given 48 KiB) with NK as the 5th specialization value;
+    lavapipe's real 32 KiB refuses those above it."""
+    threads, kg, rt, nk = (int(v) for v in tile.split("x"))
+    assert attention.shared_bytes(64, threads, kg, rt, nk) == nbytes <= H200.max_shared_memory
+    bq = rt * threads // kg
+    for prof, prefetch in ((H200, True), (dataclasses.replace(LAVAPIPE, max_shared_memory=49152), False)):
+        d = plan_for(prof, options={"attention_tile": tile, "attention_splits": 1}).dispatches
+        assert len(d) == 1 and d[0].spec == (64, kg, rt, prefetch, nk)
+        assert d[0].global_size == (threads, -(-1500 // bq), 6)
+    if nbytes > LAVAPIPE.max_shared_memory:
+        with pytest.raises(MinirtError, match="shared memory"):
+            plan_for(LAVAPIPE, options={"attention_tile": tile})
+    else:
+        assert plan_for(LAVAPIPE, options={"attention_tile": tile}).dispatches[0].spec[4] == nk
+
+
+def test_shared_bytes_follow_keys_per_thread():
+    assert attention.shared_bytes(64, 128, 8, 5) == attention.shared_bytes(64, 128, 8, 5, 4) == 44544
+    assert attention.shared_bytes(64, 128, 8, 5, 1) == 80 * 17 * 16 + 8 * 17 * 16 + 80 * 12 * 4 + 80 * 8 * 4   # BK 8
+    assert attention.shared_bytes(32, 64, 4, 4, 3) == 64 * 9 * 16 + 12 * 9 * 16 + 64 * 16 * 4 + 64 * 4 * 4   # BK 12
+
+
+# (B, Tq, Tk, H, dh, S, tile, prefetch): Tk is never a multiple of BK (the last block is ragged) nor Tq of BQ
+@pytest.mark.parametrize("B,Tq,Tk,H,dh,S,tile,prefetch", [
+    (1, 37, 37, 2, 64, 1, "64x4x2x1", False),     # BK = 4: one key per thread, 10 blocks
+    (1, 37, 37, 2, 64, 4, "64x4x2x1", True),      # the same over 4 splits
+    (1, 50, 101, 2, 64, 1, "64x8x2x2", True),     # BK = 16
+    (2, 21, 45, 3, 16, 3, "32x2x4x2", False),     # BK = 4 at dh = 16, batch 2, cross attention, 3 splits
+    (1, 50, 101, 2, 64, 1, "64x4x4x3", False),    # BK = 12: P rows of 16 floats
+    (1, 50, 101, 2, 64, 2, "32x16x2x3", True),    # BK = 48, KG 16: row max through shared memory on 8-lane subgroups
+    (1, 50, 301, 2, 64, 1, "32x8x2x8", False),    # BK = 64
+    (1, 50, 301, 2, 32, 3, "64x8x4x8", True),     # BK = 64 at dh = 32, 3 splits
+])
+def test_keys_per_thread_match_numpy(B, Tq, Tk, H, dh, S, tile, prefetch):
+    opts = {"attention_tile": tile, "attention_splits": S, "attention_prefetch": prefetch}
+    threads, kg, rt, nk = (int(v) for v in tile.split("x"))
+    assert Tk % (nk * kg) and Tq % (rt * threads // kg)
+    d = plan_for(LAVAPIPE, B, Tq, Tk, H, dh, options=opts).dispatches[0]
+    assert d.spec == (dh, kg, rt, prefetch, nk)
+    assert d.global_size == (threads, -(-Tq // (rt * threads // kg)), B * H * S)
+    check_opts(B, Tq, Tk, H, dh, opts, seed=Tk + nk * 10 + S)
+
+
+def test_keys_per_thread_at_fp16():
+    check_opts(1, 50, 101, 2, 64, {"attention_tile": "64x8x2x2", "attention_splits": 2, "coopmat": False},
+               storages=["buffer"], seed=9, precision="fp16")
+
+
+@pytest.mark.parametrize("tile,S", [("128x16x5x2", 1), ("64x8x5x2", 3), ("128x16x4x2", 1)])
+def test_whisper_tiny_shape_with_two_keys_per_thread(tile, S):
+    """Whisper-tiny's self-attention (1500 keys: 32- and 16-key blocks, the last ragged) with MEASURE_TILES' NK = 2
+    tiles that fit lavapipe: 128x16x5x2 itself, 64x8x5x2 and 128x16x4x2 (half the rows of 128x8x5x2 and
+    256x16x4x2, the same per-thread work)."""
+    check_opts(1, 1500, 1500, 6, 64, {"attention_tile": tile, "attention_splits": S}, storages=["buffer"], seed=S)

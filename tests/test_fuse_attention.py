@@ -161,9 +161,10 @@ def test_fused_matches_onnxruntime(B, Tq, Tk, H, dh, spelling):
     check_fused(attention_model(B, Tq, Tk, H, dh, spelling), feeds(B, Tq, Tk, H * dh))
 
 
-@pytest.mark.parametrize("tile", [(128, 16, 3), (64, 16, 4), (32, 4, 4)])
+@pytest.mark.parametrize("tile", [(128, 16, 3, 4), (64, 16, 4, 4), (32, 4, 4, 4), (64, 8, 2, 2), (64, 4, 4, 3)])
 def test_other_tile_shapes(monkeypatch, tile):
-    """The shapes GPUs or other head dims get (lavapipe's own for dh = 64 is (128, 8, 3))."""
+    """The shapes GPUs or other head dims get (lavapipe's own for dh = 64 is (128, 8, 3, 4)), and fewer keys per
+    thread (NK = 2, 3: 16- and 12-key blocks, 37 keys)."""
     monkeypatch.setattr(attention, "tiles", lambda dh, shared, cpu: tile)
     check_fused(attention_model(1, 37, 37, 6, 64), feeds(1, 37, 37, 384), storages=["buffer"])
 
@@ -173,8 +174,8 @@ def test_tile_choice_fits_shared_memory():
         for shared in (32768, 49152):    # every GPU we know has at least 32 KiB
             t = attention.tiles(dh, shared)
             assert t is not None and attention.shared_bytes(dh, *t) <= shared and (dh // 4) % t[1] == 0
-    assert attention.tiles(64, 49152) == (128, 8, 5) and attention.tiles(64, 32768, cpu=True) == (128, 8, 3)
-    assert attention.tiles(64, 32768) == (128, 16, 3)   # (128, 8, 5) and (128, 16, 5) need 44.5 and 41.7 KiB
+    assert attention.tiles(64, 49152) == (128, 8, 5, 4) and attention.tiles(64, 32768, cpu=True) == (128, 8, 3, 4)
+    assert attention.tiles(64, 32768) == (128, 16, 3, 4)   # (128, 8, 5) and (128, 16, 5) need 44.5 and 41.7 KiB
 
 
 def test_whisper_layer_fused_matches_onnxruntime_and_drops_dispatches():

@@ -6,7 +6,8 @@ planner configurations, GPU time of its dispatches from the timestamp query pool
   python tools/attn_bench.py --config fp32 --config fp32:attention_splits=4 --config fp16 \\
       --config "fp16:coopmat_tile=2x2x32"
 
-A config is PRECISION[:KEY=VALUE,...] with Session options (attention_splits, coopmat=0, coopmat_tile=NRxKSxBK).
+A config is PRECISION[:KEY=VALUE,...] with Session options (attention_splits, attention_tile=THREADSxKGxRTxNK,
+coopmat=0, coopmat_tile=NRxKSxBK).
 Configs are measured round-robin (--rounds times) so a slow stretch of the GPU does not fall on one of them."""
 from __future__ import annotations
 

@@ -13,18 +13,19 @@ from . import Op, attr, register
 from ..options import option_count, option_on
 
 MAX_HEAD_DIM = 128
-# (threads, column groups KG, rows per thread RT) in order of preference; the first whose KG divides dh / 4 and whose
-# tiles fit the shared memory wins. A work group owns RT * threads / KG query rows and steps over 4 KG keys at a time.
+# (threads, column groups KG, rows per thread RT, keys per thread NK) in order of preference; the first whose KG divides
+# dh / 4 and whose tiles fit the shared memory wins. A work group owns RT * threads / KG query rows and steps over
+# NK KG keys at a time (NK KG a multiple of 4: P V reads P as vec4).
 # Measured on an H200 (tools/attn_bench.py, docs/benchmarks.md), Whisper-tiny, dh = 64, with the register prefetch:
 # (128, 8, 5) 163 us, (128, 16, 5) 186, (128, 4, 3) 212, (256, 16, 3) 213, (128, 16, 4) 233; 64-thread groups 270-500.
 # Thread counts that give exactly one wave of groups (112 threads, 70 rows: 132 groups on 132 SMs) gained nothing.
 # (128, 8, 5) gives each invocation a 5 x 8 output tile: 13 shared loads per 160 FMAs in P V against 9 per 80 for
 # (128, 16, 5); it needs 44.5 KiB.
-TILES = ((128, 8, 5), (128, 16, 5), (128, 16, 3), (128, 8, 4), (64, 16, 4), (64, 8, 4)) + \
-    tuple((32, kg, rt) for kg in (16, 8, 4, 2, 1) for rt in (4, 2, 1))   # small groups for any other head dim
+TILES = ((128, 8, 5, 4), (128, 16, 5, 4), (128, 16, 3, 4), (128, 8, 4, 4), (64, 16, 4, 4), (64, 8, 4, 4)) + \
+    tuple((32, kg, rt, 4) for kg in (16, 8, 4, 2, 1) for rt in (4, 2, 1))   # small groups for any other head dim
 MAX_PREFETCH = 8    # vec4 of K or V an invocation may carry between phases (Whisper's (128, 8, 5): 4)
 # CPU drivers (lavapipe) gain more from fewer, taller work groups (less K/V restaging) than from short blocks.
-CPU_TILES = ((128, 8, 3),)
+CPU_TILES = ((128, 8, 3, 4),)
 
 
 # Key splits (flash decoding, glsl/attention_split.comp, merged in the kernel). One work group per
@@ -61,28 +62,32 @@ def splits(profile, groups, tk, options=None):
     return max(1, min(-(-SPLIT_TARGET_GROUPS // groups), most))
 
 
-def shared_bytes(dh, threads, kg, rt):
-    p4, bq, bk = dh // 4 + 1, rt * threads // kg, 4 * kg
+def shared_bytes(dh, threads, kg, rt, nk=4):
+    p4, bq, bk = dh // 4 + 1, rt * threads // kg, nk * kg
     return 16 * p4 * (bq + bk) + 4 * bq * (bk + 4 + kg)
 
 
 def tiles(dh, shared, cpu=False):
-    """(threads, KG, RT) for head dim dh within `shared` bytes of shared memory, or None."""
+    """(threads, KG, RT, NK) for head dim dh within `shared` bytes of shared memory, or None."""
     order = CPU_TILES + TILES if cpu else TILES
     return next((t for t in order if (dh // 4) % t[1] == 0 and shared_bytes(dh, *t) <= shared), None)
 
 
 def forced_tile(value, dh, profile):
-    """Session(options={"attention_tile": "THREADSxKGxRT"}) (or a 3-tuple), checked against head dim and device."""
+    """Session(options={"attention_tile": "THREADSxKGxRTxNK"}) (or a tuple; without NK, NK = 4), checked against
+    head dim and device; returns (threads, KG, RT, NK)."""
     try:
         t = tuple(int(v) for v in (value.split("x") if isinstance(value, str) else value))
-        if len(t) != 3 or min(t) < 1:
+        if len(t) not in (3, 4) or min(t) < 1:
             raise ValueError
     except (TypeError, ValueError):
-        raise MinirtError(f"option attention_tile must be THREADSxKGxRT (three positive integers), got {value!r}") from None
-    threads, kg, rt = t
+        raise MinirtError(f"option attention_tile must be THREADSxKGxRT or THREADSxKGxRTxNK (positive integers), "
+                          f"got {value!r}") from None
+    t = t + (4,) * (4 - len(t))
+    threads, kg, rt, nk = t
     why = (f"KG {kg} does not divide head dim / 4 = {dh // 4}" if (dh // 4) % kg else
            f"{threads} threads are not a multiple of KG {kg}" if threads % kg else
+           f"NK {nk} x KG {kg} = {nk * kg} keys per block, not a multiple of 4" if nk * kg % 4 else
            f"{threads} threads exceed the device's {profile.max_invocations}" if threads > profile.max_invocations else
            f"it needs {shared_bytes(dh, *t)} bytes of shared memory, the device has {profile.max_shared_memory}"
            if shared_bytes(dh, *t) > profile.max_shared_memory else None)
@@ -143,7 +148,7 @@ class Attention(Op):
         if tile is None:
             raise UnsupportedError(f"{node}: head dim {dh} needs more shared memory than this device's "
                                    f"{ctx.profile.max_shared_memory} bytes")
-        threads, kg, rt = tile
+        threads, kg, rt, nk = tile
         qblocks = -(-Tq // (rt * threads // kg))
         S = splits(ctx.profile, qblocks * B * heads, Tk, ctx.options)
         push = Push().ivec4(Tq, Tk, heads, D // 4).vec4(scale * math.log2(math.e))
@@ -156,9 +161,9 @@ class Attention(Op):
         # K and V staged through registers one phase ahead (attention.glslh PREFETCH): on an H200 228 -> 186 us
         # (tiny, (128, 16, 5)), 193 -> 163 ((128, 8, 5)). Off on CPU drivers, where there is no latency to hide, and
         # where an invocation would carry more than MAX_PREFETCH vec4 (small groups, big heads), which would spill.
-        carried = -(-4 * kg * (dh // 4) // threads)
+        carried = -(-nk * kg * (dh // 4) // threads)
         prefetch = ctx.profile.device_type != "cpu" and carried <= MAX_PREFETCH
-        spec = (dh, kg, rt, option_on(ctx.options, "attention_prefetch", prefetch))
+        spec = (dh, kg, rt, option_on(ctx.options, "attention_prefetch", prefetch), nk)   # constant_ids 3 .. 7
         flops = 4 * B * heads * Tq * Tk * dh
         # family "attention": the local x is exactly the global x given, so one work group = `threads` invocations
         if S == 1:

@@ -82,20 +82,14 @@ def test_whisper_gemms_take_coopmat_on_h200():
     plan = _plan(m)
     gemms = [d for d in plan.dispatches if d.kernel.startswith("linear")]
     assert len(gemms) == 6, _kernels(plan)     # conv1, conv2, q+k+v (merge_siblings), out_proj, fc1, fc2
-    splits = {}
     for d in gemms:
         assert d.kernel.startswith("linear_cm_") and d.kernel.endswith("_half"), d.kernel
         assert "emu" not in d.kernel and d.family == "coopmat" and d.local_size == (128, 1, 1), d
-        tile = d.kernel[len("linear_cm_"):-len("_half")].replace("split_", "")
-        mm, n, k = np.frombuffer(d.push[:12], np.int32)
-        S = int(np.frombuffer(d.push[16:32], np.int32)[3]) if "_split_" in d.kernel else 1
+        tile = d.kernel[len("linear_cm_"):-len("_half")]
+        mm, n = np.frombuffer(d.push[:8], np.int32)
         bm, bn = CM_TILES[tile][:2]
-        assert d.global_size == (128, -(-mm // bm), -(-n // bn) * S), d
-        splits[d.node.split("/")[-2]] = S
-    # K split across work groups where 64x64 blocks fill under a third of the 396 places and K leaves each split
-    # 8 or more 32-deep slices: conv2 (K 1152) and fc2 (K 1536) twice; the out-projection (K 384) does not split
-    assert splits == {"conv1": 1, "conv2": 2, "self_attn": 1, "out_proj": 1, "fc1": 1, "fc2": 2}, splits
-    tiles = {tuple(np.frombuffer(d.push[:8], np.int32)): d.kernel.replace("split_", "") for d in gemms}   # (M, N) -> kernel
+        assert d.global_size == (128, -(-mm // bm), -(-n // bn)), d
+    tiles = {tuple(np.frombuffer(d.push[:8], np.int32)): d.kernel for d in gemms}   # (M, N) -> kernel
     # the default tile (the H200's fastest) for every Whisper GEMM, except where twice as wide blocks fit the grid in
     # one wave on the H200's 132 multiprocessors (2 groups of 19 KiB each) and 64x64 blocks (3 groups of 15 KiB) need
     # two: the merged QKV (1500 x 1152: 432 groups -> 216). conv1 (3000 x 384: 282 groups) fits one wave of 64x64.
@@ -265,35 +259,6 @@ def test_linear(mode, m, n, k, act, residual):
     if mode == "emulated" and p.device_type == "cpu" and m * n * k > 1500 * 384 * 384:
         pytest.skip("the emulated kernel at this size takes too long on a CPU device")
     _check_linear(mode, m, n, k, act, residual, seed=m + n + k)
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("m,n,k,act,residual,S,tile", [
-    (130, 64, 1536, "gelu", True, 2, None), (70, 36, 520, None, True, 3, None),
-    (64, 128, 300, "relu", False, 4, "m64n128k32s1"), (9, 8, 100, None, False, 5, None)])   # 4 slices in 5 splits
-def test_split_k(mode, m, n, k, act, residual, S, tile):
-    """K split across work groups (linear_cm_split.comp): partials merged by the last group of each block, the same bits
-    run after run (the counters start from zero every run), against float64 on fp16-rounded inputs."""
-    _device_or_skip(mode)
-    extra = {"gemm_splitk": S, **({"cm_tile": tile} if tile else {})}
-    _check_linear(mode, m, n, k, act, residual, seed=m + k + S, **extra)
-    model, _, _ = _linear_model(m, n, k, act, residual, 1)
-    feeds = {"x": np.random.default_rng(2).standard_normal((1, m, k)).astype(np.float32)}
-    if residual:
-        feeds["r"] = np.random.default_rng(3).standard_normal((1, m, n)).astype(np.float32)
-    y1, gemms = _run(model, feeds, mode, **extra)
-    assert [g.split("_m")[0] for g in gemms] == ["linear_cm_emu_split" if mode == "emulated" else "linear_cm_split"]
-    y2, _ = _run(model, feeds, mode, **extra)
-    assert y1.tobytes() == y2.tobytes()
-
-
-def test_split_k_refusals():
-    """A forced split on a tile without split variants is refused by name; N % 4 != 0 or NCHW outputs never split."""
-    m = _linear_model(100, 64, 512, None, False)[0]
-    with pytest.raises(MinirtError, match="gemm_splitk=2 on tensor cores needs cm_tile"):
-        _plan(m, gemm_splitk=2, cm_tile="m64n64k32")
-    assert not any("split" in k for k in _kernels(_plan(_linear_model(100, 66, 512, None, False)[0], gemm_splitk=2)))
-    assert not any("split" in k for k in _kernels(_plan(_front_end_model(64)[0], gemm_splitk=2)))
 
 
 @pytest.mark.parametrize("mode", MODES)

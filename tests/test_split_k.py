@@ -59,9 +59,8 @@ def test_h200_splits_the_gemms_left_one_group_per_multiprocessor():
     assert len(others) == 4 and all(d.global_size[2] == 1 for d in others)   # conv1, qkv, out_proj, fc1
 
 
-def test_no_split_without_multiprocessor_count_or_when_forced_off():
-    # (at fp16 the tensor-core GEMM has its own split: tests/test_coopmat_linear.py)
-    for p in (whisper_plan(dataclasses.replace(H200, compute_units=0)), whisper_plan(precision="fp16", gemm_splitk=1),
+def test_no_split_without_multiprocessor_count_at_fp16_or_when_forced_off():
+    for p in (whisper_plan(dataclasses.replace(H200, compute_units=0)), whisper_plan(precision="fp16"),
               whisper_plan(gemm_splitk=1), make_plan(prepare(load(we.build_whisper_encoder("tiny", layers=1, seed=3))),
                                                      KNOWN_PROFILES["lavapipe"], "buffer", {})):
         assert not any(d.op == "Linear" and (d.kernel.endswith("_split") or len(d.args) != 5) for d in p.dispatches)

@@ -156,48 +156,12 @@ def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mo
     Global size: x = the work group's invocations (whole subgroups, family "coopmat"), y = row blocks,
     z = column blocks."""
     bm, bn, _bk, warps = CM_TILES[tile]
-    res = residual if residual is not None else bt
-    args = [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")]
-    nbytes = 4 * (m * k + k * n + m * n * (2 if residual is not None else 1))   # halved by ctx.dispatch at fp16
-    S = cm_split_k(ctx, tile, m, n, k) if out_mode == OUT_ROWS and m0 == 0 and n % 4 == 0 else 1
-    if S > 1:
-        # K split S ways (linear_cm_split.comp, OUT_MODE 3): fp32 partials [S][M][N], merged by the last group of
-        # each block to finish (one counter per block); z = column block + column blocks * split
-        part = ctx.scratch("linear.partials", S * m * n)
-        nb, mb = -(-n // bn), -(-m // bm)
-        cnt, first = ctx.counters(mb * nb)
-        ctx.dispatch(f"{kernel[:-len(tile)]}split_{tile}", args + [(part.name, "w"), (cnt.name, "w")],
-                     Push().ivec4(m, n, k, n4).ivec4(0, lda4 if lda4 is not None else k // 4, first, S),
-                     (OUT_SPLIT, ACTS[act], residual is not None), (warps * ctx.profile.subgroup_size, mb, nb * S),
-                     "coopmat", flops=2 * m * n * k, nbytes=nbytes + 16 * S * m * n)   # fp32 partials out and in
-        ctx.note(f"K split {S} ways across work groups, merged by the last of each block's groups")
-        return
     p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
-    ctx.dispatch(kernel, args, p, (out_mode, ACTS[act], residual is not None),
+    res = residual if residual is not None else bt
+    ctx.dispatch(kernel, [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
+                 p, (out_mode, ACTS[act], residual is not None),
                  (warps * ctx.profile.subgroup_size, -(-m // bm), -(-n // bn)), "coopmat",
-                 flops=2 * m * n * k, nbytes=nbytes)
-
-
-# Split K on tensor cores (linear_cm_split.comp): the same reasoning as split_k below, for the default 64 x 64 tile's 3
-# groups per H200 multiprocessor (Whisper-tiny's fc2 and conv2: 144 groups of 396 places split twice).
-CM_SPLIT_TILES = ("m64n64k32s1", "m64n128k32s1")
-
-
-def cm_split_k(ctx, tile, m, n, k) -> int:
-    """K splits of a row-major tensor-core GEMM (1: none). Session(options={"gemm_splitk": S}) forces S."""
-    forced = option_count(ctx.options, "gemm_splitk")
-    if forced is not None and forced > 1 and tile not in CM_SPLIT_TILES:
-        raise MinirtError(f"option gemm_splitk={forced} on tensor cores needs cm_tile {' or '.join(CM_SPLIT_TILES)}, "
-                          f"not {tile}")
-    if forced is not None:
-        return forced
-    p = ctx.profile
-    if tile not in CM_SPLIT_TILES or not p.compute_units or p.device_type != "discrete":
-        return 1
-    bm, bn, bk, _ = CM_TILES[tile]
-    groups, slots, slices = -(-m // bm) * -(-n // bn), p.wave_slots(cm_shared_bytes(tile)), -(-k // bk)
-    fits = [S for S in range(2, SPLIT_K_MAX + 1) if groups * S <= slots and slices // S >= SPLIT_K_MIN_SLICES]
-    return max(fits, default=1)
+                 flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)))
 
 
 OUT_ROWS, OUT_NCHW, OUT_PARTS, OUT_SPLIT = 0, 1, 2, 3    # linear.comp / linear_cm.glslh OUT_MODE

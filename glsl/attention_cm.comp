@@ -3,7 +3,7 @@
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_KHR_shader_subgroup_basic : require
-// variants: impl=khr,emu merge=none,split dtype=half
+// variants: impl=khr,emu dtype=half
 // Multi-head attention on VK_KHR_cooperative_matrix (f16 x f16 -> f32, subgroup scope, 16 x 16 x 16), the same
 // semantics as attention.comp: out[b, t, h*DH + d] = sum_j softmax_j(scale * q_h[t] . k_h[j]) v_h[j, d] with
 // q/k/v/out [B, T, D] float16 buffers, head h in columns h*DH .. h*DH + DH - 1, keys past Tk masked.
@@ -29,10 +29,10 @@
 // lane has read it) and O tiles on their way through (rescaling, the final merge). One area instead of separate Q, S
 // and P arrays is what brings the (4, 1, 16) tile to 14 KiB, 3 groups per H200 multiprocessor.
 //
-// merge=split (flash decoding across work groups): work group z = (b * H + h) * S + s takes key blocks [s nb / S,
-// (s + 1) nb / S) of the nb = ceil(Tk / BK) and writes its unnormalised O rows and per row (m, l) as fp32 partials
-// (binding 4, attention_merge.glslh); the last of a query block's S groups to finish merges them into out (counters:
-// binding 5): more, shorter-running groups where one per (query block, head) would leave multiprocessors idle.
+// SPLIT (flash decoding across work groups): work group z = (b * H + h) * S + s takes key blocks [s nb / S, (s + 1)
+// nb / S) of the nb = ceil(Tk / BK) and writes its unnormalised O rows (fp32) and per row (m, l) to a scratch
+// buffer in attention.glslh's layout, which attention_combine.comp merges: more, shorter-running groups where one
+// per (query block, head) would leave multiprocessors idle.
 //
 // impl=emu: the same kernel with the matrix operations done by plain code on the same data (each team's 16 x 16
 // tiles exchanged through shared memory, every team sync a work group barrier). It runs on devices without
@@ -49,11 +49,7 @@ layout(constant_id = 3) const int DH = 64;  // head dim, a multiple of 16
 layout(constant_id = 4) const int NR = 2;   // row teams: BQ = 16 NR query rows per work group
 layout(constant_id = 5) const int KS = 2;   // key splits; the work group has NS = NR KS teams of 32 invocations
 layout(constant_id = 6) const int BK = 32;  // keys per block, a multiple of 16
-#if defined(MERGE_SPLIT)
-const bool SPLIT = true;
-#else
-const bool SPLIT = false;
-#endif
+layout(constant_id = 7) const bool SPLIT = false;  // write partials for attention_combine.comp (see above)
 
 const int NS = NR * KS;
 const int BQ = 16 * NR;
@@ -75,18 +71,16 @@ const float NEG = -1.0e30;        // "no max yet": finite, so exp2(NEG - m) = 0 
 const float RESCALE_LOG2 = 8.0;   // P <= 2^8 between rescales
 
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf { f16vec4 t_out[]; };
+layout(set = 0, binding = 0, std430) writeonly buffer po_buf { vec4 t_po[]; };   // SPLIT: O partials
+layout(set = 0, binding = 0, std430) writeonly buffer ml_buf { vec2 t_ml[]; };   // SPLIT: (m, l) per row
 layout(set = 0, binding = 1, std430) readonly buffer q_buf { f16vec4 t_q[]; };
 layout(set = 0, binding = 2, std430) readonly buffer k_buf { f16vec4 t_k[]; };
 layout(set = 0, binding = 3, std430) readonly buffer v_buf { f16vec4 t_v[]; };
-#if defined(MERGE_SPLIT)
-#define ATTN_PARTIAL_BINDING 4
-#include "attention_merge.glslh"
-#endif
 
 layout(push_constant) uniform Params {
   ivec4 dims;   // Tq, Tk, heads, D / 4
   vec4 scale;   // scale * log2(e)
-  ivec4 split;  // S, ml_base (index of the first (m, l) pair in t_ml), first counter; S = 1 without SPLIT
+  ivec4 split;  // S, ml_base (index of the first (m, l) pair in t_ml); S = 1 without SPLIT
 } p;
 
 shared f16vec4 skv[KS * SPLIT_KV];  // per split: K rows of its block, then V rows; at the start, Q rows per team
@@ -351,9 +345,7 @@ void main() {
   float inv = SPLIT ? 1.0 : 1.0 / lt;  // lt >= 1 unsplit: the row's largest P is >= 1 in the split that holds its max
   int t = q0 + r;
   int prow = int(gl_WorkGroupID.z) * Tq + t;   // SPLIT: ((b * H + h) * S + s) * Tq + t
-#if defined(MERGE_SPLIT)
-  if (ks == 0 && hf == 0 && t < Tq) t_ml[p.split.y + prow] = vec2(mx, lt);
-#endif
+  if (SPLIT && ks == 0 && hf == 0 && t < Tq) t_ml[p.split.y + prow] = vec2(mx, lt);
   [[unroll]] for (int d = 0; d < DT; ++d) {
     STORE_AREA(o[d], sb, AP);
     barrier();
@@ -364,23 +356,15 @@ void main() {
         a0 += uintBitsToFloat(sa[at]) * w[s];
         a1 += uintBitsToFloat(sa[at + 1]) * w[s];
       }
-#if defined(MERGE_SPLIT)
-      t_po[prow * DH4 + 4 * d + 2 * hf] = a0;
-      t_po[prow * DH4 + 4 * d + 2 * hf + 1] = a1;
-#else
-      int g = (b * Tq + t) * D4 + hc + 4 * d + 2 * hf;
-      t_out[g] = to_elem4(a0 * inv);
-      t_out[g + 1] = to_elem4(a1 * inv);
-#endif
+      if (SPLIT) {
+        t_po[prow * DH4 + 4 * d + 2 * hf] = a0;
+        t_po[prow * DH4 + 4 * d + 2 * hf + 1] = a1;
+      } else {
+        int g = (b * Tq + t) * D4 + hc + 4 * d + 2 * hf;
+        t_out[g] = to_elem4(a0 * inv);
+        t_out[g + 1] = to_elem4(a1 * inv);
+      }
     }
     barrier();
   }
-#if defined(MERGE_SPLIT)
-  // the last of this query block's S groups to finish: out from the S partials of each of its rows
-  if (!split_arrive(p.split.z + int(gl_WorkGroupID.y + gl_NumWorkGroups.y * uint(bh)), S)) return;
-  for (int e = int(gl_LocalInvocationIndex); e < BQ * DH4; e += 32 * NS) {
-    int tr = int(gl_WorkGroupID.y) * BQ + e / DH4, c = e % DH4;
-    if (tr < Tq) t_out[(b * Tq + tr) * D4 + hc + c] = to_elem4(attention_merge(bh * S * Tq + tr, Tq, S, p.split.y, c));
-  }
-#endif
 }

@@ -1,12 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
-// variants: tile=t44,t84,t48,t88,t44k32 merge=none,split dtype=float,half io=elem,out32
+// variants: tile=t44,t84,t48,t88,t44k32 dtype=float,half io=elem,out32
 // exclude: dtype=float io=out32
-// exclude: merge=split tile=t44
-// exclude: merge=split tile=t84
-// exclude: merge=split tile=t48
-// exclude: merge=split tile=t88
 // Fast fp32 GEMM for buffers: out = act(A[M, K] @ B[K, N] + bias) (+ residual), A row-major with K a
 // multiple of 4 (rows read as vec4), B a weight prepacked as [K][N4] vec4. A work group computes a
 // BM x BN block (BM = local y * TM, BN = local x * 4 * TN4); each BK-deep slice of A and B is staged
@@ -21,10 +17,10 @@
 //   merge_siblings pass: column n is column n % NP of part n / NP, so each part is contiguous).
 //   Each invocation's 4 columns (modes 0, 2) or 4 rows of a column (mode 1) are contiguous, so where they are
 //   whole and 4-aligned the epilogue writes them (and reads the residual) as one vector.
-//   OUT_MODE 3 (merge=split variants only): split K (rows of a Linear): work group z = s of S = geo.w takes an even
-//   share of the K slices and writes its raw fp32 sums to part[s][m][n4] (binding 5); the last of the block's S
-//   groups to finish (split_merge.glslh, counter geo.z + block) adds the S partials in split order and runs mode 0's
-//   epilogue. More, shorter groups where one per output block would leave multiprocessors with one group each.
+//   OUT_MODE 3: split K (rows of a Linear, fp32 only): work group z = s of S = geo.w takes an even share of the K
+//   slices and writes its raw fp32 sums to part[s][m][n4] (binding 0 as vec4); linear_reduce.comp adds the S
+//   partials in order and applies bias, activation and residual. More, shorter groups where one per output block
+//   would leave multiprocessors with one group each.
 // io=out32 (fp16): the output is a float32 graph output, written as it is.
 #include "common.glslh"
 
@@ -56,21 +52,16 @@ layout(constant_id = 5) const bool HAS_RES = false; // + residual[m, n] (OUT_MOD
 
 layout(set = 0, binding = 0, std430) writeonly buffer o_buf { OUT_ELEM o[]; };
 layout(set = 0, binding = 0, std430) writeonly buffer o4_buf { OUT_ELEM4 o4[]; };   // OUT_MODE 1's column runs
+layout(set = 0, binding = 0, std430) writeonly buffer part_buf { vec4 part4[]; };  // OUT_MODE 3's partials
 layout(set = 0, binding = 1, std430) readonly buffer a_buf { ELEM4 a4[]; };
 layout(set = 0, binding = 2, std430) readonly buffer b_buf { ELEM4 b4[]; };
 layout(set = 0, binding = 3, std430) readonly buffer bias_buf { ELEM4 bias4[]; };
 layout(set = 0, binding = 4, std430) readonly buffer r_buf { ELEM res[]; };
 layout(set = 0, binding = 4, std430) readonly buffer r4_buf { ELEM4 res4[]; };
-#if defined(MERGE_SPLIT)
-layout(set = 0, binding = 5, std430) coherent buffer part_buf { vec4 part4[]; };  // OUT_MODE 3's partials
-#define SPLIT_COUNTER_BINDING 6
-#include "split_merge.glslh"
-#endif
 
 layout(push_constant) uniform Params {
   ivec4 dims;   // M (rows of this dispatch), N, K, N4
-  ivec4 geo;    // M0 (first output row), LDA4 (A row stride in vec4), M_total (OUT_MODE 1, 2) or first counter
-                // (3), NP (OUT_MODE 2) or S (3)
+  ivec4 geo;    // M0 (first output row), LDA4 (A row stride in vec4), M_total (OUT_MODE 1, 2), NP (OUT_MODE 2)
 } p;
 
 // Index of output (row, column n) in the row-major modes 0 and 2 (also the residual's index).
@@ -155,32 +146,19 @@ void main() {
     barrier();
   }
 
-#if defined(MERGE_SPLIT)
   if (OUT_MODE == 3) {
-    const int s = int(gl_WorkGroupID.z), S = p.geo.w;
+    const int s = int(gl_WorkGroupID.z);
     [[unroll]] for (int g = 0; g < TMG; ++g)
       [[unroll]] for (int i = 0; i < 4; ++i) {
         const int m = m_base + (ty + g * LY) * 4 + i;
+        if (m >= M) continue;
         [[unroll]] for (int j = 0; j < TN4; ++j) {
           const int n4 = n4_base + tx + j * LX;
-          if (m < M && n4 < N4) part4[(s * M + m) * N4 + n4] = acc[g * 4 + i][j];
+          if (n4 < N4) part4[(s * M + m) * N4 + n4] = acc[g * 4 + i][j];
         }
       }
-    if (!split_arrive(p.geo.z + int(gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x), S)) return;
-    // the last group: this invocation's elements summed over the splits in order, then mode 0's epilogue
-    [[unroll]] for (int g = 0; g < TMG; ++g)
-      [[unroll]] for (int i = 0; i < 4; ++i) {
-        const int m = m_base + (ty + g * LY) * 4 + i;
-        [[unroll]] for (int j = 0; j < TN4; ++j) {
-          const int n4 = n4_base + tx + j * LX;
-          if (m >= M || n4 >= N4) continue;
-          vec4 v = part4[m * N4 + n4];
-          for (int t = 1; t < S; ++t) v += part4[(t * M + m) * N4 + n4];
-          acc[g * 4 + i][j] = v;
-        }
-      }
+    return;
   }
-#endif
   if (OUT_MODE == 1) {
     // NCHW: each invocation's 4 rows are 4 consecutive positions of each of its columns, so one 16-byte store per
     // column (where the column's start is 4-aligned) instead of four scalar ones 4 * M_total apart
@@ -210,9 +188,9 @@ void main() {
     }
     return;
   }
-  // Row-major (OUT_MODE 0, 3) or part-major (2): a column's 4-group is contiguous when the row (or part) width is a
+  // Row-major (OUT_MODE 0) or part-major (2): a column's 4-group is contiguous when the row (or part) width is a
   // multiple of 4.
-  const bool vec = OUT_MODE != 2 ? (p.dims.y & 3) == 0 : (p.geo.w & 3) == 0;
+  const bool vec = OUT_MODE == 0 ? (p.dims.y & 3) == 0 : (p.geo.w & 3) == 0;
   [[unroll]] for (int g = 0; g < TMG; ++g)
     [[unroll]] for (int i = 0; i < 4; ++i) {
       int m = m_base + (ty + g * LY) * 4 + i;

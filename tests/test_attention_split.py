@@ -1,8 +1,7 @@
-"""Attention with the keys split across work groups (glsl/attention_split.comp, merged in the kernel by the last
-group of each query block, glsl/attention_merge.glslh): forced splits match a float64 numpy reference in both
-storages (ragged key blocks, empty splits, batch 2, cross attention) run after run, the split dispatch has its
-partials and one counter per query block and head, and the automatic rule splits only on discrete GPUs with few
-work groups."""
+"""Attention with the keys split across work groups (glsl/attention_split.comp + attention_combine.comp):
+forced splits match a float64 numpy reference in both storages (ragged key blocks, empty splits, batch 2,
+cross attention), the plan has two dispatches exactly when S > 1, and the automatic rule splits only on
+discrete GPUs with few work groups."""
 import dataclasses
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from minirt.errors import MinirtError
 from minirt.infer import prepare
 from minirt.loaders import load
 from minirt.planner import make_plan
-from minirt.planner.plan import COUNTER, SCRATCH
+from minirt.planner.plan import SCRATCH
 from oracle import STORAGES, check_model, compare, cosine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -59,15 +58,9 @@ def check_split(B, Tq, Tk, H, dh, S, storages=STORAGES, seed=0, spread=2.0):
     ref = reference(fd["q"], fd["k"], fd["v"], H)
     for st in storages:
         with Session(m, storage=st, options={"poison": True, "attention_splits": S}) as s:
-            assert kernels(s.plan) == [f"attention_{st}" if S == 1 else f"attention_split_{st}"]
-            if S > 1:
-                (d,) = s.plan.dispatches
-                cnt = s.plan.tensors[d.args[5][0]]
-                qblocks, groups = d.global_size[1], d.global_size[2]
-                assert cnt.role == COUNTER and cnt.numel == qblocks * groups // S == qblocks * B * H
-            runs = [s.run(None, fd)[0] for _ in range(2)]   # the second needs the counters zeroed again
-        y = runs[0]
-        assert runs[1].tobytes() == y.tobytes(), st
+            assert kernels(s.plan) == ([f"attention_{st}"] if S == 1 else
+                                       [f"attention_split_{st}", f"attention_combine_{st}"])
+            y = s.run(None, fd)[0]
         compare(y, ref, 1e-4, f"{st} S={S}")
         assert cosine(y, ref) >= 0.99999, st
 
@@ -89,7 +82,7 @@ def test_one_split_is_todays_single_dispatch():
 
 
 def test_peaked_scores_in_different_splits():
-    """Large logits: each split's row max differs a lot from the others', so the merge's rescaling matters."""
+    """Large logits: each split's row max differs a lot from the others', so the combine's rescaling matters."""
     check_split(1, 20, 150, 2, 64, 3, seed=11, spread=6.0)
 
 
@@ -108,21 +101,20 @@ def plan_for(profile, B=1, Tq=1500, Tk=1500, H=6, dh=64, storage="buffer", optio
 
 
 @pytest.mark.parametrize("storage", STORAGES)
-def test_split_plan_is_one_dispatch_with_partials_and_counters(storage):
+def test_split_plan_has_attention_then_combine(storage):
     p = plan_for(LAVAPIPE, 2, 21, 45, 3, 16, storage, {"attention_splits": 3})
-    (split,) = p.dispatches
-    assert kernels(p) == [f"attention_split_{storage}"]
-    part, cnt = p.tensors[split.args[4][0]], p.tensors[split.args[5][0]]
-    assert split.args[0] == ("y", "w") and split.args[4][1] == split.args[5][1] == "w"
-    assert part.role == SCRATCH and part.storage == "buffer" and cnt.role == COUNTER
+    split, comb = p.dispatches
+    assert kernels(p) == [f"attention_split_{storage}", f"attention_combine_{storage}"]
+    part = p.tensors[split.args[0][0]]
+    assert part.role == SCRATCH and part.storage == "buffer" and split.args[0][1] == "w"
+    assert comb.args == [("y", "w"), (part.name, "r")]
     rows = 2 * 3 * 3 * 21
     assert part.shape == (rows * (16 + 2),)
     assert split.global_size[2] == 2 * 3 * 3
-    qblocks = split.global_size[1]
-    assert cnt.numel == qblocks * 2 * 3
-    push = np.frombuffer(split.push, np.int32)
-    assert tuple(push[8:11]) == (3, rows * 16 // 2, 0)    # S, first (m, l) pair, first counter
+    assert comb.global_size == (48 // 4, 21, 2)
+    # the split pass does all the attention's flops; the combine a few per output element
     assert split.flops == 4 * 2 * 3 * 21 * 45 * 16
+    assert 0 < comb.flops <= 4 * 3 * 2 * 21 * 48 and comb.bytes > 0
     assert kernels(plan_for(LAVAPIPE, 2, 21, 45, 3, 16, storage, {"attention_splits": 1})) == [f"attention_{storage}"]
 
 
@@ -132,13 +124,13 @@ def test_auto_rule_splits_whisper_base_on_a_discrete_gpu():
     assert kernels(plan_for(H200)) == ["attention_buffer"]
     assert plan_for(H200).dispatches[0].global_size[1:] == (19, 6)
     p = plan_for(H200, H=8)
-    assert kernels(p) == ["attention_split_buffer"]
+    assert kernels(p) == ["attention_split_buffer", "attention_combine_buffer"]
     split = p.dispatches[0]
     S = split.global_size[2] // 8
     assert S == 4 and 1500 // S >= attention.SPLIT_MIN_KEYS
     assert any("split 4 ways" in n for notes in p.notes.values() for n in notes)
     # an edited CPU profile that claims to be discrete splits too; the real CPU one never does
-    assert kernels(plan_for(dataclasses.replace(LAVAPIPE, device_type="discrete"), H=8)) == ["attention_split_buffer"]
+    assert len(plan_for(dataclasses.replace(LAVAPIPE, device_type="discrete"), H=8).dispatches) == 2
     assert kernels(plan_for(LAVAPIPE, H=8)) == ["attention_buffer"]
     assert kernels(plan_for(KNOWN_PROFILES["adreno-840"], storage="texture")) == ["attention_texture"]
     # the option wins over the rule both ways

@@ -291,8 +291,10 @@ def test_whisper_tiny_33_dispatches_and_onnxruntime():
     x = we.sample_input(seed=seed())
     ref = onnxruntime_run(model, {"input_features": x})[0]
     with Session(model, storage="buffer", options={"poison": True}) as s:
-        # 33 (GEMMs whose K splits across work groups merge inside their own dispatch)
-        assert len(s.plan.dispatches) == 33
+        # 33, plus a reduce pass per GEMM whose K splits across work groups on GPUs that tell their multiprocessor
+        # count (the H200: conv2 and the four fc2)
+        reduces = [d for d in s.plan.dispatches if d.kernel == "linear_reduce"]
+        assert len(s.plan.dispatches) - len(reduces) == 33
         assert not any(d.op in ("Transpose", "Add") for d in s.plan.dispatches)
         y = s.run(x)
     assert cosine(y, ref) >= 0.99999

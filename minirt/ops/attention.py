@@ -28,9 +28,9 @@ MAX_PREFETCH = 8    # vec4 of K or V an invocation may carry between phases (Whi
 CPU_TILES = ((128, 8, 3, 4),)
 
 
-# Key splits (flash decoding, glsl/attention_split.comp, merged in the kernel). One work group per
+# Key splits (flash decoding, glsl/attention_split.comp + attention_combine.comp). One work group per
 # (query block, batch, head) may leave a big GPU with a ragged last wave. Splitting the keys S ways multiplies the
-# groups by S at the price of an fp32 partial per split and a merge by the last group of each block. Where the driver tells the
+# groups by S at the price of an fp32 partial per split and a small combine pass. Where the driver tells the
 # multiprocessor count (NVIDIA, AMD), S minimises ceil(groups * S / multiprocessors) / S (waves of work, each 1/S as
 # long) + SPLIT_COST * (S - 1). On an H200 (132 SMs) with the (128, 8, 5) tile: Whisper-tiny (114 groups, one wave)
 # runs 163 us unsplit and 171-172 with S = 2..4; Whisper-base (152 groups, two waves) 301 us unsplit, 245 / 226 / 222
@@ -172,15 +172,16 @@ class Attention(Op):
                          flops=flops, nbytes=4 * (2 * q.numel + k.numel + v.numel))
             return
         # Partials, fp32 whatever the storage and precision: rows ((b * H + h) * S + s) * Tq + t of dh floats
-        # (unnormalised O), then one (m, l) pair per row from float rows * dh on (glsl/attention_merge.glslh); the
-        # last of each query block's S groups merges them into out (one counter per query block and head).
+        # (unnormalised O), then one (m, l) pair per row from float rows * dh on (layout in glsl/attention.glslh).
         rows = B * heads * S * Tq
         part = ctx.scratch("attention.partials", rows * (dh + 2))
         ml_base = rows * dh // 2          # in (m, l) pairs
-        cnt, first = ctx.counters(qblocks * B * heads)
-        ctx.dispatch(ctx.variant("attention_split") + sfx,
-                     [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r"), (part.name, "w"), (cnt.name, "w")],
-                     push.ivec4(S, ml_base, first), spec, (threads, qblocks, B * heads * S), "attention",
-                     flops=flops, nbytes=4 * (S * q.numel + k.numel + v.numel + 2 * rows * (dh + 2) + out.numel))
-        ctx.note(f"keys split {S} ways: {qblocks * B * heads} x {S} work groups, the last of each block's merging; "
+        ctx.dispatch(ctx.variant("attention_split") + sfx, [(part.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")],
+                     push.ivec4(S, ml_base), spec, (threads, qblocks, B * heads * S), "attention",
+                     flops=flops, nbytes=4 * (S * q.numel + k.numel + v.numel + rows * (dh + 2)))
+        # one invocation per output vec4: S weighted vec4 adds (8 flops each) and S exp2 per row and column
+        ctx.dispatch(ctx.variant("attention_combine"), [(out.name, "w"), (part.name, "r")],
+                     Push().ivec4(Tq, heads, D // 4, S).ivec4(B, ml_base), (dh,), (D // 4, Tq, B), "elementwise",
+                     flops=2 * S * out.numel + 2 * S * B * Tq * D // 4, nbytes=4 * (rows * (dh + 2) + out.numel))
+        ctx.note(f"keys split {S} ways: {qblocks * B * heads} x {S} work groups, then a combine pass; "
                  f"partials {rows * (dh + 2) * 4 / 2**20:.1f} MiB")

@@ -8,7 +8,7 @@ Session / plan options:
                        code with the matrix operations emulated by plain shared-memory code (slow; tests use it to
                        check the kernel's logic on devices such as lavapipe)
   coopmat_tile=(NR, KS, BK)  force a tile: NR row teams (16 query rows each), KS key splits, BK keys per block
-  attention_splits=S   force S key splits across work groups (1: none), merged by the last group of each block"""
+  attention_splits=S   force S key splits across work groups (1: none), merged by glsl/attention_combine.comp"""
 from __future__ import annotations
 
 import math
@@ -93,7 +93,7 @@ def usable(ctx, dh):
 
 
 def splits(ctx, tile, dh, groups, tk):
-    """Key splits S across work groups (glsl/attention_cm.comp's merge=split variants): the most
+    """Key splits S across work groups (SPLIT in glsl/attention_cm.comp, merged by attention_combine.comp): the most
     that still run in one wave of resident groups (multiprocessors x the groups its shared memory holds), each split at
     least attention.SPLIT_MIN_KEYS keys; 1 where the multiprocessor count is unknown or on other than discrete GPUs.
     Session(options={"attention_splits": S}) forces S."""
@@ -134,16 +134,17 @@ def lower(node, ctx):
     local = SUBGROUP * nr * ks
     if S == 1:
         ctx.dispatch(kernel, [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")], push.ivec4(1, 0),
-                     (dh, nr, ks, bk), (local, qblocks, B * heads), "attention",
+                     (dh, nr, ks, bk, False), (local, qblocks, B * heads), "attention",
                      flops=flops, nbytes=4 * (2 * q.numel + k.numel + v.numel))
         return
-    # partials as attention.py's split kernel writes them (fp32, glsl/attention_merge.glslh): O rows
-    # ((b * H + h) * S + s) * Tq + t of dh floats, then one (m, l) pair per row; merged by the last group of each block
+    # partials as attention.py's split kernel writes them (fp32): O rows ((b * H + h) * S + s) * Tq + t of dh floats,
+    # then one (m, l) pair per row
     rows = B * heads * S * Tq
     part = ctx.scratch("attention.partials", rows * (dh + 2))
     ml_base = rows * dh // 2
-    cnt, first = ctx.counters(qblocks * B * heads)
-    ctx.dispatch(kernel + "_split",
-                 [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r"), (part.name, "w"), (cnt.name, "w")],
-                 push.ivec4(S, ml_base, first), (dh, nr, ks, bk), (local, qblocks, B * heads * S), "attention",
-                 flops=flops, nbytes=4 * (S * q.numel + k.numel + v.numel + 2 * rows * (dh + 2)) + 2 * out.numel)
+    ctx.dispatch(kernel, [(part.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")], push.ivec4(S, ml_base),
+                 (dh, nr, ks, bk, True), (local, qblocks, B * heads * S), "attention",
+                 flops=flops, nbytes=4 * (S * q.numel + k.numel + v.numel + rows * (dh + 2)))
+    ctx.dispatch(ctx.variant("attention_combine"), [(out.name, "w"), (part.name, "r")],
+                 Push().ivec4(Tq, heads, D // 4, S).ivec4(B, ml_base), (dh,), (D // 4, Tq, B), "elementwise",
+                 flops=2 * S * out.numel + 2 * S * B * Tq * D // 4, nbytes=4 * (rows * (dh + 2) + out.numel))

@@ -167,23 +167,13 @@ def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mo
 OUT_ROWS, OUT_NCHW, OUT_PARTS, OUT_SPLIT = 0, 1, 2, 3    # linear.comp / linear_cm.glslh OUT_MODE
 
 
-# Split K (linear.comp OUT_MODE 3): where an fp32 GEMM's grid leaves each multiprocessor one group (Whisper's
-# 1500 x 384 outputs: 128 groups of 24 x 12 on an H200's 132), splitting K over S groups puts S of them on each
-# multiprocessor, each running 1/S of the K loop; the last group of each output block to finish adds the S partials
-# (glsl/split_merge.glslh). Taken with the most splits whose groups still fit one wave (DeviceProfile.wave_slots),
-# each split at least SPLIT_K_MIN_SLICES 32-deep slices.
+# Split K (linear.comp OUT_MODE 3 + linear_reduce.comp), fp32 only: where an fp32 GEMM's grid leaves each
+# multiprocessor one group (Whisper's 1500 x 384 outputs: 128 groups of 24 x 12 on an H200's 132), splitting K over
+# S groups puts S of them on each multiprocessor, each running 1/S of the K loop, for one more (reduce) dispatch.
+# Taken with the most splits whose groups still fit one wave (DeviceProfile.wave_slots), each split at least
+# SPLIT_K_MIN_SLICES 32-deep slices.
 SPLIT_K_MIN_SLICES = 8
 SPLIT_K_MAX = 4
-SPLIT_TILE = "t44k32"
-
-
-def gemm_groups(ctx, tile, m, n4):
-    """(work groups of a linear.comp dispatch, x by y; its local (x, y)), as the planner will pick the local size."""
-    from ..lwg import forced_local_size, pick_local_size
-    tm, tn4 = LINEAR_TILES[tile]
-    g = (-(-n4 // tn4), -(-m // tm), 1)
-    lx, ly, _ = pick_local_size("gemm", g, ctx.profile, forced_local_size("gemm", ctx.options))
-    return -(-g[0] // lx) * -(-g[1] // ly), (lx, ly)
 
 
 def split_k(ctx, tile, m, n4, k) -> int:
@@ -192,10 +182,13 @@ def split_k(ctx, tile, m, n4, k) -> int:
     if forced is not None:
         return forced
     p = ctx.profile
-    if ctx.half or not p.compute_units or p.device_type != "discrete" or tile != SPLIT_TILE:
+    if ctx.half or not p.compute_units or p.device_type != "discrete" or tile != "t44k32":
         return 1
+    from ..lwg import forced_local_size, pick_local_size
     tm, tn4 = LINEAR_TILES[tile]
-    groups, (lx, ly) = gemm_groups(ctx, tile, m, n4)
+    g = (-(-n4 // tn4), -(-m // tm), 1)
+    lx, ly, _ = pick_local_size("gemm", g, p, forced_local_size("gemm", ctx.options))   # as the planner will
+    groups = -(-g[0] // lx) * -(-g[1] // ly)
     slots = p.wave_slots(4 * 32 * (ly * tm + lx * 4 * tn4))   # the A and B stages of one 32-deep slice
     slices = -(-k // 32)
     fits = [S for S in range(2, SPLIT_K_MAX + 1) if groups * S <= slots and slices // S >= SPLIT_K_MIN_SLICES]
@@ -219,22 +212,22 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
     tm, tn4 = LINEAR_TILES[tile]
     res = residual if residual is not None else bt
     S = split_k(ctx, tile, m, n4, k) if out_mode == OUT_ROWS and m0 == 0 else 1
-    args = [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")]
-    nbytes = 4 * (m * k + k * n + m * n * (2 if residual is not None else 1))
     if S > 1:
-        # K split S ways across work groups (linear.comp OUT_MODE 3): fp32 partials [S][M][N4] vec4, added in split
-        # order by the last group of each output block to finish, one counter per block. The merge=split variant
-        # exists for the t44k32 tile alone (the one split_k's rule picks), so a forced split runs that tile.
-        tile = SPLIT_TILE
-        tm, tn4 = LINEAR_TILES[tile]
+        # K split S ways across work groups (linear.comp OUT_MODE 3): fp32 partials [S][M][N4] vec4, then
+        # linear_reduce.comp adds them in order with bias, activation and residual
         part = ctx.scratch("linear.partials", S * m * n4 * 4)
-        cnt, first = ctx.counters(gemm_groups(ctx, tile, m, n4)[0])
-        ctx.dispatch(f"linear_{tile}_split", args + [(part.name, "w"), (cnt.name, "w")],
-                     Push().ivec4(m, n, k, n4).ivec4(0, lda4 if lda4 is not None else k // 4, first, S),
-                     (OUT_SPLIT, ACTS[act], residual is not None), (-(-n4 // tn4), -(-m // tm), S), "gemm",
-                     flops=2 * m * n * k, nbytes=nbytes + 8 * S * m * n, io="out32")
-        ctx.note(f"K split {S} ways across work groups, merged by the last of each block's groups")
+        ctx.dispatch(f"linear_{tile}", [(part.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (bt.name, "r")],
+                     Push().ivec4(m, n, k, n4).ivec4(0, lda4 if lda4 is not None else k // 4, 0, S),
+                     (OUT_SPLIT, 0, False), (-(-n4 // tn4), -(-m // tm), S), "gemm",
+                     flops=2 * m * n * k, nbytes=4 * (m * k + k * n + S * m * n), exact_kernel=True)
+        ctx.dispatch("linear_reduce", [(out.name, "w"), (part.name, "r"), (bt.name, "r"), (res.name, "r")],
+                     Push().ivec4(m, n, n4, S), (ACTS[act], residual is not None), (n4, m, 1), "elementwise",
+                     flops=S * m * n, nbytes=4 * (S * m * n + m * n * (2 if residual is not None else 1)),
+                     exact_kernel=True)
+        ctx.note(f"K split {S} ways across work groups, then a reduce pass")
         return
     p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
-    ctx.dispatch(f"linear_{tile}", args, p, (out_mode, ACTS[act], residual is not None),
-                 (-(-n4 // tn4), -(-m // tm), 1), "gemm", flops=2 * m * n * k, nbytes=nbytes, io="out32")
+    ctx.dispatch(f"linear_{tile}", [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
+                 p, (out_mode, ACTS[act], residual is not None), (-(-n4 // tn4), -(-m // tm), 1), "gemm",
+                 flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)),
+                 io="out32")

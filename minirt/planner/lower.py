@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import ops
 from ..errors import UnsupportedError
-from .plan import (CONSTANT, COUNTER, INPUT, INTERMEDIATE, OUTPUT, SCRATCH, WEIGHT, Dispatch, Plan, Push,
+from .plan import (CONSTANT, INPUT, INTERMEDIATE, OUTPUT, SCRATCH, WEIGHT, Dispatch, Plan, Push,
                    TensorSpec, as_dtype)
 from .storage_layout import packed_dim_for
 
@@ -97,17 +97,6 @@ class LowerCtx:
         elif spec.shape[0] < floats:
             spec.shape = (floats,)
         return spec
-
-    def counters(self, n: int) -> tuple[TensorSpec, int]:
-        """n fresh uint32 counters for one dispatch's split_merge.glslh (zero at the start of every run, each used
-        by this dispatch alone): (the plan's counter buffer, index of the first)."""
-        spec = self.plan.tensors.get("split.counters")
-        if spec is None:
-            spec = TensorSpec("split.counters", (0,), COUNTER, "buffer", 0, dtype="uint32")
-            self.plan.tensors[spec.name] = spec
-        first = spec.shape[0]
-        spec.shape = (first + int(n),)
-        return spec, first
 
     def can_view(self, dst: TensorSpec, src: TensorSpec) -> bool:
         """A reshape is free when both shapes put every element at the same place in memory."""

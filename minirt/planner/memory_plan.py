@@ -5,10 +5,9 @@ alignments the driver reports for images.
 """
 from __future__ import annotations
 
-from .plan import CONSTANT, COUNTER, HOST_IN, HOST_OUT, WEIGHT, Plan
+from .plan import CONSTANT, HOST_IN, HOST_OUT, WEIGHT, Plan
 
-PINNED = (CONSTANT, WEIGHT, HOST_IN, HOST_OUT, COUNTER)   # never aliased: they hold data across runs (counters:
-                                                         # from their zero-fill at the run's start)
+PINNED = (CONSTANT, WEIGHT, HOST_IN, HOST_OUT)   # never aliased: they hold data across runs
 
 
 def lifetimes(plan: Plan) -> dict[str, tuple[int, int]]:

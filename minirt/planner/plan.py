@@ -9,8 +9,6 @@ import numpy as np
 # Roles of tensors in a plan.
 INPUT, OUTPUT, INTERMEDIATE, CONSTANT, WEIGHT, SCRATCH, HOST_IN, HOST_OUT = (
     "input", "output", "intermediate", "constant", "weight", "scratch", "host_in", "host_out")
-# uint32 counters of work split across work groups (glsl/split_merge.glslh): never aliased, zeroed before every run
-COUNTER = "counter"
 
 
 FP16_MAX = 65504.0
@@ -45,7 +43,7 @@ class TensorSpec:
     view_of: str | None = None       # shares the memory of another tensor (a free reshape)
     view_offset: int = 0             # a view's first element within view_of's memory (buffers only; elements
                                      # of dtype, e.g. one part of a merged GEMM's part-major output)
-    dtype: str = "float32"           # element type in GPU memory: "float32" or "float16" ("uint32": counters)
+    dtype: str = "float32"           # element type in GPU memory: "float32" or "float16"
 
     @property
     def numel(self) -> int:

@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import DeviceError, MinirtError, UnsupportedError
 from ..layout import from_texels, to_texels
 from ..planner.memory_plan import assign_offsets
-from ..planner.plan import CONSTANT, COUNTER, INPUT, OUTPUT, WEIGHT, as_dtype
+from ..planner.plan import CONSTANT, INPUT, OUTPUT, WEIGHT, as_dtype
 from ..timing import Phases
 from .kernels import Kernels
 
@@ -92,7 +92,6 @@ class Executor:
             phase("upload", "uploading weights")
             self._alloc_constants()
             phase("alloc")
-            self._alloc_counters()
             self._alloc_host()
             for t in self.plan.tensors.values():     # views share their root's resource
                 if t.view_of:
@@ -251,18 +250,6 @@ class Executor:
                             t.texel_extents))
         if uploads:
             self._upload(uploads)
-
-    def _alloc_counters(self):
-        """Counters of work split across work groups (glsl/split_merge.glslh): their own device-local buffer, never
-        aliased, zero-filled at the start of every run (_record_cmd), so no run depends on how the last one ended."""
-        self.counters = []      # (buffer, bytes) to zero-fill
-        for t in self._roots((COUNTER,)):
-            vk = self.vk
-            usage = vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT
-            size = max(-(-t.nbytes // 4) * 4, 16)
-            buf, _, _ = self._buffer(size, usage, vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, "split counters")
-            self.where[t.name] = ("buffer", buf, 0, size)
-            self.counters.append((buf, size))
 
     def _upload(self, uploads):
         vk = self.vk
@@ -532,9 +519,7 @@ class Executor:
                 # after the poison clears (transfer) and any earlier reader (compute) of this memory
                 self._image_barrier(cmd, [w[1]], vk.VK_IMAGE_LAYOUT_UNDEFINED, TW, T | C, TW, T)
                 vk.vkCmdCopyBufferToImage(cmd, buf, w[1], vk.VK_IMAGE_LAYOUT_GENERAL, 1, [self._region(w[3])])
-        for buf, size in self.counters:
-            vk.vkCmdFillBuffer(cmd, buf, 0, size, 0)
-        if self.inputs or self.plan.poison or self.counters:
+        if self.inputs or self.plan.poison:
             self._memory_barrier(cmd, T, TW, C, SR | SW)
         self.barriers = 0
         if self.profiling:

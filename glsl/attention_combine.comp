@@ -1,0 +1,43 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// variants: storage=buffer,texture dtype=float,half
+// Merges attention_split.comp's S partials (fp32 scratch, layout in attention.glslh) into out [B, Tq, D]:
+//   out = sum_s 2^(m_s - M) O_s / sum_s 2^(m_s - M) l_s,  M = max_s m_s  (m is in the log2 domain).
+// One invocation per (vec4 column c4, row t, batch b); an empty split (m = -1e30, l = 0, O = 0) adds nothing.
+#include "common.glslh"
+
+layout(constant_id = 3) const int DH = 64;  // head dim, a multiple of 4
+const int DH4 = DH / 4;
+
+layout(push_constant) uniform Params {
+  ivec4 dims;   // Tq, heads, D / 4, S
+  ivec4 base;   // B, ml_base (index of the first (m, l) pair in t_ml)
+} p;
+
+#if defined(STORAGE_TEXTURE)
+TENSOR_OUT(t_out, 0)
+#define ST(b, t, c4, v) imageStore(t_out, ivec3(c4, t, b), v)
+#else
+layout(set = 0, binding = 0, std430) writeonly buffer out_buf { ELEM4 t_out[]; };
+#define ST(b, t, c4, v) t_out[((b) * p.dims.x + (t)) * p.dims.z + (c4)] = to_elem4(v)
+#endif
+layout(set = 0, binding = 1, std430) readonly buffer po_buf { vec4 t_po[]; };
+layout(set = 0, binding = 1, std430) readonly buffer ml_buf { vec2 t_ml[]; };
+
+void main() {
+  int Tq = p.dims.x, H = p.dims.y, D4 = p.dims.z, S = p.dims.w;
+  int c4 = int(gl_GlobalInvocationID.x), t = int(gl_GlobalInvocationID.y), b = int(gl_GlobalInvocationID.z);
+  if (c4 >= D4 || t >= Tq || b >= p.base.x) return;
+  int r0 = (b * H + c4 / DH4) * S * Tq + t;   // row of split 0; split s is row r0 + s Tq
+  float mx = -1.0e30;
+  for (int s = 0; s < S; ++s) mx = max(mx, t_ml[p.base.y + r0 + s * Tq].x);
+  float den = 0.0;
+  vec4 acc = vec4(0.0);
+  for (int s = 0; s < S; ++s) {
+    vec2 ml = t_ml[p.base.y + r0 + s * Tq];
+    float w = exp2(ml.x - mx);
+    den += w * ml.y;
+    acc += w * t_po[(r0 + s * Tq) * DH4 + c4 % DH4];
+  }
+  ST(b, t, c4, acc / den);
+}

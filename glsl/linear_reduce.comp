@@ -1,8 +1,9 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
-// variants: dtype=float
-// The second half of a split-K GEMM (linear.comp OUT_MODE 3): out[m, n] = act(sum_s part[s][m][n] + bias[n])
+// variants: dtype=float,half io=elem,out32
+// exclude: dtype=float io=out32
+// The second half of a split-K GEMM (linear.comp OUT_MODE 3, linear_cm_split.comp): out[m, n] = act(sum_s part[s][m][n] + bias[n])
 // (+ residual[m, n]), out row-major [M, N]. The S partials are added in split order, so every run gives the same bits.
 // One invocation per (vec4 column n4, row m).
 #include "common.glslh"

@@ -80,16 +80,26 @@ def _kernels(plan):
 def test_whisper_gemms_take_coopmat_on_h200():
     m = we.build_whisper_encoder("tiny", layers=1, n_frames=3000, seed=2)
     plan = _plan(m)
-    gemms = [d for d in plan.dispatches if d.kernel.startswith("linear")]
+    gemms = [d for d in plan.dispatches if d.kernel.startswith("linear_cm") or d.kernel.startswith("linear_t")]
     assert len(gemms) == 6, _kernels(plan)     # conv1, conv2, q+k+v (merge_siblings), out_proj, fc1, fc2
+    splits = {}
     for d in gemms:
         assert d.kernel.startswith("linear_cm_") and d.kernel.endswith("_half"), d.kernel
         assert "emu" not in d.kernel and d.family == "coopmat" and d.local_size == (128, 1, 1), d
-        tile = d.kernel[len("linear_cm_"):-len("_half")]
+        tile = d.kernel[len("linear_cm_"):-len("_half")].replace("split_", "")
         mm, n = np.frombuffer(d.push[:8], np.int32)
+        S = int(np.frombuffer(d.push[16:32], np.int32)[3]) if "_split_" in d.kernel else 1
         bm, bn = CM_TILES[tile][:2]
-        assert d.global_size == (128, -(-mm // bm), -(-n // bn)), d
-    tiles = {tuple(np.frombuffer(d.push[:8], np.int32)): d.kernel for d in gemms}   # (M, N) -> kernel
+        assert d.global_size == (128, -(-mm // bm), -(-n // bn) * S), d
+        splits[d.node.split("/")[-2]] = S
+        if S > 1:   # its partials, then the reduce pass into the Linear's output
+            red = plan.dispatches[plan.dispatches.index(d) + 1]
+            assert red.kernel == "linear_reduce_half" and red.args[1] == (d.args[0][0], "r")
+            assert plan.tensors[d.args[0][0]].dtype == "float32"
+    # K split across work groups where 64x64 blocks fill under a third of the 396 places and K leaves each split
+    # 8 or more 32-deep slices: conv2 (K 1152) and fc2 (K 1536) twice; the out-projection (K 384) does not split
+    assert splits == {"conv1": 1, "conv2": 2, "self_attn": 1, "out_proj": 1, "fc1": 1, "fc2": 2}, splits
+    tiles = {tuple(np.frombuffer(d.push[:8], np.int32)): d.kernel.replace("split_", "") for d in gemms}   # (M, N)
     # the default tile (the H200's fastest) for every Whisper GEMM, except where twice as wide blocks fit the grid in
     # one wave on the H200's 132 multiprocessors (2 groups of 19 KiB each) and 64x64 blocks (3 groups of 15 KiB) need
     # two: the merged QKV (1500 x 1152: 432 groups -> 216). conv1 (3000 x 384: 282 groups) fits one wave of 64x64.
@@ -202,7 +212,7 @@ def _run(model, feeds, mode, **options):
     opts = _options(mode, **options)
     plan = _plan(model, get_device().profile, **opts)
     want = "linear_cm_emu_" if mode == "emulated" else "linear_cm_"
-    gemms = [k for k in _kernels(plan) if k.startswith("linear")]
+    gemms = [k for k in _kernels(plan) if k.startswith("linear") and not k.startswith("linear_reduce")]
     assert gemms and all(k.startswith(want) for k in gemms), _kernels(plan)
     built = json.loads((spirv_dir() / "manifest.json").read_text())["shaders"]
     missing = sorted(set(_kernels(plan)) - set(built))
@@ -259,6 +269,33 @@ def test_linear(mode, m, n, k, act, residual):
     if mode == "emulated" and p.device_type == "cpu" and m * n * k > 1500 * 384 * 384:
         pytest.skip("the emulated kernel at this size takes too long on a CPU device")
     _check_linear(mode, m, n, k, act, residual, seed=m + n + k)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("m,n,k,act,residual,S,tile", [
+    (130, 64, 1536, "gelu", True, 2, None), (70, 36, 520, None, True, 3, None),
+    (64, 128, 300, "relu", False, 4, "m64n128k32s1"), (9, 8, 100, None, False, 5, None)])   # 4 slices in 5 splits
+def test_split_k(mode, m, n, k, act, residual, S, tile):
+    """K split across work groups (linear_cm_split.comp, then linear_reduce_half) against float64 on fp16-rounded
+    inputs, poisoned: ragged K ranges, splits without slices, the wide tile."""
+    _device_or_skip(mode)
+    extra = {"gemm_splitk": S, **({"cm_tile": tile} if tile else {})}
+    model = _linear_model(m, n, k, act, residual, 1)[0]
+    plan = _plan(model, **_options(mode, **extra))
+    want = "linear_cm_emu_split_" if mode == "emulated" else "linear_cm_split_"
+    ks = [k_ for k_ in _kernels(plan) if not k_.startswith("cast_")]   # casts of the float32 graph inputs aside
+    (i,) = [j for j, k_ in enumerate(ks) if k_.startswith("linear_cm")]
+    assert ks[i].startswith(want) and ks[i + 1].startswith("linear_reduce_half"), ks
+    _check_linear(mode, m, n, k, act, residual, seed=m + k + S, **extra)
+
+
+def test_split_k_refusals():
+    """A forced split on a tile without split variants is refused by name; N % 4 != 0 or NCHW outputs never split."""
+    m = _linear_model(100, 64, 512, None, False)[0]
+    with pytest.raises(MinirtError, match="gemm_splitk=2 on tensor cores needs cm_tile"):
+        _plan(m, gemm_splitk=2, cm_tile="m64n64k32")
+    assert not any("split" in k for k in _kernels(_plan(_linear_model(100, 66, 512, None, False)[0], gemm_splitk=2)))
+    assert not any("split" in k for k in _kernels(_plan(_front_end_model(64)[0], gemm_splitk=2)))
 
 
 @pytest.mark.parametrize("mode", MODES)

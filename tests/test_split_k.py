@@ -50,8 +50,9 @@ def test_h200_splits_the_gemms_left_one_group_per_multiprocessor():
     assert len(others) == 4 and all(d.global_size[2] == 1 for d in others)   # conv1, qkv, out_proj, fc1
 
 
-def test_no_split_without_multiprocessor_count_at_fp16_or_when_forced_off():
-    for p in (whisper_plan(dataclasses.replace(H200, compute_units=0)), whisper_plan(precision="fp16"),
+def test_no_split_without_multiprocessor_count_or_when_forced_off():
+    # (at fp16 the tensor-core GEMM has a split of its own: tests/test_coopmat_linear.py)
+    for p in (whisper_plan(dataclasses.replace(H200, compute_units=0)), whisper_plan(precision="fp16", gemm_splitk=1),
               whisper_plan(gemm_splitk=1), make_plan(prepare(load(we.build_whisper_encoder("tiny", layers=1, seed=3))),
                                                      KNOWN_PROFILES["lavapipe"], "buffer", {})):
         assert not any(d.kernel == "linear_reduce" for d in p.dispatches)
@@ -79,3 +80,20 @@ def test_split_gemm_matches_float64(m, n, k, act, residual, S):
         ref = ref + feeds["r"]
     assert not np.isnan(y).any()
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * math.sqrt(k))
+
+
+def test_split_gemm_at_fp16_matches_float64():
+    """Forced split K at fp16 on the scalar kernels: the half GEMM variant writes fp32 partials, the half reduce adds
+    them (out32: the graph's float32 output written in place)."""
+    m, n, k = 70, 48, 640
+    model, feeds = linear_case(m, n, k, True, True)
+    init = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    with Session(model, storage="buffer", precision="fp16",
+                 options={"gemm_splitk": 3, "poison": True, "coopmat": False}) as s:
+        ks = [d.kernel for d in s.plan.dispatches if not d.kernel.startswith("cast_")]
+        assert len(ks) == 2 and ks[0].startswith("linear_t44") and ks[1].startswith("linear_reduce_half"), ks
+        y = s.run(None, feeds)[0].astype(np.float64)
+    ref = feeds["x"].astype(np.float64) @ init["w"].astype(np.float64) + init["b"]
+    ref = 0.5 * ref * (1 + _erf(ref / math.sqrt(2))) + feeds["r"]
+    assert not np.isnan(y).any()
+    assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 3e-3

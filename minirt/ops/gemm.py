@@ -156,8 +156,20 @@ def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mo
     Global size: x = the work group's invocations (whole subgroups, family "coopmat"), y = row blocks,
     z = column blocks."""
     bm, bn, _bk, warps = CM_TILES[tile]
-    p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
     res = residual if residual is not None else bt
+    S = cm_split_k(ctx, tile, m, n, k) if out_mode == OUT_ROWS and m0 == 0 and n % 4 == 0 else 1
+    if S > 1:
+        # K split S ways (linear_cm_split.comp): fp32 partials [S][M][N], then linear_reduce adds them in split order
+        # with bias, activation and residual; work group z = column block + column blocks * split
+        part = ctx.scratch("linear.partials", S * m * n)
+        ctx.dispatch(f"{kernel[:-len(tile)]}split_{tile}",
+                     [(part.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (bt.name, "r")],
+                     Push().ivec4(m, n, k, n4).ivec4(0, lda4 if lda4 is not None else k // 4, 0, S),
+                     (OUT_SPLIT, 0, False), (warps * ctx.profile.subgroup_size, -(-m // bm), -(-n // bn) * S),
+                     "coopmat", flops=2 * m * n * k, nbytes=4 * (m * k + k * n) + 16 * S * m * n)
+        reduce_dispatch(ctx, out, part, bt, res, m, n, n4, S, act, residual is not None)
+        return
+    p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
     ctx.dispatch(kernel, [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
                  p, (out_mode, ACTS[act], residual is not None),
                  (warps * ctx.profile.subgroup_size, -(-m // bm), -(-n // bn)), "coopmat",
@@ -165,6 +177,38 @@ def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mo
 
 
 OUT_ROWS, OUT_NCHW, OUT_PARTS, OUT_SPLIT = 0, 1, 2, 3    # linear.comp / linear_cm.glslh OUT_MODE
+
+
+def reduce_dispatch(ctx, out, part, bt, res, m, n, n4, S, act, has_res):
+    """The second half of a split-K GEMM: glsl/linear_reduce.comp adds the S fp32 partials in split order, then bias,
+    activation and residual (its _half variants at fp16; out32 where out is a float32 graph output)."""
+    ctx.dispatch("linear_reduce", [(out.name, "w"), (part.name, "r"), (bt.name, "r"), (res.name, "r")],
+                 Push().ivec4(m, n, n4, S), (ACTS[act], has_res), (n4, m, 1), "elementwise",
+                 flops=S * m * n, nbytes=4 * (S * m * n + m * n * (2 if has_res else 1)), io="out32")
+    ctx.note(f"K split {S} ways across work groups, then a reduce pass")
+
+
+# Split K on tensor cores (linear_cm_split.comp, the one-stage tiles): split_k's reasoning for the default 64 x 64
+# tile's 3 groups per H200 multiprocessor (Whisper-tiny's fc2 and conv2: 144 groups of 396 places split twice;
+# base's out-projection too).
+CM_SPLIT_TILES = ("m64n64k32s1", "m64n128k32s1")
+
+
+def cm_split_k(ctx, tile, m, n, k) -> int:
+    """K splits of a row-major tensor-core GEMM (1: none). Session(options={"gemm_splitk": S}) forces S."""
+    forced = option_count(ctx.options, "gemm_splitk")
+    if forced is not None and forced > 1 and tile not in CM_SPLIT_TILES:
+        raise MinirtError(f"option gemm_splitk={forced} on tensor cores needs cm_tile {' or '.join(CM_SPLIT_TILES)}, "
+                          f"not {tile}")
+    if forced is not None:
+        return forced
+    p = ctx.profile
+    if tile not in CM_SPLIT_TILES or not p.compute_units or p.device_type != "discrete":
+        return 1
+    bm, bn, bk, _ = CM_TILES[tile]
+    groups, slots, slices = -(-m // bm) * -(-n // bn), p.wave_slots(cm_shared_bytes(tile)), -(-k // bk)
+    fits = [S for S in range(2, SPLIT_K_MAX + 1) if groups * S <= slots and slices // S >= SPLIT_K_MIN_SLICES]
+    return max(fits, default=1)
 
 
 # Split K (linear.comp OUT_MODE 3 + linear_reduce.comp), fp32 only: where an fp32 GEMM's grid leaves each
@@ -219,12 +263,8 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
         ctx.dispatch(f"linear_{tile}", [(part.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (bt.name, "r")],
                      Push().ivec4(m, n, k, n4).ivec4(0, lda4 if lda4 is not None else k // 4, 0, S),
                      (OUT_SPLIT, 0, False), (-(-n4 // tn4), -(-m // tm), S), "gemm",
-                     flops=2 * m * n * k, nbytes=4 * (m * k + k * n + S * m * n), exact_kernel=True)
-        ctx.dispatch("linear_reduce", [(out.name, "w"), (part.name, "r"), (bt.name, "r"), (res.name, "r")],
-                     Push().ivec4(m, n, n4, S), (ACTS[act], residual is not None), (n4, m, 1), "elementwise",
-                     flops=S * m * n, nbytes=4 * (S * m * n + m * n * (2 if residual is not None else 1)),
-                     exact_kernel=True)
-        ctx.note(f"K split {S} ways across work groups, then a reduce pass")
+                     flops=2 * m * n * k, nbytes=4 * (m * k + k * n + S * m * n))
+        reduce_dispatch(ctx, out, part, bt, res, m, n, n4, S, act, residual is not None)
         return
     p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
     ctx.dispatch(f"linear_{tile}", [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],

@@ -189,9 +189,12 @@ def reduce_dispatch(ctx, out, part, bt, res, m, n, n4, S, act, has_res):
 
 
 # Split K on tensor cores (linear_cm_split.comp, the one-stage tiles): split_k's reasoning for the default 64 x 64
-# tile's 3 groups per H200 multiprocessor (Whisper-tiny's fc2 and conv2: 144 groups of 396 places split twice;
-# base's out-projection too).
+# tile's 3 groups per H200 multiprocessor (Whisper's fc2 and conv2: 144 or 192 groups of 396 places split twice).
 CM_SPLIT_TILES = ("m64n64k32s1", "m64n128k32s1")
+# Each split at least this many 32-deep slices. H200, tools/gemm_bench.py (GEMM + reduce, us, unsplit -> 2 splits):
+# 1500 x 384 x 384 (12 slices) 13.4 -> 14.8, 1500 x 512 x 512 (16) 16.2 -> 17.2, 1500 x 1152 x 384 (36) 27.1 -> 23.9,
+# 1500 x 1536 x 384 (48) 34.2 -> 28.0, 1500 x 2048 x 512 (64) 51.7 -> 38.7; 3 splits lose on every one of them.
+CM_SPLIT_MIN_SLICES = 16
 
 
 def cm_split_k(ctx, tile, m, n, k) -> int:
@@ -207,7 +210,7 @@ def cm_split_k(ctx, tile, m, n, k) -> int:
         return 1
     bm, bn, bk, _ = CM_TILES[tile]
     groups, slots, slices = -(-m // bm) * -(-n // bn), p.wave_slots(cm_shared_bytes(tile)), -(-k // bk)
-    fits = [S for S in range(2, SPLIT_K_MAX + 1) if groups * S <= slots and slices // S >= SPLIT_K_MIN_SLICES]
+    fits = [S for S in range(2, SPLIT_K_MAX + 1) if groups * S <= slots and slices // S >= CM_SPLIT_MIN_SLICES]
     return max(fits, default=1)
 
 

@@ -446,6 +446,7 @@ def test_a_run_that_times_out_is_a_clear_error_and_close_is_safe(monkeypatch):
     s = Session(m, storage="buffer")
     for ex in s._execs.values():
         ex.timeout_ns = 1
+        ex.spin_s = 0      # no polling first: a fast GPU finishes this run within the spin
     with pytest.raises(DeviceError, match="did not finish"):
         s.run(we.sample_input(n_frames=200, seed=1))
     s.close()          # waits for the queue before destroying what the late run still uses

@@ -459,13 +459,10 @@ class Executor:
                                                       pPoolSizes=sizes), None))
         self.cmd_pool = self._own(vk.vkDestroyCommandPool, vk.vkCreateCommandPool(self.d, vk.VkCommandPoolCreateInfo(
             queueFamilyIndex=self.dev.family), None))
-        # A run submits two command buffers: a prologue that brings the inputs in (poison first, as a testing aid),
-        # then a body per zero-copy output slot, the last of which copies into the readback buffers. (Measured on an
-        # H200 against one command buffer holding both: Session.run 0.04-0.06 ms faster for Whisper tiny and base.)
-        n = len(self.slots) + 2
+        # one command buffer per zero-copy output slot, and the last one copies into the readback buffers
         cmds = vk.vkAllocateCommandBuffers(self.d, vk.VkCommandBufferAllocateInfo(
-            commandPool=self.cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=n))
-        prologue, cmds = cmds[0], [cmds[i] for i in range(1, n)]
+            commandPool=self.cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=len(self.slots) + 1))
+        cmds = [cmds[i] for i in range(len(self.slots) + 1)]
         self.fence = self._own(vk.vkDestroyFence, vk.vkCreateFence(self.d, vk.VkFenceCreateInfo(), None))
 
         # Descriptor sets and pipelines first: they must stay alive while the command buffer exists.
@@ -493,32 +490,33 @@ class Executor:
             vk.vkUpdateDescriptorSets(self.d, len(writes), writes, 0, None)
             bound.append((pipe, pl, ds))
 
+        ffi = vk.ffi
+        self._cmds, self._submits = [], []
         for i, cmd in enumerate(cmds):
             dests = ({n: self.outputs[n][0] for n in self.outputs} if i == len(self.slots)
                      else {n: b for n, (b, _) in self.slots[i]["out"].items()})
             self._record_cmd(cmd, bound, dests)
-        self._record_prologue(prologue)
-        # The replay path calls the raw C entry points with cdata built once here (each wrapper call costs
-        # microseconds of Python); these objects must outlive every run.
-        ffi = vk.ffi
-        self._cmds = [ffi.new("VkCommandBuffer[2]", [prologue, body]) for body in cmds]
-        self._submits = [ffi.new("VkSubmitInfo*", {"sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, "commandBufferCount": 2,
-                                                   "pCommandBuffers": arr}) for arr in self._cmds]
+            # The replay path calls the raw C entry points with cdata built once here (each wrapper call
+            # costs microseconds of Python); these objects must outlive every run.
+            arr = ffi.new("VkCommandBuffer[1]", [cmd])
+            self._cmds.append(arr)
+            self._submits.append(ffi.new("VkSubmitInfo*", {"sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
+                                                           "commandBufferCount": 1, "pCommandBuffers": arr}))
         self._submit = self._submits[-1]
-        self._fences = vk.ffi.new("VkFence[1]", [self.fence])
+        self._fences = ffi.new("VkFence[1]", [self.fence])
         self._pending = False      # a run timed out and its fence has not signalled yet
 
-    def _record_prologue(self, cmd):
-        """Poison (a testing aid), then each input from its staging buffer into its device memory. The closing barrier
-        orders the copies before the body's kernels, which come next in the same submission."""
-        vk = self.vk
+    def _record_cmd(self, cmd, bound, dests):
+        """Records the whole run into cmd; dests: output name -> the buffer its result is copied to."""
+        vk, plan = self.vk, self.plan
         vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(flags=0))
         C, T = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_PIPELINE_STAGE_TRANSFER_BIT
         SR, SW = vk.VK_ACCESS_SHADER_READ_BIT, vk.VK_ACCESS_SHADER_WRITE_BIT
-        TW = vk.VK_ACCESS_TRANSFER_WRITE_BIT
+        TR, TW = vk.VK_ACCESS_TRANSFER_READ_BIT, vk.VK_ACCESS_TRANSFER_WRITE_BIT
         if self.plan.poison:   # before the inputs arrive: in textures, poisoned images may alias them
             self._poison(cmd)
             self._memory_barrier(cmd, T, TW, T, TW)
+        # inputs: staging -> device
         for name, (buf, _, t) in self.inputs.items():
             w = self.where[name]
             if name in self.direct:
@@ -531,15 +529,6 @@ class Executor:
                 vk.vkCmdCopyBufferToImage(cmd, buf, w[1], vk.VK_IMAGE_LAYOUT_GENERAL, 1, [self._region(w[3])])
         if self.inputs or self.plan.poison:
             self._memory_barrier(cmd, T, TW, C, SR | SW)
-        vk.vkEndCommandBuffer(cmd)
-
-    def _record_cmd(self, cmd, bound, dests):
-        """Records a run's body into cmd: every dispatch, then the outputs into dests (output name -> buffer)."""
-        vk, plan = self.vk, self.plan
-        vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(flags=0))
-        C, T = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_PIPELINE_STAGE_TRANSFER_BIT
-        SR, SW = vk.VK_ACCESS_SHADER_READ_BIT, vk.VK_ACCESS_SHADER_WRITE_BIT
-        TR, TW = vk.VK_ACCESS_TRANSFER_READ_BIT, vk.VK_ACCESS_TRANSFER_WRITE_BIT
         self.barriers = 0
         if self.profiling:
             for pool, n in self.query_pools:

@@ -1,11 +1,17 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
-// variants: dtype=float,half io=elem,out32
+#if defined(POST_LN)
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#endif
+// variants: post=none,ln dtype=float,half io=elem,out32
 // exclude: dtype=float io=out32
 // The second half of a split-K GEMM (linear.comp OUT_MODE 3, linear_cm_split.comp): out[m, n] = act(sum_s part[s][m][n] + bias[n])
 // (+ residual[m, n]), out row-major [M, N]. The S partials are added in split order, so every run gives the same bits.
 // One invocation per (vec4 column n4, row m).
+// post=ln (the fuse_reduce_layer_norm plan pass): the same sums, one subgroup per row as in layer_norm_rows.comp, and
+// the row, held in registers, is also normalised: binding 0 gets LayerNorm(out) (io=out32: as float32), binding 5
+// the GEMM's own output. Rows of up to REG x subgroup size vec4 (the pass checks).
 #include "common.glslh"
 
 layout(constant_id = 3) const int ACT = 0;          // 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh)
@@ -18,9 +24,20 @@ layout(set = 0, binding = 2, std430) readonly buffer bias_buf { ELEM4 bias4[]; }
 layout(set = 0, binding = 3, std430) readonly buffer r_buf { ELEM res[]; };
 layout(set = 0, binding = 3, std430) readonly buffer r4_buf { ELEM4 res4[]; };
 
+#if defined(POST_LN)
+layout(constant_id = 5) const bool LN_BIAS = true;  // the LayerNorm has a bias
+layout(set = 0, binding = 4, std430) readonly buffer w_buf { ELEM4 lnw[]; };   // LayerNorm scale [N4] then bias [N4]
+layout(set = 0, binding = 5, std430) writeonly buffer y_buf { ELEM4 y4[]; };   // the GEMM's output
+const int REG = 4;
+layout(push_constant) uniform Params {
+  ivec4 dims;   // M, N4, rows per work group, S
+  vec4 eps;
+} p;
+#else
 layout(push_constant) uniform Params {
   ivec4 dims;   // M, N, N4, S
 } p;
+#endif
 
 float activate(float x) {
   if (ACT == 1) return relu_f(x);
@@ -29,6 +46,55 @@ float activate(float x) {
   return x;
 }
 
+#if defined(POST_LN)
+// Element group n4 of row m of the GEMM's output, as the plain variant computes it.
+vec4 row_value(int m, int n4, int M, int N4, int S) {
+  vec4 v = part4[m * N4 + n4];
+  for (int s = 1; s < S; ++s) v += part4[(s * M + m) * N4 + n4];
+  v += W4(bias4, n4);
+  v = vec4(activate(v.x), activate(v.y), activate(v.z), activate(v.w));
+  return v + (HAS_RES ? vec4(res4[m * N4 + n4]) : vec4(0.0));
+}
+
+// The LayerNorm is layer_norm_rows.comp's register path: two passes over the row less its first element.
+void main() {
+  const int M = p.dims.x, L4 = p.dims.y, S = p.dims.w;
+  const float inv_len = 1.0 / float(4 * L4);
+  const int lane = int(gl_SubgroupInvocationID), width = int(gl_SubgroupSize);
+  for (int rr = int(gl_SubgroupID); rr < p.dims.z; rr += int(gl_NumSubgroups)) {
+    const int row = int(gl_WorkGroupID.y) * p.dims.z + rr;
+    if (row >= M) break;                  // uniform per subgroup: no barriers here
+    const int base = row * L4;
+    const float pivot = row_value(row, 0, M, L4, S).x;   // every lane computes the row's first element
+    vec4 v[REG];
+    vec4 s = vec4(0.0);
+    [[unroll]] for (int j = 0; j < REG; ++j) {
+      const int i = lane + j * width;
+      v[j] = vec4(0.0);
+      if (i < L4) {
+        const vec4 y = row_value(row, i, M, L4, S);
+        y4[base + i] = to_elem4(y);
+        v[j] = y - pivot;
+      }
+      s += v[j];
+    }
+    const float shift = subgroupAdd(s.x + s.y + s.z + s.w) * inv_len;
+    vec4 q = vec4(0.0);
+    [[unroll]] for (int j = 0; j < REG; ++j) {
+      const vec4 d = v[j] - shift;
+      q += lane + j * width < L4 ? d * d : vec4(0.0);
+    }
+    const float rstd = inversesqrt(subgroupAdd(q.x + q.y + q.z + q.w) * inv_len + p.eps.x);
+    [[unroll]] for (int j = 0; j < REG; ++j) {
+      const int i = lane + j * width;
+      if (i >= L4) break;
+      vec4 z = (v[j] - shift) * rstd * W4(lnw, i);
+      if (LN_BIAS) z += W4(lnw, L4 + i);
+      o4[base + i] = to_out4(z);
+    }
+  }
+}
+#else
 void main() {
   const int n4 = int(gl_GlobalInvocationID.x), m = int(gl_GlobalInvocationID.y);
   const int M = p.dims.x, N = p.dims.y, N4 = p.dims.z, S = p.dims.w;
@@ -45,3 +111,4 @@ void main() {
       if (l < rem) o[idx + l] = to_out(v[l] + (HAS_RES ? float(res[idx + l]) : 0.0));
   }
 }
+#endif

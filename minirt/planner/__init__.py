@@ -11,8 +11,10 @@ Pass order (each pass is one module of this package):
   7. merge_siblings   (merge_siblings.py)   Linears reading the same input (q, k, v) -> one GEMM + part views
   8. fuse_attention   (fuse_attention.py)   head splits + MatMul + Softmax + MatMul -> one Attention
   9. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
- 10. local sizes      (minirt.lwg)          one deterministic local size per dispatch
- 11. memory plan      (memory_plan.py)      lifetimes for memory reuse
+ 10. fuse_reduce_layer_norm (fuse_reduce_layer_norm.py)  on the Plan: a split GEMM's reduce pass also does the
+                                            LayerNorm that reads its output
+ 11. local sizes      (minirt.lwg)          one deterministic local size per dispatch
+ 12. memory plan      (memory_plan.py)      lifetimes for memory reuse
 The planner never imports vulkan: everything it decides is plain data in the Plan. Passes see the Session
 options plus "_storage" (the resolved storage) and "_profile" (the DeviceProfile), set by make_plan."""
 from __future__ import annotations
@@ -22,7 +24,7 @@ import os
 from ..errors import MinirtError, UnsupportedError
 from ..lwg import check_local_size, forced_local_size, pick_local_size
 from . import (conv1d_as_conv2d, conv_output_nlc, conv_routing, fuse_activation, fuse_attention, fuse_gelu,
-               fuse_linear, memory_plan, merge_siblings)
+               fuse_linear, fuse_reduce_layer_norm, memory_plan, merge_siblings)
 from .lower import lower
 from .plan import Plan
 from .storage_layout import check_limits, resolve_storage
@@ -59,6 +61,7 @@ def make_plan(graph, profile, storage="auto", options=None) -> Plan:
     for _name, fn in GRAPH_PASSES:
         g = fn(g, options)
     plan = lower(g, storage, profile, options, precision)
+    plan = fuse_reduce_layer_norm.rewrite(plan, profile, options)
     check_limits(plan, profile)
     forced = options.get("local_size")
     if forced:

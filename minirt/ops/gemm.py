@@ -86,10 +86,11 @@ CM_SHAPE = (16, 16, 16, "f16", "f16", "f32", "f32")   # the one cooperative-matr
 
 
 def cm_shared_bytes(tile: str) -> int:
-    """Shared memory of a linear_cm tile: two stages of A and B (rows padded by 8 halves) + the epilogue scratch."""
+    """Shared memory of a linear_cm tile: its stages of A and B (rows padded by 8 halves), over which the epilogue's
+    scratch (one 16 x 20 fp32 tile per subgroup) lies once the K loop is done."""
     bm, bn, bk, warps = CM_TILES[tile]
     stages = 1 if tile.endswith("s1") else 2
-    return stages * 2 * (bm * (bk + 8) + bk * (bn + 8)) + warps * 16 * 20 * 4
+    return max(stages * 2 * (bm * (bk + 8) + bk * (bn + 8)), warps * 16 * 20 * 4)
 
 
 def _cm_fits(ctx, tile: str) -> bool:
@@ -126,24 +127,33 @@ def cm_kernel(ctx, m, n):
         # (tools/gemm_bench.py, docs/benchmarks.md); the others fit smaller shared memories
         candidates = ("m64n64k32s1", "m64n64k32", "m32n64k32", "m32n32k64")
     tile = next((t for t in candidates if _cm_fits(ctx, t)), None)
-    if tile == candidates[0] and not forced and _cm_fits(ctx, ONE_WAVE_TILE) \
-            and cm_waves(ctx, tile, m, n) > 1 and cm_waves(ctx, ONE_WAVE_TILE, m, n) == 1:
-        tile = ONE_WAVE_TILE
+    if tile == candidates[0] and not forced and _cm_fits(ctx, WIDE_TILE) and cm_waves(ctx, tile, m, n) > 1:
+        tile = WIDE_TILE
     return None if tile is None else (f"{base}_{tile}", tile)
 
 
-# A multiprocessor holds as many work groups at once as its shared memory allows (DeviceProfile.wave_slots: 48 KiB in
-# all on an H200). Hence the single shared stage of the default tile: 15 KiB instead of 24, 3 groups per multiprocessor instead of 2, for one
-# more barrier per slice (H200, tools/gemm_bench.py: Whisper-tiny fc1 34.0 -> 26.6 us, conv1 18.8 -> 12.0, fc2 35.7
-# -> 34.1). m64n128k32s1 (19 KiB, 2 per multiprocessor) covers twice the columns: where that turns two or more waves
-# of groups into one it wins (the merged QKV, 1500 x 384 x 1152: 24.1 -> 17.9 us); where both need several waves it
-# loses (fc1: 26.6 -> 36.3), so it is taken only for a single wave.
-ONE_WAVE_TILE = "m64n128k32s1"
+# A multiprocessor holds as many work groups at once as its shared memory and its registers allow. Shared memory:
+# DeviceProfile.wave_slots (48 KiB in all on an H200); the one-stage tiles keep their epilogue scratch over the dead
+# stages, so the default m64n64k32s1 needs 9.5 KiB. Registers: 64K a multiprocessor, and NVIDIA's driver gives these
+# kernels 116 (m64n64k32s1) and 185 (m64n128k32s1) per invocation (tools/occupancy.py stats), so 4 and 2 groups of 128
+# invocations; CM_REGISTER_GROUPS caps the count for devices that report their multiprocessors. Where the 64 x 64 grid
+# needs more than one wave, twice as wide blocks (WIDE_TILE) win on an H200 (tools/gemm_bench.py: fc1 1500 x 384 x 1536
+# 27.7 -> 23.7 us, base's QKV 1500 x 512 x 1536 32.1 -> 26.5); where it fits one wave they lose (tiny's QKV, 432
+# groups: 16.1 against 18.6).
+WIDE_TILE = "m64n128k32s1"
+CM_REGISTER_GROUPS = {"m64n64k32s1": 4, "m64n128k32s1": 2}
+
+
+def cm_slots(ctx, tile) -> int:
+    """Work groups of a linear_cm tile that run at once (0 where the multiprocessor count is unknown)."""
+    slots = ctx.profile.wave_slots(cm_shared_bytes(tile))
+    cap = CM_REGISTER_GROUPS.get(tile)
+    return min(slots, cap * ctx.profile.compute_units) if cap and slots else slots
 
 
 def cm_waves(ctx, tile, m, n) -> int:
     """Waves of work groups of a linear_cm tile for an M x N output (0 where the multiprocessor count is unknown)."""
-    slots = ctx.profile.wave_slots(cm_shared_bytes(tile))
+    slots = cm_slots(ctx, tile)
     if not slots:
         return 0
     bm, bn, _bk, _warps = CM_TILES[tile]
@@ -189,7 +199,8 @@ def reduce_dispatch(ctx, out, part, bt, res, m, n, n4, S, act, has_res):
 
 
 # Split K on tensor cores (linear_cm_split.comp, the one-stage tiles): split_k's reasoning for the default 64 x 64
-# tile's 3 groups per H200 multiprocessor (Whisper's fc2 and conv2: 144 or 192 groups of 396 places split twice).
+# tile's 4 groups per H200 multiprocessor (528 places: tiny's fc2, 144 groups, splits 3 ways, conv2 and base's fc2
+# twice).
 CM_SPLIT_TILES = ("m64n64k32s1", "m64n128k32s1")
 # Each split at least this many 32-deep slices. H200, tools/gemm_bench.py (GEMM + reduce, us, unsplit -> 2 splits):
 # 1500 x 384 x 384 (12 slices) 13.4 -> 14.8, 1500 x 512 x 512 (16) 16.2 -> 17.2, 1500 x 1152 x 384 (36) 27.1 -> 23.9,
@@ -209,7 +220,7 @@ def cm_split_k(ctx, tile, m, n, k) -> int:
     if tile not in CM_SPLIT_TILES or not p.compute_units or p.device_type != "discrete":
         return 1
     bm, bn, bk, _ = CM_TILES[tile]
-    groups, slots, slices = -(-m // bm) * -(-n // bn), p.wave_slots(cm_shared_bytes(tile)), -(-k // bk)
+    groups, slots, slices = -(-m // bm) * -(-n // bn), cm_slots(ctx, tile), -(-k // bk)
     fits = [S for S in range(2, SPLIT_K_MAX + 1) if groups * S <= slots and slices // S >= CM_SPLIT_MIN_SLICES]
     return max(fits, default=1)
 

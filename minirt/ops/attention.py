@@ -20,7 +20,8 @@ MAX_HEAD_DIM = 128
 # (128, 8, 5) 163 us, (128, 16, 5) 186, (128, 4, 3) 212, (256, 16, 3) 213, (128, 16, 4) 233; 64-thread groups 270-500.
 # Thread counts that give exactly one wave of groups (112 threads, 70 rows: 132 groups on 132 SMs) gained nothing.
 # (128, 8, 5) gives each invocation a 5 x 8 output tile: 13 shared loads per 160 FMAs in P V against 9 per 80 for
-# (128, 16, 5); it needs 44.5 KiB.
+# (128, 16, 5); it needs 44.5 KiB. Twice the warps in the same shared memory, (256, 16, 5, 2), took 161.5 us against
+# 163.2 (sixth session), so NK stays 4.
 TILES = ((128, 8, 5, 4), (128, 16, 5, 4), (128, 16, 3, 4), (128, 8, 4, 4), (64, 16, 4, 4), (64, 8, 4, 4)) + \
     tuple((32, kg, rt, 4) for kg in (16, 8, 4, 2, 1) for rt in (4, 2, 1))   # small groups for any other head dim
 MAX_PREFETCH = 8    # vec4 of K or V an invocation may carry between phases (Whisper's (128, 8, 5): 4)

@@ -204,7 +204,8 @@ def reduce_dispatch(ctx, out, part, bt, res, m, n, n4, S, act, has_res):
 CM_SPLIT_TILES = ("m64n64k32s1", "m64n128k32s1")
 # Each split at least this many 32-deep slices. H200, tools/gemm_bench.py (GEMM + reduce, us, unsplit -> 2 splits):
 # 1500 x 384 x 384 (12 slices) 13.4 -> 14.8, 1500 x 512 x 512 (16) 16.2 -> 17.2, 1500 x 1152 x 384 (36) 27.1 -> 23.9,
-# 1500 x 1536 x 384 (48) 34.2 -> 28.0, 1500 x 2048 x 512 (64) 51.7 -> 38.7; 3 splits lose on every one of them.
+# 1500 x 1536 x 384 (48) 34.2 -> 28.0, 1500 x 2048 x 512 (64) 51.7 -> 38.7 (then 3 groups a multiprocessor; with 4,
+# tiny's fc2 gains from a third split: 27.7 -> 25.0).
 CM_SPLIT_MIN_SLICES = 16
 
 

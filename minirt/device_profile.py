@@ -90,12 +90,14 @@ class DeviceProfile:
     def is_mobile(self) -> bool:
         return self.vendor in MOBILE_VENDORS
 
-    def wave_slots(self, shared_bytes: int) -> int:
+    def wave_slots(self, shared_bytes: int, most: int | None = None) -> int:
         """Work groups declaring `shared_bytes` of shared memory that run at once (one wave), or 0 where the
         multiprocessor count is unknown. A multiprocessor holds as many as its shared memory allows; NVIDIA's Vulkan
         driver gives it the same 48 KiB one group may declare (tools/occupancy.py probe on an H200: 4 groups of 12 KiB,
-        3 of 13-16, 2 of 17-24, 1 above), so the per-group limit stands in for it."""
-        return self.compute_units * max(1, self.max_shared_memory // max(1, shared_bytes))
+        3 of 13-16, 2 of 17-24, 1 above), so the per-group limit stands in for it. `most`: a kernel's own cap per
+        multiprocessor, where its registers allow fewer groups than its shared memory."""
+        per_unit = max(1, self.max_shared_memory // max(1, shared_bytes))
+        return self.compute_units * (min(per_unit, most) if most else per_unit)
 
 
 # Fakes for tests and docs. Limits are plausible, not measured on hardware.

@@ -98,3 +98,15 @@ def test_split_gemm_at_fp16_matches_float64():
     ref = 0.5 * ref * (1 + _erf(ref / math.sqrt(2))) + feeds["r"]
     assert not np.isnan(y).any()
     assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 3e-3
+
+
+def test_wave_splits_rule():
+    """The one split-count rule (GEMM K slices, attention keys): the most splits whose groups fit one wave, each
+    keeping min_units; never past `most`; 1 where no split fits."""
+    from minirt.ops._util import wave_splits
+    assert wave_splits(144, 528, 48, 16, 4) == 3      # tiny fc2 on the H200: 432 groups fit, 4 would not keep 16
+    assert wave_splits(192, 528, 64, 16, 4) == 2      # base fc2: 576 groups would not fit
+    assert wave_splits(144, 528, 12, 16, 4) == 1      # too few slices
+    assert wave_splits(600, 528, 64, 1, 4) == 1       # one wave is already full
+    assert wave_splits(6, 1000, 1500, 256, 16) == 5   # attention keys: 1500 // 5 >= 256 > 1500 // 6
+    assert H200.wave_slots(9728) == 132 * 5 and H200.wave_slots(9728, 4) == 132 * 4 and H200.wave_slots(20000, 4) == 264

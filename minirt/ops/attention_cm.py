@@ -16,6 +16,7 @@ import math
 from ..errors import UnsupportedError
 from ..planner.plan import Push
 from . import attr
+from ._util import wave_splits
 
 SHAPE = (16, 16, 16, "f16", "f16", "f32", "f32")
 MAX_HEAD_DIM = 128
@@ -104,8 +105,7 @@ def splits(ctx, tile, dh, groups, tk):
     if not p.compute_units or p.device_type != "discrete":
         return 1
     slots = p.wave_slots(shared_bytes(dh, *tile, ctx.options.get("coopmat") == "emulate"))
-    most = max(1, min(tk // attention.SPLIT_MIN_KEYS, attention.MAX_SPLITS))
-    return max(s for s in range(1, most + 1) if s == 1 or groups * s <= slots)
+    return wave_splits(groups, slots, tk, attention.SPLIT_MIN_KEYS, attention.MAX_SPLITS)
 
 
 def lower(node, ctx):

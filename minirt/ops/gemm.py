@@ -9,6 +9,7 @@ import numpy as np
 from ..errors import MinirtError
 from ..planner.plan import Push
 from ..options import option_count, option_on
+from ._util import wave_splits
 
 ACTS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
 
@@ -146,9 +147,7 @@ CM_REGISTER_GROUPS = {"m64n64k32s1": 4, "m64n128k32s1": 2}
 
 def cm_slots(ctx, tile) -> int:
     """Work groups of a linear_cm tile that run at once (0 where the multiprocessor count is unknown)."""
-    slots = ctx.profile.wave_slots(cm_shared_bytes(tile))
-    cap = CM_REGISTER_GROUPS.get(tile)
-    return min(slots, cap * ctx.profile.compute_units) if cap and slots else slots
+    return ctx.profile.wave_slots(cm_shared_bytes(tile), CM_REGISTER_GROUPS.get(tile))
 
 
 def cm_waves(ctx, tile, m, n) -> int:
@@ -221,9 +220,7 @@ def cm_split_k(ctx, tile, m, n, k) -> int:
     if tile not in CM_SPLIT_TILES or not p.compute_units or p.device_type != "discrete":
         return 1
     bm, bn, bk, _ = CM_TILES[tile]
-    groups, slots, slices = -(-m // bm) * -(-n // bn), cm_slots(ctx, tile), -(-k // bk)
-    fits = [S for S in range(2, SPLIT_K_MAX + 1) if groups * S <= slots and slices // S >= CM_SPLIT_MIN_SLICES]
-    return max(fits, default=1)
+    return wave_splits(-(-m // bm) * -(-n // bn), cm_slots(ctx, tile), -(-k // bk), CM_SPLIT_MIN_SLICES, SPLIT_K_MAX)
 
 
 # Split K (linear.comp OUT_MODE 3 + linear_reduce.comp), fp32 only: where an fp32 GEMM's grid leaves each
@@ -249,9 +246,7 @@ def split_k(ctx, tile, m, n4, k) -> int:
     lx, ly, _ = pick_local_size("gemm", g, p, forced_local_size("gemm", ctx.options))   # as the planner will
     groups = -(-g[0] // lx) * -(-g[1] // ly)
     slots = p.wave_slots(4 * 32 * (ly * tm + lx * 4 * tn4))   # the A and B stages of one 32-deep slice
-    slices = -(-k // 32)
-    fits = [S for S in range(2, SPLIT_K_MAX + 1) if groups * S <= slots and slices // S >= SPLIT_K_MIN_SLICES]
-    return max(fits, default=1)
+    return wave_splits(groups, slots, -(-k // 32), SPLIT_K_MIN_SLICES, SPLIT_K_MAX)
 
 
 def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=None, m0=0, lda4=None, m_total=0,

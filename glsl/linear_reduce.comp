@@ -3,6 +3,7 @@
 #extension GL_EXT_control_flow_attributes : require
 #if defined(POST_LN)
 #extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_KHR_shader_subgroup_ballot : require
 #endif
 // variants: post=none,ln dtype=float,half io=elem,out32
 // exclude: dtype=float io=out32
@@ -47,16 +48,20 @@ float activate(float x) {
 }
 
 #if defined(POST_LN)
-// Element group n4 of row m of the GEMM's output, as the plain variant computes it.
-vec4 row_value(int m, int n4, int M, int N4, int S) {
-  vec4 v = part4[m * N4 + n4];
-  for (int s = 1; s < S; ++s) v += part4[(s * M + m) * N4 + n4];
+// Element group n4 of row m of the GEMM's output from its summed partials, as the plain variant computes it.
+vec4 row_value(vec4 v, int m, int n4, int N4) {
   v += W4(bias4, n4);
   v = vec4(activate(v.x), activate(v.y), activate(v.z), activate(v.w));
   return v + (HAS_RES ? vec4(res4[m * N4 + n4]) : vec4(0.0));
 }
 
-// The LayerNorm is layer_norm_rows.comp's register path: two passes over the row less its first element.
+// Up to FAST_S splits, every partial of the lane's share of the row is loaded before any is added (predicated loads,
+// no loop-carried wait), so the row costs one memory round trip instead of one per split and element group; the sums
+// still run in split order. More splits take the loop.
+const int FAST_S = 4;
+
+// The LayerNorm is layer_norm_rows.comp's register path: two passes over the row less its first element (here taken
+// from lane 0, which holds it, instead of computed again by every lane).
 void main() {
   const int M = p.dims.x, L4 = p.dims.y, S = p.dims.w;
   const float inv_len = 1.0 / float(4 * L4);
@@ -65,17 +70,40 @@ void main() {
     const int row = int(gl_WorkGroupID.y) * p.dims.z + rr;
     if (row >= M) break;                  // uniform per subgroup: no barriers here
     const int base = row * L4;
-    const float pivot = row_value(row, 0, M, L4, S).x;   // every lane computes the row's first element
     vec4 v[REG];
-    vec4 s = vec4(0.0);
+    if (S <= FAST_S) {
+      vec4 t[FAST_S][REG];
+      [[unroll]] for (int s = 0; s < FAST_S; ++s)
+        [[unroll]] for (int j = 0; j < REG; ++j) {
+          const int i = lane + j * width;
+          t[s][j] = s < S && i < L4 ? part4[(s * M + row) * L4 + i] : vec4(0.0);
+        }
+      [[unroll]] for (int j = 0; j < REG; ++j) {
+        v[j] = t[0][j];
+        [[unroll]] for (int s = 1; s < FAST_S; ++s)
+          if (s < S) v[j] += t[s][j];
+      }
+    } else {
+      [[unroll]] for (int j = 0; j < REG; ++j) {
+        const int i = lane + j * width;
+        v[j] = vec4(0.0);
+        if (i < L4) {
+          v[j] = part4[row * L4 + i];
+          for (int s = 1; s < S; ++s) v[j] += part4[(s * M + row) * L4 + i];
+        }
+      }
+    }
     [[unroll]] for (int j = 0; j < REG; ++j) {
       const int i = lane + j * width;
-      v[j] = vec4(0.0);
       if (i < L4) {
-        const vec4 y = row_value(row, i, M, L4, S);
-        y4[base + i] = to_elem4(y);
-        v[j] = y - pivot;
+        v[j] = row_value(v[j], row, i, L4);
+        y4[base + i] = to_elem4(v[j]);
       }
+    }
+    const float pivot = subgroupBroadcastFirst(v[0].x);   // the row's first element (lane 0 is active)
+    vec4 s = vec4(0.0);
+    [[unroll]] for (int j = 0; j < REG; ++j) {
+      v[j] = lane + j * width < L4 ? v[j] - pivot : vec4(0.0);
       s += v[j];
     }
     const float shift = subgroupAdd(s.x + s.y + s.z + s.w) * inv_len;

@@ -78,6 +78,9 @@ class DeviceProfile:
     # multiprocessors (NVIDIA SMs, AMD compute units) where the driver tells (VK_NV_shader_sm_builtins,
     # VK_AMD_shader_core_properties2), else 0: how many work groups fill one wave of the GPU
     compute_units: int = 0
+    # where 16 x 16 cooperative matrices keep their elements, when minirt/vk/coopmat_probe.py matched one of
+    # COOPMAT_LAYOUTS on the device ("" elsewhere): kernels that index accumulator elements need it
+    coopmat_layout: str = ""
 
     def __post_init__(self):
         # Catch typos in hand-written fakes early.
@@ -98,6 +101,19 @@ class DeviceProfile:
         multiprocessor, where its registers allow fewer groups than its shared memory."""
         per_unit = max(1, self.max_shared_memory // max(1, shared_bytes))
         return self.compute_units * (min(per_unit, most) if most else per_unit)
+
+
+def _mma_layout(lane: int, i: int) -> tuple[int, int]:
+    """NVIDIA's mma.m16n8k16 fragments as its driver lays out 16 x 16 matrices (glsl/coopmat_layout.comp on an
+    H200): lane L holds rows L/4 and L/4 + 8, in each the columns 2 (L%4), 2 (L%4) + 1 and the same 8 further on;
+    elements 0-3 are row L/4 (columns c, c + 1, c + 8, c + 9), 4-7 row L/4 + 8. The A operand (16 x 16 f16) and the
+    accumulator (16 x 16 f32) share it, which lets a kernel turn accumulator elements into A elements lane by lane
+    (attention's P from S) and reduce a row over the 4 lanes that hold it."""
+    return lane // 4 + 8 * (i // 4), 2 * (lane % 4) + i % 2 + 8 * ((i // 2) % 2)
+
+
+# name -> (lane, element index) -> (row, column), for 16 x 16 A and accumulator matrices of 8 elements a lane
+COOPMAT_LAYOUTS = {"mma": _mma_layout}
 
 
 # Fakes for tests and docs. Limits are plausible, not measured on hardware.
@@ -122,7 +138,8 @@ KNOWN_PROFILES: dict[str, DeviceProfile] = {
         min_storage_buffer_offset_alignment=16,
         fp16=True, storage16=True, cooperative_matrix=True,
         coopmat_shapes=((16, 16, 16, "f16", "f16", "f32", "f32"), (16, 8, 16, "f16", "f16", "f32", "f32"),
-                        (16, 16, 16, "f16", "f16", "f16", "f16")), compute_units=132),
+                        (16, 16, 16, "f16", "f16", "f16", "f16")), compute_units=132,
+        coopmat_layout="mma"),
     "lavapipe": DeviceProfile(
         name="llvmpipe (LLVM 15.0.6, 256 bits)", vendor="llvmpipe", vendor_id=_MESA_ID,
         device_type="cpu", subgroup_size=8, subgroup_shuffle=True, max_shared_memory=32768, max_push_constants=128,

@@ -29,7 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_fuse_attention import attention_model  # noqa: E402
 
 H200 = KNOWN_PROFILES["nvidia-h200"]
-FP16 = {"precision": "fp16"}
+# attention_cm.comp itself: where the device's element layout allows, attention_cmr.comp runs instead
+# (tests/test_attention_cmr.py), so these tests turn it off
+FP16 = {"precision": "fp16", "attention_cm_reg": False}
 # (B, Tq, Tk, H, dh): Whisper-tiny's encoder self-attention first, then odd sizes (Tq != Tk, B > 1, partial
 # row and key blocks, one head, 8 heads)
 SHAPES = [(1, 1500, 1500, 6, 64), (2, 37, 53, 2, 16), (1, 100, 17, 3, 32), (1, 5, 5, 1, 64), (1, 130, 130, 8, 64)]
@@ -190,7 +192,7 @@ def check(shape, kind, sd, options):
     B, Tq, Tk, H, dh = shape
     q, k, v = inputs(B, Tq, Tk, H * dh, sd, kind)
     with Session(attention_model(B, Tq, Tk, H, dh), storage="buffer", precision="fp16",
-                 options={"poison": True, **options}) as s:
+                 options={"poison": True, "attention_cm_reg": False, **options}) as s:
         kernel = attention_dispatch(s.plan).kernel
         y = s.run(None, {"q": q, "k": k, "v": v})[0]
     ref = reference(q, k, v, H, dh ** -0.5)

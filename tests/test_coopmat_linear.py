@@ -127,14 +127,16 @@ def test_one_wave_rule_needs_the_multiprocessor_count():
 
 
 def test_same_interface_as_linear():
-    """Bindings, push constants and specialization constants are linear.comp's, for linears and im2col convs."""
+    """Bindings, push constants and specialization constants are linear.comp's (plus linear_cm's REG_EPI, off where
+    the output is not split K's partials), for linears and im2col convs."""
     for model in (_linear_model(100, 72, 36, "gelu", True)[0], _front_end_model(64)[0]):
         cm = [d for d in _plan(model).dispatches if d.kernel.startswith("linear")]
         plain = [d for d in _plan(model, coopmat=False).dispatches if d.kernel.startswith("linear")]
         assert len(cm) == len(plain) >= 1
         for a, b in zip(cm, plain):
             assert a.kernel.startswith("linear_cm_") and b.kernel.startswith("linear_t"), (a.kernel, b.kernel)
-            assert (a.args[1:], a.push, a.spec, a.flops, a.bytes) == (b.args[1:], b.push, b.spec, b.flops, b.bytes)
+            assert (a.args[1:], a.push, a.spec, a.flops, a.bytes) == (b.args[1:], b.push, b.spec + (0,), b.flops,
+                                                                         b.bytes)
             # the graph output: linear.comp writes it as float32 (io=out32), linear_cm a float16 stand-in for a cast
             out = b.args[0][0]
             assert a.args[0] == (out, "w") or a.args[0] == (f"{out}@f16", "w") and b.kernel.endswith("_out32")
@@ -291,6 +293,41 @@ def test_split_k(mode, m, n, k, act, residual, S, tile):
     (i,) = [j for j, k_ in enumerate(ks) if k_.startswith("linear_cm")]
     assert ks[i].startswith(want) and ks[i + 1].startswith("linear_reduce_half"), ks
     _check_linear(mode, m, n, k, act, residual, seed=m + k + S, **extra)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("reg", (True, False), ids=("reg_epilogue", "scratch_epilogue"))
+@pytest.mark.parametrize("m,n,k,act,residual,S", [
+    (37, 21, 12, "relu", True, None),      # N odd: no column pairs, scalar stores
+    (100, 72, 36, "gelu", True, None), (77, 130, 40, None, False, None),
+    (130, 64, 1536, "gelu", True, 2)])     # split K: the partials as column pairs
+def test_epilogues(mode, reg, m, n, k, act, residual, S):
+    """Both epilogues of linear_cm.glslh: REG_EPI (each lane's accumulator elements straight from registers, where the
+    device's element layout is the probed "mma" one; always in the emulated kernel) and the shared-scratch one; the plan
+    carries the choice as specialization constant 6."""
+    p = _device_or_skip(mode)
+    extra = {"cm_reg_epilogue": reg, **({"gemm_splitk": S} if S else {})}
+    if mode == "coopmat" and reg and p.coopmat_layout != "mma":
+        pytest.skip(f"{p.name}: cooperative-matrix layout {p.coopmat_layout!r}, not the one REG_EPI reads")
+    plan = _plan(_linear_model(m, n, k, act, residual, 3)[0], p, **_options(mode, **extra))
+    cms = [d for d in plan.dispatches if d.kernel.startswith("linear_cm")]
+    assert cms and all(d.spec[3] == reg for d in cms), [(d.kernel, d.spec) for d in cms]
+    _check_linear(mode, m, n, k, act, residual, seed=m + n + k + 7, **extra)
+
+
+def test_reg_epilogue_needs_the_probed_layout():
+    """REG_EPI by default for split K's partials only, and only where the device's layout was probed to be "mma" (or
+    in the emulated kernel, which uses it)."""
+    model = _linear_model(100, 72, 36, "gelu", True)[0]
+    split = _linear_model(130, 64, 1536, "gelu", True)[0]
+    unknown = dataclasses.replace(H200, coopmat_layout="")
+
+    def regs(m, profile=H200, **options):
+        return [d.spec[3] for d in _plan(m, profile, **options).dispatches if d.kernel.startswith("linear_cm")]
+    assert regs(model) == [0] and regs(model, cm_reg_epilogue=True) == [1]
+    assert regs(split, gemm_splitk=2) == [1] and regs(split, gemm_splitk=2, cm_reg_epilogue=False) == [0]
+    assert regs(split, unknown, gemm_splitk=2) == [0] and regs(model, unknown, cm_reg_epilogue=True) == [0]
+    assert regs(model, unknown, cm_emulate=True, cm_reg_epilogue=True) == [1]
 
 
 def test_split_k_refusals():

@@ -89,15 +89,17 @@ def _model(m=40, k=96, n=64, split_output=False):
         {"x": rand(1, m, k, seed=11, low=-2, high=2), "r": rand(1, m, n, seed=12, low=-1, high=3)}
 
 
+@pytest.mark.parametrize("S", [3, 6])
 @pytest.mark.parametrize("precision, tol", [("fp32", 1e-4), ("fp16", 1e-2)])
-def test_fused_kernel_matches_onnxruntime(precision, tol):
-    """Split forced (K 96: 3 slices over S = 3); rows of 16 vec4 fit REG x 8 lanes of lavapipe (and any GPU)."""
+def test_fused_kernel_matches_onnxruntime(precision, tol, S):
+    """Split forced (K 96: 3 slices over S = 3, or S = 6, past the kernel's FAST_S: its loop, and splits with no
+    slices); rows of 16 vec4 fit REG x 8 lanes of lavapipe (and any GPU)."""
     model, feeds = _model()
     ref = onnxruntime_run(model, feeds)[0]
     outs = {}
     for fuse in (True, False):
         with Session(model, storage="buffer", precision=precision,
-                     options={"gemm_splitk": 3, "poison": True, "fuse_reduce_layer_norm": fuse, "coopmat": False}) as s:
+                     options={"gemm_splitk": S, "poison": True, "fuse_reduce_layer_norm": fuse, "coopmat": False}) as s:
             kernels = [d.kernel for d in s.plan.dispatches]
             assert any(k.startswith("linear_reduce_ln") for k in kernels) == fuse, kernels
             outs[fuse] = [s.run(None, feeds)[0] for _ in range(2)]

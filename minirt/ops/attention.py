@@ -135,8 +135,11 @@ class Attention(Op):
         return [o.transpose(0, 2, 1, 3).reshape(q.shape).astype(q.dtype, copy=False)]
 
     def lower(self, node, ctx):
-        from . import attention_cm      # fp16 on cooperative matrices, where the device has them
-        if attention_cm.usable(ctx, ctx.t(node.inputs[0]).shape[-1] // attr(node, "heads", 1)):
+        from . import attention_cm, attention_cmr      # fp16 on cooperative matrices, where the device has them
+        dh = ctx.t(node.inputs[0]).shape[-1] // attr(node, "heads", 1)
+        if attention_cmr.usable(ctx, dh):      # the softmax in registers, where the element layout allows
+            return attention_cmr.lower(node, ctx)
+        if attention_cm.usable(ctx, dh):
             return attention_cm.lower(node, ctx)
         out, q, k, v = ctx.t(node.outputs[0]), *(ctx.t(i) for i in node.inputs)
         heads, scale = attr(node, "heads", 1), float(attr(node, "scale", 1.0))

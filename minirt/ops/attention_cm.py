@@ -66,19 +66,21 @@ def tile_problem(dh, tile, shared, emulate=False):
 SPLIT_TILE = (4, 1, 16)
 
 
-def pick_tile(ctx, dh):
-    """The (NR, KS, BK) for head dim dh on ctx's device (or the forced coopmat_tile), or None (TILES' order; lower
-    puts SPLIT_TILE first where it splits)."""
+def pick_tile(ctx, dh, option="coopmat_tile", tiles=TILES, problem=None, what="(NR, KS, BK)"):
+    """The tile for head dim dh on ctx's device: the one forced by options[option] (a tuple, or "AxBxC"), else the
+    first of `tiles` that fits, or None. problem(dh, tile, shared, emulate) says why a tile cannot run (default: this
+    kernel's tile_problem). lower puts SPLIT_TILE first where it splits; attention_cmr.py picks its tiles here too."""
+    problem = problem or tile_problem
     emulate = ctx.options.get("coopmat") == "emulate"
     shared = ctx.profile.max_shared_memory
-    forced = ctx.options.get("coopmat_tile")
+    forced = ctx.options.get(option)
     if forced is not None:
-        tile = tuple(int(x) for x in forced)
-        why = tile_problem(dh, tile, shared, emulate) if len(tile) == 3 else "want (NR, KS, BK)"
+        tile = tuple(int(x) for x in (forced.split("x") if isinstance(forced, str) else forced))
+        why = problem(dh, tile, shared, emulate) if len(tile) == len(what.split(",")) else f"want {what}"
         if why:
-            raise UnsupportedError(f"coopmat_tile {list(forced)} for head dim {dh}: {why}")
+            raise UnsupportedError(f"{option} {forced!r} for head dim {dh}: {why}")
         return tile
-    return next((t for t in TILES if tile_problem(dh, t, shared, emulate) is None), None)
+    return next((t for t in tiles if problem(dh, t, shared, emulate) is None), None)
 
 
 def usable(ctx, dh):
@@ -108,13 +110,15 @@ def splits(ctx, tile, dh, groups, tk):
     return wave_splits(groups, slots, tk, attention.SPLIT_MIN_KEYS, attention.MAX_SPLITS)
 
 
+def sizes(node, ctx):
+    """(B, Tq, Tk, heads, head dim, emulated) of an Attention node in ctx's plan."""
+    q, k = ctx.t(node.inputs[0]), ctx.t(node.inputs[1])
+    heads = attr(node, "heads", 1)
+    return q.shape[0], q.shape[1], k.shape[1], heads, q.shape[2] // heads, ctx.options.get("coopmat") == "emulate"
+
+
 def lower(node, ctx):
-    out, q, k, v = ctx.t(node.outputs[0]), *(ctx.t(i) for i in node.inputs)
-    heads, scale = attr(node, "heads", 1), float(attr(node, "scale", 1.0))
-    B, Tq, D = q.shape
-    Tk = k.shape[1]
-    dh = D // heads
-    emulate = ctx.options.get("coopmat") == "emulate"
+    B, Tq, Tk, heads, dh, emulate = sizes(node, ctx)
     kernel = "attention_cm_emu" if emulate else "attention_cm_khr"
     tile, S = pick_tile(ctx, dh), None
     if ctx.options.get("coopmat_tile") is None \
@@ -128,13 +132,24 @@ def lower(node, ctx):
         S = splits(ctx, tile, dh, qblocks * B * heads, Tk)
     ctx.note(f"cooperative-matrix attention{' (emulated)' if emulate else ''}: {16 * nr} query rows per work group, "
              f"{ks} key split(s) in a group, blocks of {bk} keys" + (f", keys split {S} ways across groups" if S > 1 else ""))
+    emit(ctx, kernel, node, lambda split: (dh, nr, ks, bk, split), SUBGROUP * nr * ks, qblocks, S)
+
+
+def emit(ctx, kernel, node, spec, local, qblocks, S):
+    """The attention dispatch of a cooperative-matrix kernel (attention_cm.comp, attention_cmr.comp: the same bindings
+    and push constants) with `local` invocations a work group, and where S > 1 its split partials and the combine
+    pass. spec(split) gives the kernel's specialization constants."""
+    out, q, k, v = ctx.t(node.outputs[0]), *(ctx.t(i) for i in node.inputs)
+    heads, scale = attr(node, "heads", 1), float(attr(node, "scale", 1.0))
+    B, Tq, D = q.shape
+    Tk = k.shape[1]
+    dh = D // heads
     push = Push().ivec4(Tq, Tk, heads, D // 4).vec4(scale * math.log2(math.e))
     flops = 4 * B * heads * Tq * Tk * dh
-    # family "attention": the local x is exactly the global x given, so one work group = NR * KS subgroups
-    local = SUBGROUP * nr * ks
+    # family "attention": the local x is exactly the global x given, so one work group = `local` invocations
     if S == 1:
         ctx.dispatch(kernel, [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")], push.ivec4(1, 0),
-                     (dh, nr, ks, bk, False), (local, qblocks, B * heads), "attention",
+                     spec(False), (local, qblocks, B * heads), "attention",
                      flops=flops, nbytes=4 * (2 * q.numel + k.numel + v.numel))
         return
     # partials as attention.py's split kernel writes them (fp32): O rows ((b * H + h) * S + s) * Tq + t of dh floats,
@@ -143,7 +158,7 @@ def lower(node, ctx):
     part = ctx.scratch("attention.partials", rows * (dh + 2))
     ml_base = rows * dh // 2
     ctx.dispatch(kernel, [(part.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")], push.ivec4(S, ml_base),
-                 (dh, nr, ks, bk, True), (local, qblocks, B * heads * S), "attention",
+                 spec(True), (local, qblocks, B * heads * S), "attention",
                  flops=flops, nbytes=4 * (S * q.numel + k.numel + v.numel + rows * (dh + 2)))
     ctx.dispatch(ctx.variant("attention_combine"), [(out.name, "w"), (part.name, "r")],
                  Push().ivec4(Tq, heads, D // 4, S).ivec4(B, ml_base), (dh,), (D // 4, Tq, B), "elementwise",

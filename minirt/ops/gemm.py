@@ -106,12 +106,12 @@ def cm_kernel(ctx, m, n):
     Session(options={"coopmat": False}) turns it off, options["cm_tile"] forces a tile. Default: 64x64 blocks with
     32-deep slices (measured best on an H200), smaller tiles where shared memory is short.
     options["cm_emulate"] (tests): glsl/linear_cm_emu.comp, the same kernel with the matrix operations in plain
-    code, on any fp16 device with subgroups of 8 or more lanes, cooperative matrices or not."""
+    code, on any fp16 device with subgroups of 8, 16 or 32 lanes, cooperative matrices or not."""
     p = ctx.profile
     if not (ctx.half and option_on(ctx.options, "coopmat", True)):
         return None
     if option_on(ctx.options, "cm_emulate", False):
-        if not (p.fp16 and p.subgroup_size >= 8):
+        if not (p.fp16 and p.subgroup_size in (8, 16, 32)):
             return None
         base = "linear_cm_emu"
     elif p.cooperative_matrix and p.fp16 and CM_SHAPE in p.coopmat_shapes:
@@ -174,18 +174,31 @@ def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mo
         ctx.dispatch(f"{kernel[:-len(tile)]}split_{tile}",
                      [(part.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (bt.name, "r")],
                      Push().ivec4(m, n, k, n4).ivec4(0, lda4 if lda4 is not None else k // 4, 0, S),
-                     (OUT_SPLIT, 0, False), (warps * ctx.profile.subgroup_size, -(-m // bm), -(-n // bn) * S),
+                     (OUT_SPLIT, 0, False, cm_reg_epilogue(ctx, kernel, True)),
+                     (warps * ctx.profile.subgroup_size, -(-m // bm), -(-n // bn) * S),
                      "coopmat", flops=2 * m * n * k, nbytes=4 * (m * k + k * n) + 16 * S * m * n)
         reduce_dispatch(ctx, out, part, bt, res, m, n, n4, S, act, residual is not None)
         return
     p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
     ctx.dispatch(kernel, [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
-                 p, (out_mode, ACTS[act], residual is not None),
+                 p, (out_mode, ACTS[act], residual is not None, cm_reg_epilogue(ctx, kernel, False)),
                  (warps * ctx.profile.subgroup_size, -(-m // bm), -(-n // bn)), "coopmat",
                  flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)))
 
 
 OUT_ROWS, OUT_NCHW, OUT_PARTS, OUT_SPLIT = 0, 1, 2, 3    # linear.comp / linear_cm.glslh OUT_MODE
+
+
+def cm_reg_epilogue(ctx, kernel, split) -> bool:
+    """REG_EPI of linear_cm.glslh: the epilogue takes each lane's accumulator elements straight from registers, which
+    needs the element layout cm_layout.glslh assumes: probed on the device (DeviceProfile.coopmat_layout), always
+    true of the emulated kernels. By default only for split K's fp32 partials: on an H200 (tools/gemm_bench.py,
+    docs/benchmarks.md) it saves about 1 us there, and costs 3-7 us where it writes the fp16 output, whose column
+    pairs from 8 rows a store coalesce worse than the scratch path's vec4 rows. Session(options={"cm_reg_epilogue":
+    True | False}) forces it on or off."""
+    if not option_on(ctx.options, "cm_reg_epilogue", split):
+        return False
+    return "_emu_" in kernel or ctx.profile.coopmat_layout == "mma"
 
 
 def reduce_dispatch(ctx, out, part, bt, res, m, n, n4, S, act, has_res):

@@ -1,6 +1,7 @@
 """Instance, physical-device choice, logical device and queue; and the DeviceProfile read from it."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import threading
@@ -292,6 +293,10 @@ class Device:
         self.lock = threading.Lock()      # serialises queue submission across Sessions
         self.live = 0                     # Sessions using it
         self.validation_messages = validation_messages   # MINIRT_VALIDATION=1: warnings and errors, in order
+        p = self.profile
+        if p.cooperative_matrix and p.subgroup_size == 32 and (16, 16, 16, "f16", "f16", "f32", "f32") in p.coopmat_shapes:
+            from .coopmat_probe import probe      # one small dispatch, once per device
+            self.profile = dataclasses.replace(p, coopmat_layout=probe(self))
 
     def _host_import_alignment(self, vk) -> int:
         ffi = vk.ffi

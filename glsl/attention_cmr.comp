@@ -1,0 +1,285 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_KHR_shader_subgroup_basic : require
+// variants: impl=khr,emu dtype=half
+// Multi-head attention on cooperative matrices with the softmax in registers: attention_cm.comp's semantics, bindings
+// and push constants (and its SPLIT partials for attention_combine.comp), for devices whose 16 x 16 matrices keep
+// their elements where cm_layout.glslh says (DeviceProfile.coopmat_layout "mma", probed at start-up).
+//
+// There an accumulator element and an A-operand element with the same index sit at the same (row, column), and each
+// row lies in the 4 lanes L/4 of one quad. So, flash-attention style, a team (one subgroup, 16 query rows) keeps
+// everything of its rows in registers: S = Q K^T for a block of BK keys as BK / 16 accumulators; the block's row
+// maxima from its own elements and two xor shuffles; O and the row sums l rescaled by exp2(m_old - m_new) element by
+// element; P = exp2(S - m) written straight into A operands (fp16); O += P V. No S or P goes through shared memory and
+// no team waits on another except to stage K and V: NR teams share each block of K and V rows in shared memory (the
+// next block in flight in registers), two work group barriers a block.
+//
+// The row sum takes P as P V does, rounded to fp16; t = s * scale * log2(e) in fp32 and O in fp32 throughout; the
+// output is stored saturating (every _half kernel). SPLIT: work group z = (b * H + h) * S + s takes key blocks
+// [s nb / S, (s + 1) nb / S) and writes O unnormalised (fp32) with (m, l) per row, attention.glslh's layout.
+//
+// impl=emu: the matrix operations as plain code on the same layout (lanes are invocations, each team's tiles go
+// through shared memory, the shuffles too; a team sync is a work group barrier). Tests run it where there are no
+// cooperative matrices (lavapipe): everything but the matrix instructions and the device's layout itself.
+#if defined(IMPL_KHR)
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#endif
+#include "common.glslh"
+#include "cm_layout.glslh"
+
+layout(constant_id = 3) const int DH = 64;   // head dim, a multiple of 16
+layout(constant_id = 4) const int NR = 4;    // teams (subgroups of 32): 16 NR query rows per work group
+layout(constant_id = 5) const int BK = 32;   // keys per block, a multiple of 16
+layout(constant_id = 6) const bool SPLIT = false;
+
+const int DH4 = DH / 4;
+const int DT = DH / 16;           // 16-column tiles of the head
+const int KT = BK / 16;           // 16-key tiles of a block
+const int KP4 = DH4 + 2;          // K/V (and Q) row pitch in f16vec4: DH + 8 halves, no bank conflicts
+const int NST = 32 * NR;
+const int PF = BK * DH4 / NST;    // f16vec4 of K (and as many of V) each invocation carries per block
+const int ROWS = 2 * BK > 16 * NR ? 2 * BK : 16 * NR;   // K then V rows of a block; at the start, the group's Q rows
+const float NEG = -1.0e30;        // "no max yet": finite, so exp2(NEG - m) = 0 and NEG - NEG = 0, never NaN
+
+layout(set = 0, binding = 0, std430) writeonly buffer out_buf { f16vec2 t_out2[]; };
+layout(set = 0, binding = 0, std430) writeonly buffer po_buf { vec2 t_po2[]; };  // SPLIT: O partials
+layout(set = 0, binding = 0, std430) writeonly buffer ml_buf { vec2 t_ml[]; };   // SPLIT: (m, l) per row
+layout(set = 0, binding = 1, std430) readonly buffer q_buf { f16vec4 t_q[]; };
+layout(set = 0, binding = 2, std430) readonly buffer k_buf { f16vec4 t_k[]; };
+layout(set = 0, binding = 3, std430) readonly buffer v_buf { f16vec4 t_v[]; };
+
+layout(push_constant) uniform Params {
+  ivec4 dims;   // Tq, Tk, heads, D / 4
+  vec4 scale;   // scale * log2(e)
+  ivec4 split;  // S, ml_base (index of the first (m, l) pair in t_ml); S = 1 without SPLIT
+} p;
+
+shared f16vec4 skv[ROWS * KP4];
+
+int team, lane;
+
+#if defined(IMPL_KHR)
+#define MAT_A coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
+#define MAT_B coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
+#define MAT_C coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#define ZERO_A MAT_A(0.0)
+#define ZERO_C MAT_C(0.0)
+#define MMA(A, B, C) coopMatMulAdd(A, B, C)
+#define EL(M, e) M[e]
+#define LOAD_ROW(M, OFF) coopMatLoad(M, skv, uint(OFF), uint(KP4), gl_CooperativeMatrixLayoutRowMajor)
+#define LOAD_COL(M, OFF) coopMatLoad(M, skv, uint(OFF), uint(KP4), gl_CooperativeMatrixLayoutColumnMajor)
+float quad_max(float x) {
+  x = max(x, subgroupShuffleXor(x, 1u));
+  return max(x, subgroupShuffleXor(x, 2u));
+}
+float quad_sum(float x) {
+  x += subgroupShuffleXor(x, 1u);
+  return x + subgroupShuffleXor(x, 2u);
+}
+#else
+// Emulated 16 x 16 tiles in cm_layout.glslh's layout: lane L holds element e at cm_elem(L, e), as fp32 (fp16 values
+// exactly for A and B). B tiles use it too (row = k, column = n); only the emulated MMA reads them.
+struct Frag { float v[8]; };
+#define MAT_A Frag
+#define MAT_B Frag
+#define MAT_C Frag
+#define ZERO_A emu_zero()
+#define ZERO_C emu_zero()
+#define MMA(A, B, C) emu_mma(A, B, C)
+#define EL(M, e) M.v[e]
+shared float emu_x[NR * 512];
+shared float emu_q[NR * 32];
+float elem_at(int off, int r, int c) { return float(skv[off + r * KP4 + (c >> 2)][c & 3]); }
+// row-major: element (r, c) at row r, column c of the staged rows; column-major (K^T): at row c, column r
+#define LOAD_ROW(M, OFF) { [[unroll]] for (int e_ = 0; e_ < 8; ++e_) { ivec2 rc_ = cm_elem(lane, e_); \
+    M.v[e_] = elem_at(int(OFF), rc_.x, rc_.y); } }
+#define LOAD_COL(M, OFF) { [[unroll]] for (int e_ = 0; e_ < 8; ++e_) { ivec2 rc_ = cm_elem(lane, e_); \
+    M.v[e_] = elem_at(int(OFF), rc_.y, rc_.x); } }
+Frag emu_zero() {
+  Frag f;
+  [[unroll]] for (int i = 0; i < 8; ++i) f.v[i] = 0.0;
+  return f;
+}
+Frag emu_mma(Frag a, Frag b, Frag c) {
+  int base = team * 512;
+  [[unroll]] for (int e = 0; e < 8; ++e) {
+    ivec2 rc = cm_elem(lane, e);
+    emu_x[base + rc.x * 16 + rc.y] = a.v[e];
+    emu_x[base + 256 + rc.x * 16 + rc.y] = b.v[e];
+  }
+  barrier();
+  [[unroll]] for (int e = 0; e < 8; ++e) {
+    ivec2 rc = cm_elem(lane, e);
+    float s = 0.0;
+    for (int k = 0; k < 16; ++k) s += emu_x[base + rc.x * 16 + k] * emu_x[base + 256 + k * 16 + rc.y];
+    c.v[e] += s;
+  }
+  barrier();
+  return c;
+}
+float quad_other(float x, int o) {
+  emu_q[team * 32 + lane] = x;
+  barrier();
+  float y = emu_q[team * 32 + (lane ^ o)];
+  barrier();
+  return y;
+}
+float quad_max(float x) {
+  x = max(x, quad_other(x, 1));
+  return max(x, quad_other(x, 2));
+}
+float quad_sum(float x) {
+  x += quad_other(x, 1);
+  return x + quad_other(x, 2);
+}
+#endif
+
+f16vec4 pk[PF], pv[PF];  // the next block of K and V rows, in flight
+
+// Issue the loads of block jb (keys jb * BK ..), zeros from key jend on (masked keys must meet no NaN).
+void fetch(int jb, int sidx, int b, int hc, int Tk, int jend, int D4) {
+  [[unroll]] for (int i = 0; i < PF; ++i) {
+    int e = sidx + NST * i, j = jb * BK + e / DH4;
+    int g = (b * Tk + j) * D4 + hc + e % DH4;
+    pk[i] = j < jend ? t_k[g] : f16vec4(0.0);
+    pv[i] = j < jend ? t_v[g] : f16vec4(0.0);
+  }
+}
+
+void put(int sidx) {
+  [[unroll]] for (int i = 0; i < PF; ++i) {
+    int e = sidx + NST * i, at = (e / DH4) * KP4 + e % DH4;
+    skv[at] = pk[i];
+    skv[at + BK * KP4] = pv[i];
+  }
+}
+
+void main() {
+#if defined(IMPL_KHR)
+  team = int(gl_SubgroupID);
+  lane = int(gl_SubgroupInvocationID);
+#else
+  team = int(gl_LocalInvocationIndex) / 32;
+  lane = int(gl_LocalInvocationIndex) % 32;
+#endif
+  int Tq = p.dims.x, Tk = p.dims.y, H = p.dims.z, D4 = p.dims.w;
+  float c = p.scale.x;
+  int S = SPLIT ? p.split.x : 1;
+  int bh = int(gl_WorkGroupID.z) / S, sk = int(gl_WorkGroupID.z) % S;
+  int nb = (Tk + BK - 1) / BK;
+  int bbeg = sk * nb / S, bend = (sk + 1) * nb / S;   // this group's key blocks
+  int jend = min(bend * BK, Tk);                       // keys from here on are masked
+  int b = bh / H, hc = (bh % H) * DH4;
+  int qg = int(gl_WorkGroupID.y) * 16 * NR;            // the group's first query row
+  int sidx = int(gl_LocalInvocationIndex);
+  ivec2 rc0 = cm_elem(lane, 0);                        // this lane's rows: rc0.x and rc0.x + 8
+
+  // Q: the group's rows (zeros past Tq) through shared memory into A operands, once per team.
+  for (int e = sidx; e < 16 * NR * DH4; e += NST) {
+    int t = qg + e / DH4;
+    skv[(e / DH4) * KP4 + e % DH4] = t < Tq ? t_q[(b * Tq + t) * D4 + hc + e % DH4] : f16vec4(0.0);
+  }
+  barrier();
+  MAT_A qa[DT];
+  [[unroll]] for (int d = 0; d < DT; ++d) LOAD_ROW(qa[d], team * 16 * KP4 + 4 * d);
+  barrier();  // Q is read before K and V overwrite it
+
+  int iters = bend - bbeg;
+  if (iters > 0) {
+    fetch(bbeg, sidx, b, hc, Tk, jend, D4);
+    put(sidx);
+  }
+  if (iters > 1) fetch(bbeg + 1, sidx, b, hc, Tk, jend, D4);
+
+  MAT_C o[DT];
+  [[unroll]] for (int d = 0; d < DT; ++d) o[d] = ZERO_C;
+  vec2 m = vec2(NEG);   // running max of t = s * scale * log2(e) of the lane's two rows (equal across the quad)
+  vec2 l = vec2(0.0);   // this lane's share of the two rows' sums of P, against m
+
+  for (int it = 0; it < iters; ++it) {
+    barrier();  // the block is staged
+    int j0 = (bbeg + it) * BK;
+
+    // S = Q K^T: K rows are the columns of K^T, a column-major view of the staged K.
+    MAT_C s[KT];
+    [[unroll]] for (int n = 0; n < KT; ++n) {
+      s[n] = ZERO_C;
+      [[unroll]] for (int d = 0; d < DT; ++d) {
+        MAT_B kt;
+        LOAD_COL(kt, n * 16 * KP4 + 4 * d);
+        s[n] = MMA(qa[d], kt, s[n]);
+      }
+    }
+
+    // the block's row maxima over unmasked keys, then the new running max and the rescale factors
+    vec2 bm = vec2(NEG);
+    [[unroll]] for (int n = 0; n < KT; ++n)
+      [[unroll]] for (int e = 0; e < 8; ++e) {
+        int key = j0 + n * 16 + cm_elem(lane, e).y;
+        if (key < jend) {
+          if (e < 4) bm.x = max(bm.x, float(EL(s[n], e)) * c);
+          else bm.y = max(bm.y, float(EL(s[n], e)) * c);
+        }
+      }
+    bm = vec2(quad_max(bm.x), quad_max(bm.y));
+    vec2 mn = max(m, bm);
+    vec2 alpha = exp2(m - mn);
+    m = mn;
+    l *= alpha;
+    [[unroll]] for (int d = 0; d < DT; ++d)
+      [[unroll]] for (int e = 0; e < 8; ++e) EL(o[d], e) *= e < 4 ? alpha.x : alpha.y;
+
+    // P = exp2(t - m) into A operands (the same element layout), and the row sums of P as fp16 rounds it
+    MAT_A pa[KT];
+    [[unroll]] for (int n = 0; n < KT; ++n) {
+      pa[n] = ZERO_A;
+      [[unroll]] for (int e = 0; e < 8; ++e) {
+        int key = j0 + n * 16 + cm_elem(lane, e).y;
+        float16_t ph = float16_t(key < jend ? exp2(float(EL(s[n], e)) * c - (e < 4 ? m.x : m.y)) : 0.0);
+        EL(pa[n], e) = ph;
+        if (e < 4) l.x += float(ph);
+        else l.y += float(ph);
+      }
+    }
+
+    // O += P V (V rows are row-major B tiles)
+    [[unroll]] for (int d = 0; d < DT; ++d)
+      [[unroll]] for (int n = 0; n < KT; ++n) {
+        MAT_B vb;
+        LOAD_ROW(vb, BK * KP4 + n * 16 * KP4 + 4 * d);
+        o[d] = MMA(pa[n], vb, o[d]);
+      }
+
+    barrier();  // every team is done with this block's K and V
+    if (it + 1 < iters) {
+      put(sidx);
+      if (it + 2 < iters) fetch(bbeg + it + 2, sidx, b, hc, Tk, jend, D4);
+    }
+  }
+
+  // The rows' sums over the quad; store O / l (fp16 pairs), or with SPLIT O and (m, l) as fp32 partials.
+  vec2 lt = vec2(quad_sum(l.x), quad_sum(l.y));
+  vec2 inv = SPLIT ? vec2(1.0) : 1.0 / max(lt, vec2(1e-30));   // lt >= 1 wherever a key was seen
+  int t0 = qg + team * 16 + rc0.x;                               // rows t0 and t0 + 8
+  if (SPLIT && (lane & 3) == 0) {
+    int prow = int(gl_WorkGroupID.z) * Tq;                       // ((b * H + h) * S + s) * Tq
+    if (t0 < Tq) t_ml[p.split.y + prow + t0] = vec2(m.x, lt.x);
+    if (t0 + 8 < Tq) t_ml[p.split.y + prow + t0 + 8] = vec2(m.y, lt.y);
+  }
+  [[unroll]] for (int d = 0; d < DT; ++d)
+    [[unroll]] for (int e = 0; e < 8; e += 2) {
+      ivec2 rc = cm_elem(lane, e);
+      int t = qg + team * 16 + rc.x, col = d * 16 + rc.y;
+      if (t >= Tq) continue;
+      vec2 v = vec2(EL(o[d], e), EL(o[d], e + 1)) * (e < 4 ? inv.x : inv.y);
+      if (SPLIT) {
+        t_po2[((int(gl_WorkGroupID.z) * Tq + t) * DH + col) >> 1] = v;
+      } else {
+        t_out2[((b * Tq + t) * D4 * 4 + hc * 4 + col) >> 1] = f16vec2(to_elem(v.x), to_elem(v.y));
+      }
+    }
+}

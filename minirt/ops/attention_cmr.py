@@ -1,0 +1,93 @@
+"""Attention on cooperative matrices with the softmax in registers (glsl/attention_cmr.comp): the fp16 path of the
+Attention op where the device keeps 16 x 16 matrix elements in the layout that kernel reads (DeviceProfile.
+coopmat_layout == "mma", probed at start-up on devices with VK_KHR_cooperative_matrix), buffers only. Elsewhere
+attention_cm.py's kernel, which moves S and P through shared memory, runs instead.
+
+Session / plan options:
+  attention_cm_reg=False   keep attention_cm.comp even where this kernel could run
+  coopmat="emulate"        the impl=emu variant (matrix operations and shuffles by plain code in the same layout), on
+                           any fp16 device: how tests check the kernel's logic on lavapipe
+  cmr_tile=(NR, BK)        force NR teams of 16 query rows and blocks of BK keys
+  attention_splits=S       force S key splits across work groups (1: none), merged by glsl/attention_combine.comp"""
+from __future__ import annotations
+
+from ..options import option_on
+from . import attention_cm
+from ._util import wave_splits
+from .attention_cm import MAX_HEAD_DIM, SHAPE, SUBGROUP, emit
+
+# (NR, BK) in order of preference: four teams (64 query rows) sharing blocks of 32 keys. tools/attn_bench.py on an H200
+# (docs/benchmarks.md), 1500 x 1500 keys, 6 heads / 8 heads, GPU us with the combine pass: (4, 32) 36.0 (3 splits) /
+# 40.3 (2 splits); (4, 16) 46.9 / 58.4; (2, 32) 46.4 / 68.6; (4, 64) 49.1 / 49.2 (unsplit), 56.4 / 58.1 (2 splits).
+TILES = ((4, 32), (4, 16), (2, 32), (2, 16), (1, 32), (1, 16))
+# Registers a multiprocessor's groups may hold: NVIDIA's driver gives the (4, 32) kernel 128 per invocation
+# (tools/occupancy.py stats), so 64K registers hold 4 groups of 128 invocations though 9 KiB of shared memory would
+# allow 5; taken for every tile (16 / NR groups). Measured: tiny's 144 (query block, head) groups split 3 ways (432 in
+# one wave of 528) 36.0 us, 4 ways (576) 38.6; base's 192 split 2 ways 40.3, 3 ways (576) 50.5.
+REGISTERS_PER_INVOCATION = 128
+MAX_PREFETCH = 8     # f16vec4 of K (and as many of V) an invocation carries from one block to the next
+
+
+def shared_bytes(dh, nr, bk, emulate=False):
+    """Shared memory of one work group, as glsl/attention_cmr.comp declares it: a block's K and V rows (at the start
+    the group's Q rows, where those are more), rows of dh + 8 halves."""
+    total = max(2 * bk, 16 * nr) * (dh + 8) * 2
+    if emulate:
+        total += nr * 512 * 4 + nr * 32 * 4
+    return total
+
+
+def tile_problem(dh, tile, shared, emulate=False):
+    """Why (NR, BK) cannot run head dim dh within `shared` bytes, or None."""
+    nr, bk = tile
+    if nr < 1 or nr & (nr - 1) or nr > 32:
+        return f"NR = {nr} teams is not a power of two up to 32"
+    if bk < 16 or bk % 16:
+        return f"BK = {bk} is not a multiple of 16"
+    per = bk * dh // 4
+    if per % (SUBGROUP * nr) or per // (SUBGROUP * nr) > MAX_PREFETCH:
+        return f"a block of {bk} x {dh} does not split into 1 .. {MAX_PREFETCH} vec4 per staging invocation"
+    if shared_bytes(dh, nr, bk, emulate) > shared:
+        return f"needs {shared_bytes(dh, nr, bk, emulate)} bytes of shared memory, the device has {shared}"
+    return None
+
+
+def pick_tile(ctx, dh):
+    """The (NR, BK) for head dim dh (or the forced cmr_tile), or None."""
+    return attention_cm.pick_tile(ctx, dh, "cmr_tile", TILES, tile_problem, "(NR, BK)")
+
+
+def usable(ctx, dh):
+    """Whether Attention with head dim dh runs on this kernel in ctx's plan."""
+    opt = ctx.options.get("coopmat")
+    if opt is False or not option_on(ctx.options, "attention_cm_reg", True):
+        return False
+    if not ctx.half or ctx.storage != "buffer" or dh % 16 or not 16 <= dh <= MAX_HEAD_DIM:
+        return False
+    if opt != "emulate":
+        p = ctx.profile
+        if not (p.cooperative_matrix and SHAPE in tuple(map(tuple, p.coopmat_shapes)) and p.subgroup_size == SUBGROUP
+                and p.coopmat_layout == "mma"):
+            return False
+    return pick_tile(ctx, dh) is not None
+
+
+def lower(node, ctx):
+    from . import attention
+    B, Tq, Tk, heads, dh, emulate = attention_cm.sizes(node, ctx)
+    nr, bk = pick_tile(ctx, dh)
+    qblocks = -(-Tq // (16 * nr))
+    p = ctx.profile
+    if ctx.options.get("attention_splits") is not None:
+        S = attention.splits(p, qblocks * B * heads, Tk, ctx.options)
+    elif p.compute_units and p.device_type == "discrete":
+        # as many splits as still run in one wave of resident groups, each of SPLIT_MIN_KEYS keys or more
+        most = max(1, 65536 // (REGISTERS_PER_INVOCATION * SUBGROUP * nr))
+        S = wave_splits(qblocks * B * heads, p.wave_slots(shared_bytes(dh, nr, bk, emulate), most), Tk,
+                        attention.SPLIT_MIN_KEYS, attention.MAX_SPLITS)
+    else:
+        S = 1
+    ctx.note(f"cooperative-matrix attention, softmax in registers{' (emulated)' if emulate else ''}: {16 * nr} query "
+             f"rows per work group, blocks of {bk} keys" + (f", keys split {S} ways across groups" if S > 1 else ""))
+    kernel = "attention_cmr_emu" if emulate else "attention_cmr_khr"
+    emit(ctx, kernel, node, lambda split: (dh, nr, bk, split), SUBGROUP * nr, qblocks, S)

@@ -377,15 +377,17 @@ def test_whisper_fp16_close_to_fp32(cm_emulate, fuse_attention):
     assert rel <= 2e-3, f"relative L2 {rel:.2e}"
 
 
+@pytest.mark.parametrize("reg", [False, True], ids=["scratch_epilogue", "reg_epilogue"])
 @pytest.mark.parametrize("case", [dict(), dict(t=40, n=22, act="Gelu"), dict(t=70, n=80, consume=False)])
-def test_fp16_tensor_core_epilogue_parts(case):
-    """The emulated cooperative-matrix kernel's part-major epilogue on small shapes whose 64-column blocks
-    straddle parts, against minirt fp32."""
+def test_fp16_tensor_core_epilogue_parts(case, reg):
+    """The emulated cooperative-matrix kernel's part-major epilogues (the shared scratch, and column pairs from
+    registers) on small shapes whose 64-column blocks straddle parts, against minirt fp32."""
     m = qkv_model(**case)
     fd = qkv_feeds(case.get("t", 37))
     with Session(m, storage="buffer") as s:
         ref = s.run(None, fd)
-    with Session(m, storage="buffer", precision="fp16", options={"cm_emulate": True, "poison": True}) as s:
+    with Session(m, storage="buffer", precision="fp16",
+                 options={"cm_emulate": True, "poison": True, "cm_reg_epilogue": reg}) as s:
         gemms = [d.kernel for d in s.plan.dispatches if d.op == "Linear"]
         assert len(gemms) == 1 and gemms[0].startswith("linear_cm_emu_"), gemms
         out = s.run(None, fd)

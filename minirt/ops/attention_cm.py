@@ -95,18 +95,19 @@ def usable(ctx, dh):
     return pick_tile(ctx, dh) is not None
 
 
-def splits(ctx, tile, dh, groups, tk):
-    """Key splits S across work groups (SPLIT in glsl/attention_cm.comp, merged by attention_combine.comp): the most
-    that still run in one wave of resident groups (multiprocessors x the groups its shared memory holds), each split at
-    least attention.SPLIT_MIN_KEYS keys; 1 where the multiprocessor count is unknown or on other than discrete GPUs.
-    Session(options={"attention_splits": S}) forces S."""
+def splits(ctx, shared, groups, tk, most=None):
+    """Key splits S across work groups (SPLIT in glsl/attention_cm.comp and attention_cmr.comp, merged by
+    attention_combine.comp) for `groups` work groups of `shared` bytes each: the most that still run in one wave of
+    resident groups (multiprocessors x the groups its shared memory holds, at most `most` where registers bind), each
+    split at least attention.SPLIT_MIN_KEYS keys; 1 where the multiprocessor count is unknown or on other than discrete
+    GPUs. Session(options={"attention_splits": S}) forces S."""
     from . import attention
     if ctx.options.get("attention_splits") is not None:
         return attention.splits(ctx.profile, groups, tk, ctx.options)
     p = ctx.profile
     if not p.compute_units or p.device_type != "discrete":
         return 1
-    slots = p.wave_slots(shared_bytes(dh, *tile, ctx.options.get("coopmat") == "emulate"))
+    slots = p.wave_slots(shared, most)
     return wave_splits(groups, slots, tk, attention.SPLIT_MIN_KEYS, attention.MAX_SPLITS)
 
 
@@ -123,13 +124,13 @@ def lower(node, ctx):
     tile, S = pick_tile(ctx, dh), None
     if ctx.options.get("coopmat_tile") is None \
             and tile_problem(dh, SPLIT_TILE, ctx.profile.max_shared_memory, emulate) is None:
-        s = splits(ctx, SPLIT_TILE, dh, -(-Tq // (16 * SPLIT_TILE[0])) * B * heads, Tk)
+        s = splits(ctx, shared_bytes(dh, *SPLIT_TILE, emulate), -(-Tq // (16 * SPLIT_TILE[0])) * B * heads, Tk)
         if s > 1:    # SPLIT_TILE first where it splits
             tile, S = SPLIT_TILE, s
     nr, ks, bk = tile
     qblocks = -(-Tq // (16 * nr))
     if S is None:
-        S = splits(ctx, tile, dh, qblocks * B * heads, Tk)
+        S = splits(ctx, shared_bytes(dh, *tile, emulate), qblocks * B * heads, Tk)
     ctx.note(f"cooperative-matrix attention{' (emulated)' if emulate else ''}: {16 * nr} query rows per work group, "
              f"{ks} key split(s) in a group, blocks of {bk} keys" + (f", keys split {S} ways across groups" if S > 1 else ""))
     emit(ctx, kernel, node, lambda split: (dh, nr, ks, bk, split), SUBGROUP * nr * ks, qblocks, S)

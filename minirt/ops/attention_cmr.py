@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from ..options import option_on
 from . import attention_cm
-from ._util import wave_splits
 from .attention_cm import MAX_HEAD_DIM, SHAPE, SUBGROUP, emit
 
 # (NR, BK) in order of preference: four teams (64 query rows) sharing blocks of 32 keys. tools/attn_bench.py on an H200
@@ -73,20 +72,11 @@ def usable(ctx, dh):
 
 
 def lower(node, ctx):
-    from . import attention
     B, Tq, Tk, heads, dh, emulate = attention_cm.sizes(node, ctx)
     nr, bk = pick_tile(ctx, dh)
     qblocks = -(-Tq // (16 * nr))
-    p = ctx.profile
-    if ctx.options.get("attention_splits") is not None:
-        S = attention.splits(p, qblocks * B * heads, Tk, ctx.options)
-    elif p.compute_units and p.device_type == "discrete":
-        # as many splits as still run in one wave of resident groups, each of SPLIT_MIN_KEYS keys or more
-        most = max(1, 65536 // (REGISTERS_PER_INVOCATION * SUBGROUP * nr))
-        S = wave_splits(qblocks * B * heads, p.wave_slots(shared_bytes(dh, nr, bk, emulate), most), Tk,
-                        attention.SPLIT_MIN_KEYS, attention.MAX_SPLITS)
-    else:
-        S = 1
+    most = max(1, 65536 // (REGISTERS_PER_INVOCATION * SUBGROUP * nr))     # groups a multiprocessor's registers hold
+    S = attention_cm.splits(ctx, shared_bytes(dh, nr, bk, emulate), qblocks * B * heads, Tk, most)
     ctx.note(f"cooperative-matrix attention, softmax in registers{' (emulated)' if emulate else ''}: {16 * nr} query "
              f"rows per work group, blocks of {bk} keys" + (f", keys split {S} ways across groups" if S > 1 else ""))
     kernel = "attention_cmr_emu" if emulate else "attention_cmr_khr"

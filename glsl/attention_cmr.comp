@@ -35,6 +35,9 @@ layout(constant_id = 3) const int DH = 64;   // head dim, a multiple of 16
 layout(constant_id = 4) const int NR = 4;    // teams (subgroups of 32): 16 NR query rows per work group
 layout(constant_id = 5) const int BK = 32;   // keys per block, a multiple of 16
 layout(constant_id = 6) const bool SPLIT = false;
+// VEC8: K and V are fetched 8 halves (16 bytes) a load, half the loads of a block, where k and v start 16-byte
+// aligned (minirt/ops/attention_cmr.py checks; DH is a multiple of 16, so every row slice is whole 8-half groups).
+layout(constant_id = 7) const bool VEC8 = false;
 
 const int DH4 = DH / 4;
 const int DT = DH / 16;           // 16-column tiles of the head
@@ -42,6 +45,8 @@ const int KT = BK / 16;           // 16-key tiles of a block
 const int KP4 = DH4 + 2;          // K/V (and Q) row pitch in f16vec4: DH + 8 halves, no bank conflicts
 const int NST = 32 * NR;
 const int PF = BK * DH4 / NST;    // f16vec4 of K (and as many of V) each invocation carries per block
+const int DH8 = DH / 8;
+const int PF8 = (BK * DH8 + NST - 1) / NST;   // VEC8: uvec4 (8 halves) of K (and of V) per invocation per block
 const int ROWS = 2 * BK > 16 * NR ? 2 * BK : 16 * NR;   // K then V rows of a block; at the start, the group's Q rows
 const float NEG = -1.0e30;        // "no max yet": finite, so exp2(NEG - m) = 0 and NEG - NEG = 0, never NaN
 
@@ -51,6 +56,8 @@ layout(set = 0, binding = 0, std430) writeonly buffer ml_buf { vec2 t_ml[]; };  
 layout(set = 0, binding = 1, std430) readonly buffer q_buf { f16vec4 t_q[]; };
 layout(set = 0, binding = 2, std430) readonly buffer k_buf { f16vec4 t_k[]; };
 layout(set = 0, binding = 3, std430) readonly buffer v_buf { f16vec4 t_v[]; };
+layout(set = 0, binding = 2, std430) readonly buffer k8_buf { uvec4 t_k8[]; };
+layout(set = 0, binding = 3, std430) readonly buffer v8_buf { uvec4 t_v8[]; };
 
 layout(push_constant) uniform Params {
   ivec4 dims;   // Tq, Tk, heads, D / 4
@@ -139,9 +146,20 @@ float quad_sum(float x) {
 #endif
 
 f16vec4 pk[PF], pv[PF];  // the next block of K and V rows, in flight
+uvec4 pk8[PF8], pv8[PF8];  // the same with VEC8
 
 // Issue the loads of block jb (keys jb * BK ..), zeros from key jend on (masked keys must meet no NaN).
 void fetch(int jb, int sidx, int b, int hc, int Tk, int jend, int D4) {
+  if (VEC8) {
+    [[unroll]] for (int i = 0; i < PF8; ++i) {
+      int e = sidx + NST * i, j = jb * BK + e / DH8;
+      int g = (((b * Tk + j) * D4 + hc) >> 1) + e % DH8;     // D4 and hc are even
+      bool ok = e < BK * DH8 && j < jend;
+      pk8[i] = ok ? t_k8[g] : uvec4(0);
+      pv8[i] = ok ? t_v8[g] : uvec4(0);
+    }
+    return;
+  }
   [[unroll]] for (int i = 0; i < PF; ++i) {
     int e = sidx + NST * i, j = jb * BK + e / DH4;
     int g = (b * Tk + j) * D4 + hc + e % DH4;
@@ -150,7 +168,21 @@ void fetch(int jb, int sidx, int b, int hc, int Tk, int jend, int D4) {
   }
 }
 
+f16vec4 h4(uvec2 u) { return f16vec4(unpackFloat2x16(u.x), unpackFloat2x16(u.y)); }
+
 void put(int sidx) {
+  if (VEC8) {
+    [[unroll]] for (int i = 0; i < PF8; ++i) {
+      int e = sidx + NST * i, at = (e / DH8) * KP4 + 2 * (e % DH8);
+      if (e < BK * DH8) {
+        skv[at] = h4(pk8[i].xy);
+        skv[at + 1] = h4(pk8[i].zw);
+        skv[at + BK * KP4] = h4(pv8[i].xy);
+        skv[at + BK * KP4 + 1] = h4(pv8[i].zw);
+      }
+    }
+    return;
+  }
   [[unroll]] for (int i = 0; i < PF; ++i) {
     int e = sidx + NST * i, at = (e / DH4) * KP4 + e % DH4;
     skv[at] = pk[i];

@@ -49,6 +49,9 @@
 layout(constant_id = 3) const int OUT_MODE = 0;
 layout(constant_id = 4) const int ACT = 0;          // 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh)
 layout(constant_id = 5) const bool HAS_RES = false; // + residual[m, n] (OUT_MODE 0)
+// A_WIN: A's rows overlap in one buffer (a 1-D convolution read channels-last, planner/conv_input_nlc.py): row m starts
+// at vec4 m * LDA4 - win.x, and what lies outside vec4 [0, win.y) reads as zero (the convolution's padding).
+layout(constant_id = 6) const bool A_WIN = false;
 
 layout(set = 0, binding = 0, std430) writeonly buffer o_buf { OUT_ELEM o[]; };
 layout(set = 0, binding = 0, std430) writeonly buffer o4_buf { OUT_ELEM4 o4[]; };   // OUT_MODE 1's column runs
@@ -62,6 +65,7 @@ layout(set = 0, binding = 4, std430) readonly buffer r4_buf { ELEM4 res4[]; };
 layout(push_constant) uniform Params {
   ivec4 dims;   // M (rows of this dispatch), N, K, N4
   ivec4 geo;    // M0 (first output row), LDA4 (A row stride in vec4), M_total (OUT_MODE 1, 2), NP (OUT_MODE 2)
+  ivec4 win;    // A_WIN: row 0's start before the buffer (vec4), the buffer's length (vec4)
 } p;
 
 // Index of output (row, column n) in the row-major modes 0 and 2 (also the residual's index).
@@ -115,7 +119,9 @@ void main() {
   #define FETCH(k4_0) { \
     [[unroll]] for (int l = 0; l < A_LOADS; ++l) { \
       int e = tid + l * NT; int r = e / (BK / 4), q = e % (BK / 4); int m = m_base + r, k4 = (k4_0) + q; \
-      a_reg[l] = (e < BM4 * 4 * (BK / 4) && m < M && k4 < K4) ? vec4(a4[m * p.geo.y + k4]) : vec4(0.0); } \
+      int ai = m * p.geo.y + k4 - (A_WIN ? p.win.x : 0); \
+      a_reg[l] = (e < BM4 * 4 * (BK / 4) && m < M && k4 < K4 && (!A_WIN || uint(ai) < uint(p.win.y))) \
+          ? vec4(a4[ai]) : vec4(0.0); } \
     [[unroll]] for (int l = 0; l < B_LOADS; ++l) { \
       int e = tid + l * NT; int kk = e / BN4, c = e % BN4; int k = (k4_0) * 4 + kk, n4 = n4_base + c; \
       b_reg[l] = (e < BK * BN4 && k < K4 * 4 && n4 < N4) ? W4(b4, k * N4 + n4) : vec4(0.0); } }

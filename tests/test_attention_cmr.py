@@ -71,8 +71,8 @@ def test_h200_takes_the_register_kernel_with_splits():
     plan = make_plan(graph(1, 1500, 1500, 6, 64), H200, "buffer", FP16)
     d = attention_dispatch(plan)
     assert d.kernel == "attention_cmr_khr_half"
-    dh, nr, bk, split = d.spec
-    assert (dh, nr, bk) == (64, 4, 32) and split
+    dh, nr, bk, split, vec8 = d.spec
+    assert (dh, nr, bk) == (64, 4, 32) and split and vec8
     assert d.global_size == (128, 24, 6 * 3)
     base = attention_dispatch(make_plan(graph(1, 1500, 1500, 8, 64), H200, "buffer", FP16))
     assert base.global_size == (128, 24, 8 * 2)
@@ -120,6 +120,27 @@ def test_emulated_kernel_matches_float64(shape, tile, S, kind):
         pytest.skip("no 16-bit storage buffers: precision fp16 cannot run")
     options = {"coopmat": "emulate", "cmr_tile": tile, "attention_splits": S}
     assert check(shape, kind, seed(shape, kind, S), {"attention_cm_reg": True, **options}) == "attention_cmr_emu_half"
+
+
+def test_vec8_fetch_plan_and_bits():
+    """VEC8 (16-byte loads of K and V): on where k and v start 16-byte aligned, off by the option (spec as before it);
+    emulated, both fetches stage the same halves: the same bits."""
+    shape = (1, 130, 130, 2, 64)
+    assert attention_dispatch(make_plan(graph(*shape), H200, "buffer", FP16)).spec[4:] == (1,)
+    assert attention_dispatch(make_plan(graph(*shape), H200, "buffer", {**FP16, "cmr_vec8": False})).spec[4:] == ()
+    if not device_profile().storage16:
+        pytest.skip("no 16-bit storage buffers: precision fp16 cannot run")
+    from minirt import Session
+    from test_coopmat_attention import attention_model, inputs
+    B, Tq, Tk, H, dh = 2, 37, 90, 2, 32
+    q, k, v = inputs(B, Tq, Tk, H * dh, seed(B, Tq, Tk), "ramp")
+    ys = []
+    for vec8 in (True, False):
+        with Session(attention_model(B, Tq, Tk, H, dh), storage="buffer", precision="fp16", options={
+                "coopmat": "emulate", "cmr_tile": (2, 16), "attention_splits": 2, "cmr_vec8": vec8, "poison": True}) as s:
+            assert len(attention_dispatch(s.plan).spec) == (5 if vec8 else 4)
+            ys.append(s.run(None, {"q": q, "k": k, "v": v})[0])
+    assert not np.isnan(ys[0]).any() and ys[0].tobytes() == ys[1].tobytes()
 
 
 def needs_layout():

@@ -97,3 +97,15 @@ def test_plan_declares_work():
     with Session(m, storage="buffer") as s:
         (d,) = s.plan.dispatches
     assert d.family == "conv" and d.flops == 2 * 64 * 50 * 80 * 3 and d.bytes > 0
+
+
+@pytest.mark.parametrize("route", ["im2col", "pointwise"])
+def test_forced_route_on_a_1d_conv(route):
+    """Session(options={"conv_route": ...}) on a 1-D conv that conv1d_as_conv2d left as it is (< 128 output channels):
+    the im2col kernel reads the [N, C, L] input as [N, C, 1, L] (it once read it with the wrong strides)."""
+    k = 3 if route == "im2col" else 1
+    w, b = rand(12, 8, k, seed=np.random.SeedSequence().entropy % 2**31), rand(12, seed=1)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[k // 2, k // 2], strides=[2 if k == 3 else 1])
+    m = make_model([node], {"x": (1, 8, 23)}, ["y"], {"w": w, "b": b})
+    x = rand(1, 8, 23, seed=np.random.SeedSequence().entropy % 2**31, low=-2, high=2)
+    check_model(m, {"x": x}, storages=("buffer",), options={"conv_route": route})

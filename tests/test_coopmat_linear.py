@@ -98,9 +98,10 @@ def test_whisper_gemms_take_coopmat_on_h200():
             assert red.kernel.startswith("linear_reduce") and red.args[1] == (d.args[0][0], "r")
             assert plan.tensors[d.args[0][0]].dtype == "float32"
     # K split across work groups into as many splits as fit one wave of 64x64 groups (528 places: 4 a multiprocessor,
-    # bound by registers) with 16 or more 32-deep slices each: conv2 (K 1152) twice, fc2 (K 1536) three times; the
-    # out-projection (K 384) does not split
-    assert splits == {"conv1": 1, "conv2": 2, "self_attn": 1, "out_proj": 1, "fc1": 1, "fc2": 3}, splits
+    # bound by registers) with 16 or more 32-deep slices each: fc2 (K 1536) three times; GEMMs whose output a LayerNorm
+    # reads need 4 slices a split (gemm.before_ln: their reduce pass does the LayerNorm): conv2 (K 1152) and the
+    # out-projection (K 384) three times too
+    assert splits == {"conv1": 1, "conv2": 3, "self_attn": 1, "out_proj": 3, "fc1": 1, "fc2": 3}, splits
     tiles = {tuple(np.frombuffer(d.push[:8], np.int32)): d.kernel.replace("split_", "") for d in gemms}   # (M, N)
     # the default tile (the H200's fastest) for every Whisper GEMM whose 64x64 groups fit one wave (528 places), twice
     # as wide blocks where they do not: fc1 (1500 x 1536: 576 groups). The merged QKV (1500 x 1152: 432) and conv1
@@ -128,15 +129,18 @@ def test_one_wave_rule_needs_the_multiprocessor_count():
 
 def test_same_interface_as_linear():
     """Bindings, push constants and specialization constants are linear.comp's (plus linear_cm's REG_EPI, off where
-    the output is not split K's partials), for linears and im2col convs."""
+    the output is not split K's partials, and VEC8 where K and N allow), for linears and im2col convs; A_WIN (conv2
+    reading conv1's channels-last output) in both."""
     for model in (_linear_model(100, 72, 36, "gelu", True)[0], _front_end_model(64)[0]):
         cm = [d for d in _plan(model).dispatches if d.kernel.startswith("linear")]
         plain = [d for d in _plan(model, coopmat=False).dispatches if d.kernel.startswith("linear")]
         assert len(cm) == len(plain) >= 1
         for a, b in zip(cm, plain):
             assert a.kernel.startswith("linear_cm_") and b.kernel.startswith("linear_t"), (a.kernel, b.kernel)
-            assert (a.args[1:], a.push, a.spec, a.flops, a.bytes) == (b.args[1:], b.push, b.spec + (0,), b.flops,
-                                                                         b.bytes)
+            win = b.spec[3:]      # linear.comp's A_WIN, where on
+            vec8 = a.spec[5:] if a.spec[4:] else ()
+            assert (a.args[1:], a.push, a.spec, a.flops, a.bytes) == (
+                b.args[1:], b.push, b.spec[:3] + (0,) + (win or ((0,) if vec8 else ())) + vec8, b.flops, b.bytes)
             # the graph output: linear.comp writes it as float32 (io=out32), linear_cm a float16 stand-in for a cast
             out = b.args[0][0]
             assert a.args[0] == (out, "w") or a.args[0] == (f"{out}@f16", "w") and b.kernel.endswith("_out32")
@@ -295,6 +299,36 @@ def test_split_k(mode, m, n, k, act, residual, S, tile):
     _check_linear(mode, m, n, k, act, residual, seed=m + k + S, **extra)
 
 
+def test_vec8_where_every_group_of_8_halves_is_whole():
+    """VEC8 (16-byte loads of A and B; the specialization constant after A_WIN): on for every Whisper GEMM on the H200,
+    off where K or N is not a multiple of 8 or by the option; both constants left out where both are off."""
+    plan = _plan(we.build_whisper_encoder("tiny", layers=1, seed=2))
+    cms = [d for d in plan.dispatches if d.kernel.startswith("linear_cm")]
+    assert len(cms) == 6 and all(len(d.spec) == 6 and d.spec[5] == 1 for d in cms), [d.spec for d in cms]
+    off = [d for d in _plan(we.build_whisper_encoder("tiny", layers=1, seed=2), cm_vec8=False).dispatches
+           if d.kernel.startswith("linear_cm")]
+    assert sorted(d.spec[4:] for d in off) == [()] * 5 + [(1, 0)]      # conv2 keeps A_WIN (conv_input_nlc)
+    for (m, n, k), on in {(64, 24, 16): True, (64, 20, 16): False, (64, 24, 12): False, (100, 72, 36): False}.items():
+        (d,) = [d for d in _plan(_linear_model(m, n, k)[0]).dispatches if d.kernel.startswith("linear_cm")]
+        assert (d.spec[4:] == (0, 1)) == on and (d.spec[4:] == ()) == (not on), (m, n, k, d.spec)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("m,n,k,S", [(130, 72, 40, 1), (70, 48, 264, 3)])
+def test_vec8_and_vec4_fetches_agree(mode, m, n, k, S):
+    """The same slices staged either way: the same bits, and both against float64 (ragged M, K not a multiple of the
+    32-deep slice, a split)."""
+    _device_or_skip(mode)
+    extra = {"gemm_splitk": S} if S > 1 else {}
+    _check_linear(mode, m, n, k, "gelu", True, seed=m + k, **extra)
+    model = _linear_model(m, n, k, "gelu", True, 3)[0]
+    rng = np.random.default_rng(m)
+    feeds = {"x": rng.standard_normal((1, m, k)).astype(np.float32), "r": rng.standard_normal((1, m, n)).astype(np.float32)}
+    y8, _ = _run(model, feeds, mode, **extra)
+    y4, _ = _run(model, feeds, mode, cm_vec8=False, **extra)
+    assert y8.tobytes() == y4.tobytes()
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("reg", (True, False), ids=("reg_epilogue", "scratch_epilogue"))
 @pytest.mark.parametrize("m,n,k,act,residual,S", [
@@ -336,7 +370,8 @@ def test_split_k_refusals():
     with pytest.raises(MinirtError, match="gemm_splitk=2 on tensor cores needs cm_tile"):
         _plan(m, gemm_splitk=2, cm_tile="m64n64k32")
     assert not any("split" in k for k in _kernels(_plan(_linear_model(100, 66, 512, None, False)[0], gemm_splitk=2)))
-    assert not any("split" in k for k in _kernels(_plan(_front_end_model(64)[0], gemm_splitk=2)))
+    # (conv1 writes rows for conv2 under conv_input_nlc: off here, so both convs write NCHW)
+    assert not any("split" in k for k in _kernels(_plan(_front_end_model(64)[0], gemm_splitk=2, conv_input_nlc=False)))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -379,6 +414,6 @@ def test_im2col_row_tiles(mode, monkeypatch):
     monkeypatch.setattr(conv, "IM2COL_SCRATCH_BUDGET", 150 * 240 * 4)   # 150 rows of conv1, 31 of conv2
     model, ws = _front_end_model(400, seed=5)
     x = np.random.default_rng(6).standard_normal((1, 80, 400)).astype(np.float32)
-    y, gemms = _run(model, {"x": x}, mode)
+    y, gemms = _run(model, {"x": x}, mode, conv_input_nlc=False)    # (it would take conv2's im2col away)
     assert len(gemms) == 3 + 7, gemms          # 400 = 150 + 150 + 100 rows, 200 = 6 x 31 + 14 rows
     _check(y, _front_end_reference(x, *ws), f"{mode} front end in row tiles")

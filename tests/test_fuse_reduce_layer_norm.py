@@ -33,8 +33,8 @@ def test_whisper_on_h200_folds_each_layer_norm_after_a_split(precision):
     """conv2 and both fc2 split K on the H200; the LayerNorm reading each one's output (the next layer's
     self_attn_layer_norm, and the final one, a float32 graph output) becomes part of its reduce pass; the LayerNorms
     after the unsplit out-projections stay."""
-    off = whisper_plan(precision=precision, fuse_reduce_layer_norm=False)
-    on = whisper_plan(precision=precision)
+    off = whisper_plan(precision=precision, fuse_reduce_layer_norm=False, split_before_ln=False)
+    on = whisper_plan(precision=precision, split_before_ln=False)    # out-projections unsplit (the next test's)
     sfx = "_half" if precision == "fp16" else ""
     reduces = [d for d in off.dispatches if d.kernel == f"linear_reduce{sfx}"]
     norms = {d.args[1][0]: d for d in off.dispatches if d.kernel.startswith("layer_norm_rows")}
@@ -60,6 +60,24 @@ def test_whisper_on_h200_folds_each_layer_norm_after_a_split(precision):
         for w in d.writes:
             first.setdefault(w, i)
     assert all(first[r] < i for i, d in enumerate(on.dispatches) for r in d.reads if r in first)
+
+
+@pytest.mark.parametrize("precision, S", [("fp32", 2), ("fp16", 3)])
+def test_gemms_before_a_layer_norm_split_on_short_k(precision, S):
+    """The out-projections (K 384: 12 slices, too few for the split rules) feed a LayerNorm, so they split (gemm.before_ln)
+    and their reduce passes do that LayerNorm: no LayerNorm dispatch is left in Whisper on the H200. split_before_ln=False
+    (or no fusion pass, which is the reason to split) keeps them on the plain rules."""
+    on, off = whisper_plan(precision=precision), whisper_plan(precision=precision, split_before_ln=False)
+    assert not any(d.kernel.startswith("layer_norm_rows") for d in on.dispatches)
+    assert sum(d.kernel.startswith("layer_norm_rows") for d in off.dispatches) == 2
+    assert len(on.dispatches) == len(off.dispatches)       # a reduce pass in each LayerNorm's place
+    fused = [d for d in on.dispatches if d.kernel.startswith("linear_reduce_ln")]
+    assert [d.node.split("/")[-2] for d in fused] == ["conv2", "out_proj", "fc2", "out_proj", "fc2"]
+    for d in fused:
+        if "out_proj" in d.node:
+            assert struct.unpack_from("<4i", d.push)[3] == S
+    for p in (off, whisper_plan(precision=precision, fuse_reduce_layer_norm=False)):
+        assert not any("out_proj" in d.node for d in p.dispatches if d.kernel.startswith("linear_reduce"))
 
 
 def test_nothing_to_fold_without_a_split_or_with_long_rows():

@@ -8,7 +8,8 @@ Session / plan options:
   coopmat="emulate"        the impl=emu variant (matrix operations and shuffles by plain code in the same layout), on
                            any fp16 device: how tests check the kernel's logic on lavapipe
   cmr_tile=(NR, BK)        force NR teams of 16 query rows and blocks of BK keys
-  attention_splits=S       force S key splits across work groups (1: none), merged by glsl/attention_combine.comp"""
+  attention_splits=S       force S key splits across work groups (1: none), merged by glsl/attention_combine.comp
+  cmr_vec8=False           fetch K and V in 8-byte loads, not 16-byte ones (VEC8)"""
 from __future__ import annotations
 
 from ..options import option_on
@@ -80,4 +81,7 @@ def lower(node, ctx):
     ctx.note(f"cooperative-matrix attention, softmax in registers{' (emulated)' if emulate else ''}: {16 * nr} query "
              f"rows per work group, blocks of {bk} keys" + (f", keys split {S} ways across groups" if S > 1 else ""))
     kernel = "attention_cmr_emu" if emulate else "attention_cmr_khr"
-    emit(ctx, kernel, node, lambda split: (dh, nr, bk, split), SUBGROUP * nr, qblocks, S)
+    # VEC8 (16-byte loads of K and V) where both start 16-byte aligned: D = heads x dh is a multiple of 8 halves
+    k, v = ctx.t(node.inputs[1]), ctx.t(node.inputs[2])
+    vec8 = option_on(ctx.options, "cmr_vec8", True) and all(ctx.plan.byte_offset(t.name) % 16 == 0 for t in (k, v))
+    emit(ctx, kernel, node, lambda split: (dh, nr, bk, split) + ((True,) if vec8 else ()), SUBGROUP * nr, qblocks, S)

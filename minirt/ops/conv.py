@@ -2,9 +2,10 @@
 into blocks of 4 output channels, [O/4][I/g][kh][kw] vec4, so one vec4 read feeds 4 outputs.
 A planner pass may route suitable convs to im2col + GEMM; this kernel is the general fallback.
 
-Planner-private attributes: _route (conv_routing), _act (fuse_activation), and _out_layout "NLC"
-(conv_output_nlc, im2col only): the output is [N, H * W, C], channels last, and an optional 4th input
-is a residual added after bias and activation."""
+Planner-private attributes: _route (conv_routing), _act (fuse_activation), _out_layout "NLC"
+(conv_output_nlc and conv_input_nlc, im2col only): the output is [N, H * W, C], channels last, and an optional 4th
+input is a residual added after bias and activation; and _in_layout "NLC" (conv_input_nlc, im2col only, a height of
+1): the input is [N, L, C], channels last, for the [N, C, 1, L] the conv computes over."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,6 +14,15 @@ from ..errors import ModelError, UnsupportedError
 from ..planner.plan import Push
 from . import Op, attr, register
 from ._util import activate
+
+
+def _nchw_shape(node, shape, nd):
+    """The [N, C, (H,) W] a conv of nd spatial dims computes over: a channels-last input (_in_layout "NLC", [N, L, C])
+    is [N, C, L] (nd 1) or [N, C, 1, L] (nd 2)."""
+    if node.attrs.get("_in_layout") == "NLC":
+        n, length, c = shape
+        return (n, c, length) if nd == 1 else (n, c, 1, length)
+    return tuple(shape)
 
 
 def conv_params(node, in_spatial, k_spatial):
@@ -65,10 +75,11 @@ class Conv(Op):
 
     def infer(self, node, ins):
         x, w = ins[0], ins[1]
-        c, g = x.shape[1], int(attr(node, "group", 1))
+        xshape = _nchw_shape(node, x.shape, len(w.shape) - 2)
+        c, g = xshape[1], int(attr(node, "group", 1))
         if isinstance(c, int) and (c != w.shape[1] * g or w.shape[0] % g):
             raise ModelError(f"{node}: input has {c} channels but the weight is {list(w.shape)} with group {g}")
-        sp = x.shape[2:]
+        sp = xshape[2:]
         out = [f"{node.outputs[0]}_d{2 + i}" for i in range(len(sp))]
         if all(isinstance(d, int) for d in sp):
             out = conv_params(node, sp, w.shape[2:])[4]
@@ -77,6 +88,8 @@ class Conv(Op):
         return [((x.shape[0], w.shape[0], *out), x.dtype)]
 
     def reference(self, node, x, w, b=None, r=None):
+        if node.attrs.get("_in_layout") == "NLC":
+            x = x.transpose(0, 2, 1).reshape(_nchw_shape(node, x.shape, w.ndim - 2))
         n, c = x.shape[:2]
         oc, cg, *ks = w.shape
         g = int(attr(node, "group", 1))
@@ -113,7 +126,7 @@ def _operands(node, ctx):
     x, y = ctx.t(node.inputs[0]), ctx.t(node.outputs[0])
     w = np.asarray(ctx.graph.tensor(node.inputs[1]).data, np.float32)
     b = ctx.graph.tensor(node.inputs[2]).data if len(node.inputs) > 2 and node.inputs[2] else None
-    strides, dil, pb, _, out = conv_params(node, x.shape[2:], w.shape[2:])
+    strides, dil, pb, _, out = conv_params(node, _nchw_shape(node, x.shape, w.ndim - 2)[2:], w.shape[2:])
     if w.ndim == 3:  # a 1-D conv is a 2-D one of height 1
         w, strides, dil, pb, out = w[:, :, None, :], [1] + strides, [1] + dil, [0] + pb, [1] + out
     return x, y, w, b, strides, dil, pb, out
@@ -152,15 +165,27 @@ def _lower_im2col(node, ctx):
     # whole output rows per tile while one fits the budget, else part of a row (a 1-D conv has one row)
     rows = max(1, IM2COL_SCRATCH_BUDGET // (kp * 4))
     rows = min(m, rows // ow * ow if rows >= ow else rows)
-    scratch = ctx.scratch("im2col.scratch", rows * kp, dtype=ctx.dtype)   # im2col writes the activation type
     act = node.attrs.get("_act")
     # conv_output_nlc: the GEMM's rows (positions) by columns (channels) stored as they are, plus the residual
     nlc = node.attrs.get("_out_layout") == "NLC"
     res = ctx.t(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] else None
+    if node.attrs.get("_in_layout") == "NLC":
+        # conv_input_nlc: x is [1, L, C]; output position m's im2col row is x's elements from (m * stride - pad) * C
+        # on, kw * C of them: A rows of stride stride * C that overlap, zero outside x (the padding)
+        if not (linear_ok(ctx, k) and kh == 1 and c % 4 == 0 and dil[1] == 1):
+            raise UnsupportedError(f"{node}: a channels-last input (conv_input_nlc) needs a 1-D conv over C % 4 == 0 "
+                                   f"channels, dilation 1, on the buffer GEMM")
+        linear_dispatch(ctx, y, x, wt, bt, m, oc, k, n4, out_mode=OUT_ROWS if nlc else OUT_NCHW, act=act, m0=0,
+                        lda4=strides[1] * c // 4, m_total=m, residual=res, a_win=(pb[1] * c // 4, x.numel // 4))
+        ctx.note(f"GEMM over the channels-last input's overlapping rows (no im2col): M {m}, K {k}, N {oc}"
+                 + ("; output channels-last" + (" + residual" if res is not None else "") if nlc else ""))
+        return
+    scratch = ctx.scratch("im2col.scratch", rows * kp, dtype=ctx.dtype)   # im2col writes the activation type
     if nlc and not linear_ok(ctx, kp):
         raise UnsupportedError(f"{node}: a channels-last output (conv_output_nlc) needs the buffer GEMM "
                                f"(buffer storage, no no_fast_gemm)")
     tiles = -(-m // rows)
+    x = _as4d(ctx, x)    # a 1-D conv forced here (option conv_route=im2col) reads [N, C, L] as [N, C, 1, L]
     for t in range(tiles):
         m0, r = t * rows, min(rows, m - t * rows)
         p = (Push().sizes(x).ivec4(kh, kw, strides[0], strides[1]).ivec4(pb[0], pb[1], dil[0], dil[1])

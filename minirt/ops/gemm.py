@@ -160,33 +160,57 @@ def cm_waves(ctx, tile, m, n) -> int:
 
 
 def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mode, act, m0, lda4, m_total,
-                       residual, part_n=0):
+                       residual, part_n=0, a_win=None):
     """linear_dispatch on tensor cores: same bindings, push constants and specialization constants as linear.comp.
     Global size: x = the work group's invocations (whole subgroups, family "coopmat"), y = row blocks,
     z = column blocks."""
     bm, bn, _bk, warps = CM_TILES[tile]
     res = residual if residual is not None else bt
-    S = cm_split_k(ctx, tile, m, n, k) if out_mode == OUT_ROWS and m0 == 0 and n % 4 == 0 else 1
+    tail = _cm_tail(ctx, a, k, n, lda4 if lda4 is not None else k // 4, a_win)
+    S = cm_split_k(ctx, tile, m, n, k, before_ln(ctx, out, n)) if out_mode == OUT_ROWS and m0 == 0 and n % 4 == 0 \
+        else 1
     if S > 1:
         # K split S ways (linear_cm_split.comp): fp32 partials [S][M][N], then linear_reduce adds them in split order
         # with bias, activation and residual; work group z = column block + column blocks * split
         part = ctx.scratch("linear.partials", S * m * n)
         ctx.dispatch(f"{kernel[:-len(tile)]}split_{tile}",
                      [(part.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (bt.name, "r")],
-                     Push().ivec4(m, n, k, n4).ivec4(0, lda4 if lda4 is not None else k // 4, 0, S),
-                     (OUT_SPLIT, 0, False, cm_reg_epilogue(ctx, kernel, True)),
+                     Push().ivec4(m, n, k, n4).ivec4(0, lda4 if lda4 is not None else k // 4, 0, S).ivec4(*_win(a_win)),
+                     (OUT_SPLIT, 0, False, cm_reg_epilogue(ctx, kernel, True)) + tail,
                      (warps * ctx.profile.subgroup_size, -(-m // bm), -(-n // bn) * S),
                      "coopmat", flops=2 * m * n * k, nbytes=4 * (m * k + k * n) + 16 * S * m * n)
         reduce_dispatch(ctx, out, part, bt, res, m, n, n4, S, act, residual is not None)
         return
-    p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
+    p = (Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
+         .ivec4(*_win(a_win)))
     ctx.dispatch(kernel, [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
-                 p, (out_mode, ACTS[act], residual is not None, cm_reg_epilogue(ctx, kernel, False)),
+                 p, (out_mode, ACTS[act], residual is not None, cm_reg_epilogue(ctx, kernel, False)) + tail,
                  (warps * ctx.profile.subgroup_size, -(-m // bm), -(-n // bn)), "coopmat",
                  flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)))
 
 
 OUT_ROWS, OUT_NCHW, OUT_PARTS, OUT_SPLIT = 0, 1, 2, 3    # linear.comp / linear_cm.glslh OUT_MODE
+
+
+def _win(a_win):
+    """The third push-constant vec4 of linear.comp and linear_cm.glslh: A_WIN's (row 0's start before the buffer,
+    the buffer's length), in vec4; pushed (as zeros) by every dispatch, since the kernels declare it."""
+    return (*a_win, 0, 0) if a_win is not None else (0, 0, 0, 0)
+
+
+def _win_spec(a_win):
+    """A_WIN, the specialization constant after the others, only where it is on (plans stay as they were)."""
+    return (True,) if a_win is not None else ()
+
+
+def _cm_tail(ctx, a, k, n, lda4, a_win):
+    """linear_cm.glslh's specialization constants after REG_EPI: A_WIN and VEC8 (16-byte loads of A and B), both
+    left out where both are off. VEC8 needs whole 8-half groups everywhere (K, N, A's row stride and window) and A
+    16-byte aligned in its buffer (weights and arena tensors are). Session(options={"cm_vec8": False}) turns it off."""
+    vec8 = (option_on(ctx.options, "cm_vec8", True) and k % 8 == 0 and n % 8 == 0 and lda4 % 2 == 0
+            and (a_win is None or (a_win[0] % 2 == 0 and a_win[1] % 2 == 0))
+            and ctx.plan.byte_offset(a.name) % 16 == 0)
+    return (a_win is not None, vec8) if a_win is not None or vec8 else ()
 
 
 def cm_reg_epilogue(ctx, kernel, split) -> bool:
@@ -221,8 +245,9 @@ CM_SPLIT_TILES = ("m64n64k32s1", "m64n128k32s1")
 CM_SPLIT_MIN_SLICES = 16
 
 
-def cm_split_k(ctx, tile, m, n, k) -> int:
-    """K splits of a row-major tensor-core GEMM (1: none). Session(options={"gemm_splitk": S}) forces S."""
+def cm_split_k(ctx, tile, m, n, k, ln_next=False) -> int:
+    """K splits of a row-major tensor-core GEMM (1: none). Session(options={"gemm_splitk": S}) forces S;
+    ln_next (before_ln): a LayerNorm reads the output, so LN_SPLIT_MIN_SLICES applies."""
     forced = option_count(ctx.options, "gemm_splitk")
     if forced is not None and forced > 1 and tile not in CM_SPLIT_TILES:
         raise MinirtError(f"option gemm_splitk={forced} on tensor cores needs cm_tile {' or '.join(CM_SPLIT_TILES)}, "
@@ -233,7 +258,26 @@ def cm_split_k(ctx, tile, m, n, k) -> int:
     if tile not in CM_SPLIT_TILES or not p.compute_units or p.device_type != "discrete":
         return 1
     bm, bn, bk, _ = CM_TILES[tile]
-    return wave_splits(-(-m // bm) * -(-n // bn), cm_slots(ctx, tile), -(-k // bk), CM_SPLIT_MIN_SLICES, SPLIT_K_MAX)
+    return wave_splits(-(-m // bm) * -(-n // bn), cm_slots(ctx, tile), -(-k // bk),
+                       LN_SPLIT_MIN_SLICES if ln_next else CM_SPLIT_MIN_SLICES, SPLIT_K_MAX)
+
+
+# A GEMM whose output a LayerNorm reads splits K on shorter loops: its reduce pass then does the LayerNorm too
+# (planner/fuse_reduce_layer_norm.py), so the split costs no dispatch of its own and saves the LayerNorm's. Whisper's
+# out-projections (K = d_model: 12 or 16 slices, too few for the rules above) feed the MLP's LayerNorm. H200, Whisper-tiny
+# (tools/dispatch_ab.py, docs/benchmarks.md): out-projection + LayerNorm 77.6 -> 72.5 us over 4 layers at fp16 (3 splits;
+# 2 splits 74.3), 121.9 -> 115.6 at fp32 (2 splits; 3 splits 121.8). Session(options={"split_before_ln": False}) keeps
+# these GEMMs on the plain rules.
+LN_SPLIT_MIN_SLICES = 4
+
+
+def before_ln(ctx, out, n) -> bool:
+    """Whether a LayerNorm reads `out` and fuse_reduce_layer_norm could take it into a split GEMM's reduce pass
+    (buffers, rows of at most REG x subgroup-size vec4, as that pass checks)."""
+    from ..planner.fuse_reduce_layer_norm import REG
+    return (option_on(ctx.options, "split_before_ln", True) and option_on(ctx.options, "fuse_reduce_layer_norm", True)
+            and ctx.storage == "buffer"
+            and -(-n // 4) <= REG * ctx.profile.subgroup_size and ctx.read_by_op(out.name, "LayerNormalization"))
 
 
 # Split K (linear.comp OUT_MODE 3 + linear_reduce.comp), fp32 only: where an fp32 GEMM's grid leaves each
@@ -245,8 +289,9 @@ SPLIT_K_MIN_SLICES = 8
 SPLIT_K_MAX = 4
 
 
-def split_k(ctx, tile, m, n4, k) -> int:
-    """K splits of an fp32 row-major linear.comp GEMM (1: none). Session(options={"gemm_splitk": S}) forces S."""
+def split_k(ctx, tile, m, n4, k, ln_next=False) -> int:
+    """K splits of an fp32 row-major linear.comp GEMM (1: none). Session(options={"gemm_splitk": S}) forces S;
+    ln_next: as cm_split_k."""
     forced = option_count(ctx.options, "gemm_splitk")
     if forced is not None:
         return forced
@@ -259,11 +304,11 @@ def split_k(ctx, tile, m, n4, k) -> int:
     lx, ly, _ = pick_local_size("gemm", g, p, forced_local_size("gemm", ctx.options))   # as the planner will
     groups = -(-g[0] // lx) * -(-g[1] // ly)
     slots = p.wave_slots(4 * 32 * (ly * tm + lx * 4 * tn4))   # the A and B stages of one 32-deep slice
-    return wave_splits(groups, slots, -(-k // 32), SPLIT_K_MIN_SLICES, SPLIT_K_MAX)
+    return wave_splits(groups, slots, -(-k // 32), LN_SPLIT_MIN_SLICES if ln_next else SPLIT_K_MIN_SLICES, SPLIT_K_MAX)
 
 
 def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=None, m0=0, lda4=None, m_total=0,
-                    residual=None, part_n=0):
+                    residual=None, part_n=0, a_win=None):
     """out (rows m0 .. m0 + m) = act(A @ B + bias) (+ residual) on the fast buffer GEMM: glsl/linear_cm.comp
     (cooperative matrices) where cm_kernel allows, else glsl/linear.comp. out_mode OUT_PARTS (merged sibling
     Linears): out is part-major [n / part_n][m_total][part_n]."""
@@ -273,24 +318,26 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
     cm = cm_kernel(ctx, m, n)
     if cm is not None:
         linear_cm_dispatch(ctx, *cm, out, a, wt, bt, m, n, k, n4, out_mode=out_mode, act=act, m0=m0, lda4=lda4,
-                           m_total=m_total, residual=residual, part_n=part_n)
+                           m_total=m_total, residual=residual, part_n=part_n, a_win=a_win)
         return
     tile = linear_tile(ctx, m, n)
     tm, tn4 = LINEAR_TILES[tile]
     res = residual if residual is not None else bt
-    S = split_k(ctx, tile, m, n4, k) if out_mode == OUT_ROWS and m0 == 0 else 1
+    S = split_k(ctx, tile, m, n4, k, before_ln(ctx, out, n)) if out_mode == OUT_ROWS and m0 == 0 else 1
     if S > 1:
         # K split S ways across work groups (linear.comp OUT_MODE 3): fp32 partials [S][M][N4] vec4, then
         # linear_reduce.comp adds them in order with bias, activation and residual
         part = ctx.scratch("linear.partials", S * m * n4 * 4)
         ctx.dispatch(f"linear_{tile}", [(part.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (bt.name, "r")],
-                     Push().ivec4(m, n, k, n4).ivec4(0, lda4 if lda4 is not None else k // 4, 0, S),
-                     (OUT_SPLIT, 0, False), (-(-n4 // tn4), -(-m // tm), S), "gemm",
+                     Push().ivec4(m, n, k, n4).ivec4(0, lda4 if lda4 is not None else k // 4, 0, S).ivec4(*_win(a_win)),
+                     (OUT_SPLIT, 0, False) + _win_spec(a_win), (-(-n4 // tn4), -(-m // tm), S), "gemm",
                      flops=2 * m * n * k, nbytes=4 * (m * k + k * n + S * m * n))
         reduce_dispatch(ctx, out, part, bt, res, m, n, n4, S, act, residual is not None)
         return
-    p = Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
+    p = (Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
+         .ivec4(*_win(a_win)))
     ctx.dispatch(f"linear_{tile}", [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
-                 p, (out_mode, ACTS[act], residual is not None), (-(-n4 // tn4), -(-m // tm), 1), "gemm",
+                 p, (out_mode, ACTS[act], residual is not None) + _win_spec(a_win), (-(-n4 // tn4), -(-m // tm), 1),
+                 "gemm",
                  flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)),
                  io="out32")

@@ -7,14 +7,16 @@ Pass order (each pass is one module of this package):
   4. fuse_activation  (fuse_activation.py)  Relu/Gelu after a conv goes into the conv's GEMM epilogue
   5. conv_output_nlc  (conv_output_nlc.py)  an im2col conv + channels-last Transpose (+ Add) -> one GEMM writing
                                             [1, L, C] (adding the residual)
-  6. fuse_linear      (fuse_linear.py)      MatMul + bias + scale + activation + residual -> one Linear
-  7. merge_siblings   (merge_siblings.py)   Linears reading the same input (q, k, v) -> one GEMM + part views
-  8. fuse_attention   (fuse_attention.py)   head splits + MatMul + Softmax + MatMul -> one Attention
-  9. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
- 10. fuse_reduce_layer_norm (fuse_reduce_layer_norm.py)  on the Plan: a split GEMM's reduce pass also does the
+  6. conv_input_nlc   (conv_input_nlc.py)   a 1-D im2col conv reading another's output: that one writes it
+                                            channels-last, this one's GEMM reads it as overlapping rows (no im2col)
+  7. fuse_linear      (fuse_linear.py)      MatMul + bias + scale + activation + residual -> one Linear
+  8. merge_siblings   (merge_siblings.py)   Linears reading the same input (q, k, v) -> one GEMM + part views
+  9. fuse_attention   (fuse_attention.py)   head splits + MatMul + Softmax + MatMul -> one Attention
+ 10. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
+ 11. fuse_reduce_layer_norm (fuse_reduce_layer_norm.py)  on the Plan: a split GEMM's reduce pass also does the
                                             LayerNorm that reads its output
- 11. local sizes      (minirt.lwg)          one deterministic local size per dispatch
- 12. memory plan      (memory_plan.py)      lifetimes for memory reuse
+ 12. local sizes      (minirt.lwg)          one deterministic local size per dispatch
+ 13. memory plan      (memory_plan.py)      lifetimes for memory reuse
 The planner never imports vulkan: everything it decides is plain data in the Plan. Passes see the Session
 options plus "_storage" (the resolved storage) and "_profile" (the DeviceProfile), set by make_plan."""
 from __future__ import annotations
@@ -23,7 +25,7 @@ import os
 
 from ..errors import MinirtError, UnsupportedError
 from ..lwg import check_local_size, forced_local_size, pick_local_size
-from . import (conv1d_as_conv2d, conv_output_nlc, conv_routing, fuse_activation, fuse_attention, fuse_gelu,
+from . import (conv1d_as_conv2d, conv_input_nlc, conv_output_nlc, conv_routing, fuse_activation, fuse_attention, fuse_gelu,
                fuse_linear, fuse_reduce_layer_norm, memory_plan, merge_siblings)
 from .lower import lower
 from .plan import Plan
@@ -32,7 +34,8 @@ from .storage_layout import check_limits, resolve_storage
 # (name, function(graph, options) -> graph), run in this order
 GRAPH_PASSES = [("conv1d_as_conv2d", conv1d_as_conv2d.rewrite), ("conv_routing", conv_routing.annotate),
                 ("fuse_gelu", fuse_gelu.rewrite), ("fuse_activation", fuse_activation.rewrite),
-                ("conv_output_nlc", conv_output_nlc.rewrite), ("fuse_linear", fuse_linear.rewrite),
+                ("conv_output_nlc", conv_output_nlc.rewrite), ("conv_input_nlc", conv_input_nlc.rewrite),
+                ("fuse_linear", fuse_linear.rewrite),
                 ("merge_siblings", merge_siblings.rewrite), ("fuse_attention", fuse_attention.rewrite)]
 
 

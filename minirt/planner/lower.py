@@ -35,6 +35,16 @@ class LowerCtx:
         # stand-in ops write instead (a final cast writes the output); outputs written as float32 by a kernel
         self.half_inputs, self.half_outputs, self.direct_outputs = {}, {}, set()
         self.read_by_nodes = {i for n in graph.nodes for i in n.inputs}
+        self._readers = None
+
+    def read_by_op(self, name: str, op: str) -> bool:
+        """Whether a graph node of type `op` reads tensor `name` (for a lowering that depends on what comes next)."""
+        if self._readers is None:
+            self._readers = {}
+            for n in self.graph.nodes:
+                for i in n.inputs:
+                    self._readers.setdefault(i, set()).add(n.op)
+        return op in self._readers.get(name, ())
 
     # -- tensors --------------------------------------------------------------------------
     def t(self, name: str) -> TensorSpec:

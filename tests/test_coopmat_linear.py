@@ -299,25 +299,36 @@ def test_split_k(mode, m, n, k, act, residual, S, tile):
     _check_linear(mode, m, n, k, act, residual, seed=m + k + S, **extra)
 
 
-def test_vec8_where_every_group_of_8_halves_is_whole():
-    """VEC8 (16-byte loads of A and B; the specialization constant after A_WIN): on for every Whisper GEMM on the H200,
-    off where K or N is not a multiple of 8 or by the option; both constants left out where both are off."""
+def _flags(d):
+    """(A_WIN, VEC8, EPI8) of a linear_cm dispatch: the specialization constants after REG_EPI, 0 where left out."""
+    return tuple(d.spec[4:]) + (0,) * (7 - len(d.spec))
+
+
+def test_vec8_and_epi8_where_every_group_of_8_halves_is_whole():
+    """VEC8 (16-byte loads of A and B) and EPI8 (16-byte epilogue stores): on for every Whisper GEMM on the H200 (EPI8
+    not on split K's partials, which the register epilogue writes), off where K or N (or for EPI8 the part width) is
+    not a multiple of 8, or by the options; trailing constants left out where off."""
     plan = _plan(we.build_whisper_encoder("tiny", layers=1, seed=2))
     cms = [d for d in plan.dispatches if d.kernel.startswith("linear_cm")]
-    assert len(cms) == 6 and all(len(d.spec) == 6 and d.spec[5] == 1 for d in cms), [d.spec for d in cms]
-    off = [d for d in _plan(we.build_whisper_encoder("tiny", layers=1, seed=2), cm_vec8=False).dispatches
+    assert len(cms) == 6
+    for d in cms:
+        assert _flags(d) == (int("conv2" in d.node), 1, int("_split_" not in d.kernel)), (d.node, d.spec)
+    off = [d for d in _plan(we.build_whisper_encoder("tiny", layers=1, seed=2), cm_vec8=False, cm_epi8=False).dispatches
            if d.kernel.startswith("linear_cm")]
     assert sorted(d.spec[4:] for d in off) == [()] * 5 + [(1, 0)]      # conv2 keeps A_WIN (conv_input_nlc)
-    for (m, n, k), on in {(64, 24, 16): True, (64, 20, 16): False, (64, 24, 12): False, (100, 72, 36): False}.items():
+    for (m, n, k), want in {(64, 24, 16): (0, 1, 1), (64, 20, 16): (0, 0, 0), (64, 24, 12): (0, 0, 1),
+                            (100, 72, 36): (0, 0, 1), (64, 36, 16): (0, 0, 0)}.items():
         (d,) = [d for d in _plan(_linear_model(m, n, k)[0]).dispatches if d.kernel.startswith("linear_cm")]
-        assert (d.spec[4:] == (0, 1)) == on and (d.spec[4:] == ()) == (not on), (m, n, k, d.spec)
+        assert _flags(d) == want, (m, n, k, d.spec)
+    (d,) = [d for d in _plan(_linear_model(64, 24, 16)[0], cm_epi8=False).dispatches if d.kernel.startswith("linear_cm")]
+    assert d.spec[4:] == (0, 1)
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("m,n,k,S", [(130, 72, 40, 1), (70, 48, 264, 3)])
 def test_vec8_and_vec4_fetches_agree(mode, m, n, k, S):
-    """The same slices staged either way: the same bits, and both against float64 (ragged M, K not a multiple of the
-    32-deep slice, a split)."""
+    """The same slices staged either way, the same epilogue in 8- or 4-column groups: the same bits, and both against
+    float64 (ragged M, K not a multiple of the 32-deep slice, a split)."""
     _device_or_skip(mode)
     extra = {"gemm_splitk": S} if S > 1 else {}
     _check_linear(mode, m, n, k, "gelu", True, seed=m + k, **extra)
@@ -325,7 +336,7 @@ def test_vec8_and_vec4_fetches_agree(mode, m, n, k, S):
     rng = np.random.default_rng(m)
     feeds = {"x": rng.standard_normal((1, m, k)).astype(np.float32), "r": rng.standard_normal((1, m, n)).astype(np.float32)}
     y8, _ = _run(model, feeds, mode, **extra)
-    y4, _ = _run(model, feeds, mode, cm_vec8=False, **extra)
+    y4, _ = _run(model, feeds, mode, cm_vec8=False, cm_epi8=False, **extra)
     assert y8.tobytes() == y4.tobytes()
 
 

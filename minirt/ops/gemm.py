@@ -166,7 +166,7 @@ def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mo
     z = column blocks."""
     bm, bn, _bk, warps = CM_TILES[tile]
     res = residual if residual is not None else bt
-    tail = _cm_tail(ctx, a, k, n, lda4 if lda4 is not None else k // 4, a_win)
+    lda = lda4 if lda4 is not None else k // 4
     S = cm_split_k(ctx, tile, m, n, k, before_ln(ctx, out, n)) if out_mode == OUT_ROWS and m0 == 0 and n % 4 == 0 \
         else 1
     if S > 1:
@@ -176,7 +176,7 @@ def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mo
         ctx.dispatch(f"{kernel[:-len(tile)]}split_{tile}",
                      [(part.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (bt.name, "r")],
                      Push().ivec4(m, n, k, n4).ivec4(0, lda4 if lda4 is not None else k // 4, 0, S).ivec4(*_win(a_win)),
-                     (OUT_SPLIT, 0, False, cm_reg_epilogue(ctx, kernel, True)) + tail,
+                     (OUT_SPLIT, 0, False, cm_reg_epilogue(ctx, kernel, True)) + _cm_tail(ctx, a, k, n, lda, a_win),
                      (warps * ctx.profile.subgroup_size, -(-m // bm), -(-n // bn) * S),
                      "coopmat", flops=2 * m * n * k, nbytes=4 * (m * k + k * n) + 16 * S * m * n)
         reduce_dispatch(ctx, out, part, bt, res, m, n, n4, S, act, residual is not None)
@@ -184,7 +184,8 @@ def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mo
     p = (Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
          .ivec4(*_win(a_win)))
     ctx.dispatch(kernel, [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
-                 p, (out_mode, ACTS[act], residual is not None, cm_reg_epilogue(ctx, kernel, False)) + tail,
+                 p, (out_mode, ACTS[act], residual is not None, cm_reg_epilogue(ctx, kernel, False))
+                 + _cm_tail(ctx, a, k, n, lda, a_win, _cm_epi8(ctx, out, residual, n, out_mode, part_n)),
                  (warps * ctx.profile.subgroup_size, -(-m // bm), -(-n // bn)), "coopmat",
                  flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)))
 
@@ -203,13 +204,23 @@ def _win_spec(a_win):
     return (True,) if a_win is not None else ()
 
 
-def _cm_tail(ctx, a, k, n, lda4, a_win):
+def _cm_epi8(ctx, out, residual, n, out_mode, part_n) -> bool:
+    """EPI8 of linear_cm.glslh: 8-column (16-byte) epilogue stores for row-major and part-major outputs whose rows (or
+    parts) are whole groups of 8 and whose output and residual start 16-byte aligned. Option cm_epi8=False: off."""
+    width = n if out_mode == OUT_ROWS else part_n if out_mode == OUT_PARTS else 0
+    return (option_on(ctx.options, "cm_epi8", True) and width > 0 and width % 8 == 0 and n % 8 == 0
+            and all(ctx.plan.byte_offset(t.name) % 16 == 0 for t in (out, residual) if t is not None))
+
+
+def _cm_tail(ctx, a, k, n, lda4, a_win, epi8=False):
     """linear_cm.glslh's specialization constants after REG_EPI: A_WIN and VEC8 (16-byte loads of A and B), both
     left out where both are off. VEC8 needs whole 8-half groups everywhere (K, N, A's row stride and window) and A
     16-byte aligned in its buffer (weights and arena tensors are). Session(options={"cm_vec8": False}) turns it off."""
     vec8 = (option_on(ctx.options, "cm_vec8", True) and k % 8 == 0 and n % 8 == 0 and lda4 % 2 == 0
             and (a_win is None or (a_win[0] % 2 == 0 and a_win[1] % 2 == 0))
             and ctx.plan.byte_offset(a.name) % 16 == 0)
+    if epi8:
+        return (a_win is not None, vec8, True)
     return (a_win is not None, vec8) if a_win is not None or vec8 else ()
 
 

@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 // variants: storage=buffer,texture dtype=float,half
 // Merges attention_split.comp's S partials (fp32 scratch, layout in attention.glslh) into out [B, Tq, D]:
 //   out = sum_s 2^(m_s - M) O_s / sum_s 2^(m_s - M) l_s,  M = max_s m_s  (m is in the log2 domain).
@@ -8,6 +9,7 @@
 
 layout(constant_id = 3) const int DH = 64;  // head dim, a multiple of 4
 const int DH4 = DH / 4;
+const int FAST_S = 4;   // up to this many splits, all loads first (the same sums in the same order)
 
 layout(push_constant) uniform Params {
   ivec4 dims;   // Tq, heads, D / 4, S
@@ -30,14 +32,32 @@ void main() {
   if (c4 >= D4 || t >= Tq || b >= p.base.x) return;
   int r0 = (b * H + c4 / DH4) * S * Tq + t;   // row of split 0; split s is row r0 + s Tq
   float mx = -1.0e30;
-  for (int s = 0; s < S; ++s) mx = max(mx, t_ml[p.base.y + r0 + s * Tq].x);
   float den = 0.0;
   vec4 acc = vec4(0.0);
-  for (int s = 0; s < S; ++s) {
-    vec2 ml = t_ml[p.base.y + r0 + s * Tq];
-    float w = exp2(ml.x - mx);
-    den += w * ml.y;
-    acc += w * t_po[(r0 + s * Tq) * DH4 + c4 % DH4];
+  if (S <= FAST_S) {
+    // every split's (m, l) and O loaded before any is used: one memory round trip (predicated loads)
+    vec2 ml[FAST_S];
+    vec4 o[FAST_S];
+    [[unroll]] for (int s = 0; s < FAST_S; ++s) {
+      ml[s] = s < S ? t_ml[p.base.y + r0 + s * Tq] : vec2(-1.0e30, 0.0);
+      o[s] = s < S ? t_po[(r0 + s * Tq) * DH4 + c4 % DH4] : vec4(0.0);
+    }
+    [[unroll]] for (int s = 0; s < FAST_S; ++s)
+      if (s < S) mx = max(mx, ml[s].x);
+    [[unroll]] for (int s = 0; s < FAST_S; ++s)
+      if (s < S) {
+        float w = exp2(ml[s].x - mx);
+        den += w * ml[s].y;
+        acc += w * o[s];
+      }
+  } else {
+    for (int s = 0; s < S; ++s) mx = max(mx, t_ml[p.base.y + r0 + s * Tq].x);
+    for (int s = 0; s < S; ++s) {
+      vec2 ml = t_ml[p.base.y + r0 + s * Tq];
+      float w = exp2(ml.x - mx);
+      den += w * ml.y;
+      acc += w * t_po[(r0 + s * Tq) * DH4 + c4 % DH4];
+    }
   }
   ST(b, t, c4, acc / den);
 }

@@ -27,6 +27,16 @@ void main() {
   int m = p.geo.z + r;
   int oh = m / p.ext.x, ow = m % p.ext.x;
   vec4 v = vec4(0.0);
+  if (p.geo.x % 4 == 0) {
+    // C % 4 == 0: the 4 k share one tap (channels c .. c + 3), so one set of divisions and one bounds test serve all
+    int k = k4 * 4, c = k % p.geo.x, tap = k / p.geo.x;
+    int ih = oh * p.kern.z - p.pad.x + (tap / p.kern.y) * p.pad.z;
+    int iw = ow * p.kern.w - p.pad.y + (tap % p.kern.y) * p.pad.w;
+    if (k < p.ext.z && ih >= 0 && ih < p.in_sizes.y && iw >= 0 && iw < p.in_sizes.x)
+      for (int l = 0; l < 4; ++l) v[l] = LOAD(t_in, ivec4(iw, ih, c + l, 0), p.in_sizes, p.ext.y);
+    scratch4[(r * p.geo.y >> 2) + k4] = to_elem4(v);
+    return;
+  }
   for (int l = 0; l < 4; ++l) {
     int k = k4 * 4 + l;
     if (k < p.ext.z) {

@@ -48,11 +48,11 @@ float activate(float x) {
 }
 
 #if defined(POST_LN)
-// Element group n4 of row m of the GEMM's output from its summed partials, as the plain variant computes it.
-vec4 row_value(vec4 v, int m, int n4, int N4) {
-  v += W4(bias4, n4);
+// Element group of the GEMM's output from its summed partials, bias and residual, as the plain variant computes it.
+vec4 row_value(vec4 v, vec4 bias, vec4 r) {
+  v += bias;
   v = vec4(activate(v.x), activate(v.y), activate(v.z), activate(v.w));
-  return v + (HAS_RES ? vec4(res4[m * N4 + n4]) : vec4(0.0));
+  return v + (HAS_RES ? r : vec4(0.0));
 }
 
 // Up to FAST_S splits, every partial of the lane's share of the row is loaded before any is added (predicated loads,
@@ -70,6 +70,15 @@ void main() {
     const int row = int(gl_WorkGroupID.y) * p.dims.z + rr;
     if (row >= M) break;                  // uniform per subgroup: no barriers here
     const int base = row * L4;
+    // everything else the row needs, loaded with the partials: one memory round trip, not one per use
+    vec4 bias[REG], r[REG], lw[REG], lb[REG];
+    [[unroll]] for (int j = 0; j < REG; ++j) {
+      const int i = min(lane + j * width, L4 - 1);     // (lanes past the row load a valid element, unused)
+      bias[j] = W4(bias4, i);
+      r[j] = HAS_RES ? vec4(res4[base + i]) : vec4(0.0);
+      lw[j] = W4(lnw, i);
+      lb[j] = LN_BIAS ? W4(lnw, L4 + i) : vec4(0.0);
+    }
     vec4 v[REG];
     if (S <= FAST_S) {
       vec4 t[FAST_S][REG];
@@ -96,7 +105,7 @@ void main() {
     [[unroll]] for (int j = 0; j < REG; ++j) {
       const int i = lane + j * width;
       if (i < L4) {
-        v[j] = row_value(v[j], row, i, L4);
+        v[j] = row_value(v[j], bias[j], r[j]);
         y4[base + i] = to_elem4(v[j]);
       }
     }
@@ -116,8 +125,8 @@ void main() {
     [[unroll]] for (int j = 0; j < REG; ++j) {
       const int i = lane + j * width;
       if (i >= L4) break;
-      vec4 z = (v[j] - shift) * rstd * W4(lnw, i);
-      if (LN_BIAS) z += W4(lnw, L4 + i);
+      vec4 z = (v[j] - shift) * rstd * lw[j];
+      if (LN_BIAS) z += lb[j];
       o4[base + i] = to_out4(z);
     }
   }

@@ -2,7 +2,7 @@
 """How many work groups share a multiprocessor, and what the driver says each kernel needs.
 
   python tools/occupancy.py probe [--threads 128] [--shared-kib 1,16,24,32,40,48] [--waves 1,2,3,4,5,6]
-  python tools/occupancy.py stats MODEL [--precision fp32|fp16] [--storage buffer]
+  python tools/occupancy.py stats MODEL [--precision fp32|fp16] [--storage buffer] [--option KEY=VALUE ...]
 
 probe: glsl/occupancy_probe.comp (a latency-bound pointer chase through shared memory) dispatched with
 multiprocessors x W groups for each W of --waves, per shared-memory size. While every group fits at once, the time
@@ -92,7 +92,8 @@ def stats(args):
     dev = get_device()
     if not dev.executable_statistics:
         print(f"'{dev.profile.name}' has no VK_KHR_pipeline_executable_properties: kernels listed without statistics")
-    with Session(args.model, storage=args.storage, precision=args.precision) as s:
+    options = dict(kv.split("=", 1) for kv in args.option)
+    with Session(args.model, storage=args.storage, precision=args.precision, options=options) as s:
         shapes = {n: tuple(d if isinstance(d, int) and d > 0 else 1 for d in s.graph.tensor(n).shape)
                   for n in s.graph.inputs}
         rng = np.random.default_rng(0)
@@ -122,6 +123,7 @@ def main(argv=None):
     q.add_argument("model")
     q.add_argument("--precision", default="fp32")
     q.add_argument("--storage", default="buffer")
+    q.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="a Session option (repeatable)")
     args = ap.parse_args(argv)
     return probe(args) if args.cmd == "probe" else stats(args)
 

@@ -327,8 +327,9 @@ def test_vec8_and_epi8_where_every_group_of_8_halves_is_whole():
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("m,n,k,S", [(130, 72, 40, 1), (70, 48, 264, 3)])
 def test_vec8_and_vec4_fetches_agree(mode, m, n, k, S):
-    """The same slices staged either way, the same epilogue in 8- or 4-column groups: the same bits, and both against
-    float64 (ragged M, K not a multiple of the 32-deep slice, a split)."""
+    """The same slices staged either way, the same epilogue in 8- or 4-column groups: both against float64 (ragged M, K
+    not a multiple of the 32-deep slice, a split), and within one fp16 rounding of each other (the same sums; a driver
+    may contract the epilogue's GELU and residual add differently in the two, as NVIDIA's does)."""
     _device_or_skip(mode)
     extra = {"gemm_splitk": S} if S > 1 else {}
     _check_linear(mode, m, n, k, "gelu", True, seed=m + k, **extra)
@@ -337,7 +338,9 @@ def test_vec8_and_vec4_fetches_agree(mode, m, n, k, S):
     feeds = {"x": rng.standard_normal((1, m, k)).astype(np.float32), "r": rng.standard_normal((1, m, n)).astype(np.float32)}
     y8, _ = _run(model, feeds, mode, **extra)
     y4, _ = _run(model, feeds, mode, cm_vec8=False, cm_epi8=False, **extra)
-    assert y8.tobytes() == y4.tobytes()
+    assert not np.isnan(y8).any() and not np.isnan(y4).any()
+    ulp = np.spacing(np.abs(y4).astype(np.float16)).astype(np.float32)    # the output's fp16 rounding step
+    assert np.all(np.abs(y8 - y4) <= ulp), float(np.max(np.abs(y8 - y4) / ulp))
 
 
 @pytest.mark.parametrize("mode", MODES)

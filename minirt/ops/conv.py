@@ -4,8 +4,8 @@ A planner pass may route suitable convs to im2col + GEMM; this kernel is the gen
 
 Planner-private attributes: _route (conv_routing), _act (fuse_activation), _out_layout "NLC"
 (conv_output_nlc and conv_input_nlc, im2col only): the output is [N, H * W, C], channels last, and an optional 4th
-input is a residual added after bias and activation; and _in_layout "NLC" (conv_input_nlc, im2col only, a height of
-1): the input is [N, L, C], channels last, for the [N, C, 1, L] the conv computes over."""
+input is a residual added after bias and activation; and _in_layout "NLC" (conv_input_nlc, im2col only, 1-D): the
+input is [N, L, C], channels last, for the [N, C, L] (or, rewritten to 2-D, [N, C, 1, L]) the conv computes over."""
 from __future__ import annotations
 
 import numpy as np

@@ -175,14 +175,13 @@ def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mo
         part = ctx.scratch("linear.partials", S * m * n)
         ctx.dispatch(f"{kernel[:-len(tile)]}split_{tile}",
                      [(part.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (bt.name, "r")],
-                     Push().ivec4(m, n, k, n4).ivec4(0, lda4 if lda4 is not None else k // 4, 0, S).ivec4(*_win(a_win)),
+                     Push().ivec4(m, n, k, n4).ivec4(0, lda, 0, S).ivec4(*_win(a_win)),
                      (OUT_SPLIT, 0, False, cm_reg_epilogue(ctx, kernel, True)) + _cm_tail(ctx, a, k, n, lda, a_win),
                      (warps * ctx.profile.subgroup_size, -(-m // bm), -(-n // bn) * S),
                      "coopmat", flops=2 * m * n * k, nbytes=4 * (m * k + k * n) + 16 * S * m * n)
         reduce_dispatch(ctx, out, part, bt, res, m, n, n4, S, act, residual is not None)
         return
-    p = (Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
-         .ivec4(*_win(a_win)))
+    p = Push().ivec4(m, n, k, n4).ivec4(m0, lda, m_total, part_n).ivec4(*_win(a_win))
     ctx.dispatch(kernel, [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
                  p, (out_mode, ACTS[act], residual is not None, cm_reg_epilogue(ctx, kernel, False))
                  + _cm_tail(ctx, a, k, n, lda, a_win, _cm_epi8(ctx, out, residual, n, out_mode, part_n)),
@@ -213,9 +212,10 @@ def _cm_epi8(ctx, out, residual, n, out_mode, part_n) -> bool:
 
 
 def _cm_tail(ctx, a, k, n, lda4, a_win, epi8=False):
-    """linear_cm.glslh's specialization constants after REG_EPI: A_WIN and VEC8 (16-byte loads of A and B), both
-    left out where both are off. VEC8 needs whole 8-half groups everywhere (K, N, A's row stride and window) and A
-    16-byte aligned in its buffer (weights and arena tensors are). Session(options={"cm_vec8": False}) turns it off."""
+    """linear_cm.glslh's specialization constants after REG_EPI: A_WIN, VEC8 (16-byte loads of A and B) and EPI8
+    (_cm_epi8), left out from the last one on that is off. VEC8 needs whole 8-half groups everywhere (K, N, A's row
+    stride and window) and A 16-byte aligned in its buffer (weights and arena tensors are).
+    Session(options={"cm_vec8": False}) turns it off."""
     vec8 = (option_on(ctx.options, "cm_vec8", True) and k % 8 == 0 and n % 8 == 0 and lda4 % 2 == 0
             and (a_win is None or (a_win[0] % 2 == 0 and a_win[1] % 2 == 0))
             and ctx.plan.byte_offset(a.name) % 16 == 0)

@@ -34,17 +34,12 @@ class LowerCtx:
         # fp16 (see _edges): float32 graph input (or view of one) -> its float16 copy; graph output -> the float16
         # stand-in ops write instead (a final cast writes the output); outputs written as float32 by a kernel
         self.half_inputs, self.half_outputs, self.direct_outputs = {}, {}, set()
-        self.read_by_nodes = {i for n in graph.nodes for i in n.inputs}
-        self._readers = None
+        self.consumers = graph.consumers()      # tensor -> the nodes that read it
+        self.read_by_nodes = set(self.consumers)
 
     def read_by_op(self, name: str, op: str) -> bool:
         """Whether a graph node of type `op` reads tensor `name` (for a lowering that depends on what comes next)."""
-        if self._readers is None:
-            self._readers = {}
-            for n in self.graph.nodes:
-                for i in n.inputs:
-                    self._readers.setdefault(i, set()).add(n.op)
-        return op in self._readers.get(name, ())
+        return any(n.op == op for n in self.consumers.get(name, ()))
 
     # -- tensors --------------------------------------------------------------------------
     def t(self, name: str) -> TensorSpec:

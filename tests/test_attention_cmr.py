@@ -44,20 +44,27 @@ def test_mma_layout_covers_every_element_once():
 
 
 def test_probe_decoding():
-    """coopmat_probe.classify names the layout from the probe's words, and refuses anything else."""
+    """coopmat_probe.classify names the layout from the probe's words (A and accumulator as the formula, B its
+    transpose), and refuses anything else."""
     from minirt.vk import coopmat_probe as cp
     f = COOPMAT_LAYOUTS["mma"]
     words = np.full(3 * 32 * cp.SLOTS + 4, 0xFFFFFFFF, np.uint32)
     for m in range(3):
         for lane in range(32):
             for e in range(8):
-                r, c = f(lane, e) if m != 1 else f(lane, e)[::-1]    # B laid out otherwise: not looked at
+                r, c = f(lane, e) if m != 1 else f(lane, e)[::-1]    # B: the transpose (H200 probe)
                 words[(m * 32 + lane) * cp.SLOTS + e] = r * 16 + c
     words[3 * 32 * cp.SLOTS:3 * 32 * cp.SLOTS + 3] = 8
     assert cp.classify(cp.decode(words.view(np.float32))) == "mma"
     swapped = words.copy()
     swapped[[0, 1]] = swapped[[1, 0]]          # lane 0 of A: two elements exchanged
     assert cp.classify(cp.decode(swapped)) == ""
+    b_as_a = words.copy()                      # B laid out as A: linear_cmreg would read it wrong
+    for lane in range(32):
+        for e in range(8):
+            r, c = f(lane, e)
+            b_as_a[(32 + lane) * cp.SLOTS + e] = r * 16 + c
+    assert cp.classify(cp.decode(b_as_a)) == ""
     short = words.copy()
     short[3 * 32 * cp.SLOTS] = 0               # a length the probe cannot have read
     assert cp.classify(cp.decode(short)) == ""

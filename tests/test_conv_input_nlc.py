@@ -65,8 +65,8 @@ def passes(model, upto="conv_input_nlc", **options):
 
 
 def has_win(d):
-    """A_WIN on: the specialization constant after linear.comp's 3 (linear_cm's 4) others."""
-    i = 4 if "_cm_" in d.kernel else 3
+    """A_WIN on: the specialization constant after linear.comp's 3 (linear_cm's and linear_cmreg's 4) others."""
+    i = 4 if "_cm" in d.kernel else 3
     return len(d.spec) > i and d.spec[i] == 1
 
 
@@ -191,7 +191,8 @@ def test_fp32_split_k_matches_onnxruntime(kw):
         compare(s.run(None, fd)[0], onnxruntime_run(m, fd)[0], 1e-4, f"fp32 split {kw}")
 
 
-@pytest.mark.parametrize("options", [{}, {"cm_emulate": True}])
+@pytest.mark.parametrize("options", [{}, {"cm_emulate": True}, {"cm_emulate": True, "cm_regfed": False}],
+                         ids=["device", "cmreg_emu", "cm_emu"])
 @pytest.mark.parametrize("kw", [dict(), dict(stride2=3, pads2=(0, 2), k2=4), dict(t=70, mid=32, cout=64)] + WIDE)
 def test_fp16_matches_onnxruntime(kw, options):
     _fp16(kw, options)
@@ -208,7 +209,10 @@ def _fp16(kw, options):
     with Session(m, storage="buffer", options={"poison": True, "precision": "fp16", **IM2COL, **options}) as s:
         d = next(d for d in s.plan.dispatches if d.node == "conv2")
         # without options: the device's own fp16 GEMM (scalar half on lavapipe, tensor cores where there are some)
-        assert has_win(d) and ("_cm_emu_" in d.kernel) == bool(options), d.kernel
+        assert has_win(d) and ("_emu_" in d.kernel) == bool(options), d.kernel
+        if options:   # emulated: linear_cmreg unless turned off or a linear_cm tile is forced
+            assert ("_cmreg_" in d.kernel) == (options.get("cm_regfed", True)
+                                               and not options.get("cm_tile", "r").startswith("m")), d.kernel
         assert ("_split_" in d.kernel) == ("gemm_splitk" in options), d.kernel
         compare(s.run(None, fd)[0], onnxruntime_run(m, fd)[0], FP16_TOL, f"fp16 {kw} {options}")
 

@@ -275,7 +275,9 @@ def test_fp16(case, cm_emulate, monkeypatch):
     ref = onnxruntime_run(m, fd)[0]
     with Session(m, storage="buffer", precision="fp16", options={"poison": True, "cm_emulate": cm_emulate}) as s:
         gemms = [d for d in s.plan.dispatches if d.kernel.startswith("linear")]
-        want = "linear_cm_emu_" if cm_emulate else "linear_cm_m" if s.device.profile.cooperative_matrix else "linear_t"
+        p = s.device.profile
+        want = "linear_cmreg_emu_" if cm_emulate else ("linear_cmreg_" if p.coopmat_layout == "mma" else "linear_cm_m") \
+            if p.cooperative_matrix else "linear_t"
         assert gemms and all(d.kernel.startswith(want) and "_half" in d.kernel for d in gemms), gemms
         assert all(d.spec[0] == OUT_ROWS and d.spec[2] == 1 for d in gemms)
         assert not any(d.op in ("Transpose", "Add") for d in s.plan.dispatches)

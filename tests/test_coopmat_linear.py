@@ -21,7 +21,7 @@ from minirt import MinirtError, Session
 from minirt.device_profile import KNOWN_PROFILES
 from minirt.infer import prepare
 from minirt.loaders import load
-from minirt.ops.gemm import CM_SHAPE, CM_TILES, cm_shared_bytes
+from minirt.ops.gemm import CM_SHAPE, CM_TILES, REG_TILES, cm_shared_bytes
 from minirt.planner import make_plan
 from oracle import make_model
 
@@ -34,7 +34,8 @@ _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
 def _plan(model, profile=H200, **options):
-    return make_plan(prepare(load(model)), profile, "buffer", {"precision": "fp16", **options})
+    """linear_cm's plan: REGFED (tests/test_coopmat_regfed.py) off unless asked for."""
+    return make_plan(prepare(load(model)), profile, "buffer", {"precision": "fp16", "cm_regfed": False, **options})
 
 
 def _linear_model(m, n, k, act=None, residual=False, seed=0):
@@ -166,7 +167,7 @@ def test_off_switch_fp32_and_other_devices():
 
 def test_forced_tile_and_shared_memory_limit():
     m = _linear_model(1500, 384, 384)[0]
-    for tile in CM_TILES:
+    for tile in [t for t in CM_TILES if t not in REG_TILES]:
         assert f"linear_cm_{tile}_half" in _kernels(_plan(m, cm_tile=tile))
     with pytest.raises(MinirtError, match="cm_tile"):
         _plan(m, cm_tile="m16n16")
@@ -211,7 +212,7 @@ def _device_or_skip(mode):
 
 
 def _options(mode, **extra):
-    return {"poison": True, **({"cm_emulate": True} if mode == "emulated" else {}), **extra}
+    return {"poison": True, "cm_regfed": False, **({"cm_emulate": True} if mode == "emulated" else {}), **extra}
 
 
 def _run(model, feeds, mode, **options):
@@ -389,7 +390,7 @@ def test_split_k_refusals():
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("tile", list(CM_TILES))
+@pytest.mark.parametrize("tile", [t for t in CM_TILES if t not in REG_TILES])
 def test_every_tile(mode, tile):
     """Every tile on a shape with partial blocks in M, N and K (K = 392: 6 full 64-deep slices and 8 more)."""
     p = _device_or_skip(mode)

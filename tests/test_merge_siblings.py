@@ -370,26 +370,29 @@ def test_whisper_fp16_close_to_fp32(cm_emulate, fuse_attention):
                  options={"poison": True, "cm_emulate": cm_emulate, **opts}) as s:
         kernels = {d.kernel for d in s.plan.dispatches if d.node.endswith("q_proj+k_proj+v_proj")}
         assert len(kernels) == 1
-        real_cm = s.device.profile.cooperative_matrix      # the H200: tensor cores without emulation
-        assert kernels.pop().startswith("linear_cm_emu_" if cm_emulate else "linear_cm_" if real_cm else "linear_t")
+        p = s.device.profile      # the H200: tensor cores without emulation, their operands from registers (REGFED)
+        want = "linear_cmreg_emu_" if cm_emulate else ("linear_cmreg_" if p.coopmat_layout == "mma" else "linear_cm_") \
+            if p.cooperative_matrix else "linear_t"
+        assert kernels.pop().startswith(want)
         y = s.run(x)
     rel = float(np.linalg.norm(y.astype(np.float64) - ref) / np.linalg.norm(ref))
     assert rel <= 2e-3, f"relative L2 {rel:.2e}"
 
 
+@pytest.mark.parametrize("regfed", [True, False], ids=["linear_cmreg", "linear_cm"])
 @pytest.mark.parametrize("reg", [False, True], ids=["scratch_epilogue", "reg_epilogue"])
 @pytest.mark.parametrize("case", [dict(), dict(t=40, n=22, act="Gelu"), dict(t=70, n=80, consume=False)])
-def test_fp16_tensor_core_epilogue_parts(case, reg):
-    """The emulated cooperative-matrix kernel's part-major epilogues (the shared scratch, and column pairs from
+def test_fp16_tensor_core_epilogue_parts(case, reg, regfed):
+    """The emulated cooperative-matrix kernels' part-major epilogues (the shared scratch, and column pairs from
     registers) on small shapes whose 64-column blocks straddle parts, against minirt fp32."""
     m = qkv_model(**case)
     fd = qkv_feeds(case.get("t", 37))
     with Session(m, storage="buffer") as s:
         ref = s.run(None, fd)
     with Session(m, storage="buffer", precision="fp16",
-                 options={"cm_emulate": True, "poison": True, "cm_reg_epilogue": reg}) as s:
+                 options={"cm_emulate": True, "poison": True, "cm_reg_epilogue": reg, "cm_regfed": regfed}) as s:
         gemms = [d.kernel for d in s.plan.dispatches if d.op == "Linear"]
-        assert len(gemms) == 1 and gemms[0].startswith("linear_cm_emu_"), gemms
+        assert len(gemms) == 1 and gemms[0].startswith("linear_cmreg_emu_" if regfed else "linear_cm_emu_"), gemms
         out = s.run(None, fd)
     for y, r in zip(out, ref):
         rel = float(np.linalg.norm(y.astype(np.float64) - r) / np.linalg.norm(r))

@@ -82,7 +82,10 @@ CM_TILES = {"m64n64k64": (64, 64, 64, 4), "m32n64k64": (32, 64, 64, 4), "m64n128
             "m64n64k32w8": (64, 64, 32, 8), "m64n128k32w8": (64, 128, 32, 8), "m128n64k32w8": (128, 64, 32, 8),
             "m32n128k32w8": (32, 128, 32, 8), "m64n64k16": (64, 64, 16, 4), "m32n64k16": (32, 64, 16, 4),
             "m64n128k16": (64, 128, 16, 4), "m64n64k32s1": (64, 64, 32, 4),
-            "m64n128k32s1": (64, 128, 32, 4)}
+            "m64n128k32s1": (64, 128, 32, 4),
+            # REGFED (glsl/linear_cmreg.comp): operands loaded straight into registers, no shared stages
+            "r64n64": (64, 64, 32, 4), "r32n64": (32, 64, 32, 4)}
+REG_TILES = ("r64n64", "r32n64")
 CM_SHAPE = (16, 16, 16, "f16", "f16", "f32", "f32")   # the one cooperative-matrix shape the kernel uses
 
 
@@ -90,6 +93,8 @@ def cm_shared_bytes(tile: str) -> int:
     """Shared memory of a linear_cm tile: its stages of A and B (rows padded by 8 halves), over which the epilogue's
     scratch (one 16 x 20 fp32 tile per subgroup) lies once the K loop is done."""
     bm, bn, bk, warps = CM_TILES[tile]
+    if tile in REG_TILES:
+        return warps * 16 * 20 * 4
     stages = 1 if tile.endswith("s1") else 2
     return max(stages * 2 * (bm * (bk + 8) + bk * (bn + 8)), warps * 16 * 20 * 4)
 
@@ -119,6 +124,8 @@ def cm_kernel(ctx, m, n):
     else:
         return None
     forced = ctx.options.get("cm_tile")
+    if forced in REG_TILES:    # cm_regfed takes it where REGFED applies; elsewhere the default linear_cm tile
+        forced = None
     if forced:
         if forced not in CM_TILES:
             raise MinirtError(f"unknown cm_tile {forced!r}; expected one of {', '.join(CM_TILES)}")
@@ -142,7 +149,9 @@ def cm_kernel(ctx, m, n):
 # 27.7 -> 23.7 us, base's QKV 1500 x 512 x 1536 32.1 -> 26.5); where it fits one wave they lose (tiny's QKV, 432
 # groups: 16.1 against 18.6).
 WIDE_TILE = "m64n128k32s1"
-CM_REGISTER_GROUPS = {"m64n64k32s1": 4, "m64n128k32s1": 2}
+# The REGFED tiles (83 and 80 registers, 5 KiB) would fit 6 groups; they keep the 64 x 64 rules' 4 (and twice that for
+# half the rows), the split counts measured with them.
+CM_REGISTER_GROUPS = {"m64n64k32s1": 4, "m64n128k32s1": 2, "r64n64": 4, "r32n64": 8}
 
 
 def cm_slots(ctx, tile) -> int:
@@ -164,11 +173,16 @@ def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mo
     """linear_dispatch on tensor cores: same bindings, push constants and specialization constants as linear.comp.
     Global size: x = the work group's invocations (whole subgroups, family "coopmat"), y = row blocks,
     z = column blocks."""
+    lda = lda4 if lda4 is not None else k // 4
+    splittable = out_mode == OUT_ROWS and m0 == 0 and n % 4 == 0
+    S = cm_split_k(ctx, tile, m, n, k, before_ln(ctx, out, n)) if splittable else 1
+    reg = cm_regfed(ctx, kernel, a, m, n, k, lda, a_win, S > 1)
+    if reg:
+        # same splits as the tile it replaces (REGFED's 64 x 64 tile keeps its rules)
+        kernel, tile, wt = kernel.replace("linear_cm", "linear_cmreg", 1)[:-len(tile)] + reg, reg, \
+            _regfed_weight(ctx, wt, k, n, n4)
     bm, bn, _bk, warps = CM_TILES[tile]
     res = residual if residual is not None else bt
-    lda = lda4 if lda4 is not None else k // 4
-    S = cm_split_k(ctx, tile, m, n, k, before_ln(ctx, out, n)) if out_mode == OUT_ROWS and m0 == 0 and n % 4 == 0 \
-        else 1
     if S > 1:
         # K split S ways (linear_cm_split.comp): fp32 partials [S][M][N], then linear_reduce adds them in split order
         # with bias, activation and residual; work group z = column block + column blocks * split
@@ -190,6 +204,59 @@ def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mo
 
 
 OUT_ROWS, OUT_NCHW, OUT_PARTS, OUT_SPLIT = 0, 1, 2, 3    # linear.comp / linear_cm.glslh OUT_MODE
+
+
+# REGFED (glsl/linear_cmreg.comp, linear_cm.glslh): the tensor-core GEMM whose lanes load their operands' elements
+# straight into registers (16 bytes a load, K permuted inside each 32-deep slice alike for A and B) and build the
+# matrices element by element, with no shared-memory stages and no barriers in the K loop. It needs the element layout
+# the probe checks (DeviceProfile.coopmat_layout "mma": A, B and accumulator) or the emulated kernels. H200,
+# Whisper-tiny fp16 (tools/dispatch_ab.py, docs/benchmarks.md): 507.9 -> 483.0 us; QKV 16.0 -> 12.7 us, fc2 18.5 ->
+# 14.9, fc1 20.4 -> 19.8 (against the 64 x 128 tile). Where the 64 x 64 grid of an unsplit GEMM fills under half the
+# places (conv1: 282 groups), the 32-row tile (twice the groups): 15.4 -> 12.7 us.
+REGFED_SMALL_GRID = 0.6
+
+
+def cm_regfed(ctx, kernel, a, m, n, k, lda4, a_win, split):
+    """The REGFED tile for this GEMM, or None (then linear_cm's tiles). Session(options={"cm_regfed": False}) turns it
+    off; options["cm_tile"] = a REG_TILES tile forces that one where REGFED applies, a linear_cm tile forces linear_cm.
+    Its A loads are 16 bytes: K, A's row stride and window offsets are whole 8-half groups and A starts 16-byte
+    aligned."""
+    forced = ctx.options.get("cm_tile")
+    if not option_on(ctx.options, "cm_regfed", True) or (forced and forced not in REG_TILES):
+        return None
+    if not ("_emu_" in kernel or ctx.profile.coopmat_layout == "mma"):
+        return None
+    if k % 8 or lda4 % 2 or (a_win is not None and (a_win[0] % 2 or a_win[1] % 2)) \
+            or ctx.plan.byte_offset(a.name) % 16:
+        return None
+    if forced:
+        return forced
+    if not split:
+        slots = cm_slots(ctx, "r64n64")
+        if slots and -(-m // 64) * -(-n // 64) < REGFED_SMALL_GRID * slots:
+            return "r32n64"
+    return "r64n64"
+
+
+def pack_regfed(w_kn: np.ndarray) -> np.ndarray:
+    """W [K, N] -> linear_cmreg's B, [K / 32][N / 16][2][32 lanes][8 halves], zero past K and N: lane L = 4 c + q holds
+    W[32 kb + 8 q + 0..7][16 nb + c + 8 h] (glsl/linear_cm.glslh, REGFED)."""
+    k, n = w_kn.shape
+    kb, nb = -(-k // 32), -(-n // 16)
+    wp = np.zeros((kb * 32, nb * 16), np.float32)
+    wp[:k, :n] = w_kn
+    return wp.reshape(kb, 4, 8, nb, 2, 8).transpose(0, 3, 4, 5, 1, 2).reshape(-1)
+
+
+def _regfed_weight(ctx, wt, k, n, n4):
+    """linear_cmreg's packing of a weight packed [Kp][N4], made once for all the GEMMs that share it (a conv's row
+    tiles); the row-major pack is dropped where nothing reads it."""
+    key = wt.name.rsplit("@", 1)[0] + "@regfed"
+    if wt.name in ctx.plan.tensors and not any(wt.name == x for d in ctx.plan.dispatches for x, _ in d.args):
+        del ctx.plan.tensors[wt.name]
+    if key + "@packed" in ctx.plan.tensors:
+        return ctx.plan.tensors[key + "@packed"]
+    return ctx.weight(key, pack_regfed(np.asarray(wt.data, np.float32).reshape(-1, n4 * 4)[:k, :n]))
 
 
 def _win(a_win):
@@ -248,7 +315,7 @@ def reduce_dispatch(ctx, out, part, bt, res, m, n, n4, S, act, has_res):
 # Split K on tensor cores (linear_cm_split.comp, the one-stage tiles): split_k's reasoning for the default 64 x 64
 # tile's 4 groups per H200 multiprocessor (528 places: tiny's fc2, 144 groups, splits 3 ways, conv2 and base's fc2
 # twice).
-CM_SPLIT_TILES = ("m64n64k32s1", "m64n128k32s1")
+CM_SPLIT_TILES = ("m64n64k32s1", "m64n128k32s1") + REG_TILES
 # Each split at least this many 32-deep slices. H200, tools/gemm_bench.py (GEMM + reduce, us, unsplit -> 2 splits):
 # 1500 x 384 x 384 (12 slices) 13.4 -> 14.8, 1500 x 512 x 512 (16) 16.2 -> 17.2, 1500 x 1152 x 384 (36) 27.1 -> 23.9,
 # 1500 x 1536 x 384 (48) 34.2 -> 28.0, 1500 x 2048 x 512 (64) 51.7 -> 38.7 (then 3 groups a multiprocessor; with 4,

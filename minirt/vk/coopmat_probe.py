@@ -40,10 +40,13 @@ def decode(words: np.ndarray) -> dict:
 
 
 def classify(maps: dict) -> str:
-    """The name in COOPMAT_LAYOUTS whose A and accumulator mappings both equal the probed ones, else ""."""
+    """The name in COOPMAT_LAYOUTS whose A and accumulator mappings both equal the probed ones and whose B mapping is
+    their transpose (B's element i of a lane at (k, n) where A's is at (n, k): linear_cmreg builds both operands from
+    registers), else ""."""
     for name, where in COOPMAT_LAYOUTS.items():
         want = {(lane, i): where(lane, i) for lane in range(32) for i in range(8)}
-        if maps and maps.get("a") == want and maps.get("c") == want:
+        want_b = {key: (c, r) for key, (r, c) in want.items()}
+        if maps and maps.get("a") == want and maps.get("c") == want and maps.get("b") == want_b:
             return name
     return ""
 

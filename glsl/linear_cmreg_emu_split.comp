@@ -1,0 +1,12 @@
+#version 450
+// variants: tile=r64n64,r32n64 dtype=half
+// linear_cmreg_split.comp emulated (as linear_cmreg_emu.comp): for tests on lavapipe.
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_EXT_shader_16bit_storage : require
+#extension GL_KHR_shader_subgroup_basic : require
+#define CM_EMULATE 1
+#define REGFED 1
+#define SPLIT_K 1
+#include "linear_cm.glslh"

@@ -58,6 +58,8 @@ class Session:
     (tensor cores through VK_KHR_cooperative_matrix where the device has them); inputs and outputs stay float32.
     A device without 16-bit storage buffers refuses fp16 with an UnsupportedError.
     device: a device index as listed by `minirt devices` (default: MINIRT_DEVICE or the best GPU).
+    profile: True: a timestamp after every dispatch (profile_records()); "span": one before the first dispatch and
+    one after the last (gpu_span_ms()), the run's GPU time with nothing between its dispatches.
     progress: called with a short label ("loading", "planning", "uploading weights", ...) as each
     start-up phase begins (the command line shows it on a terminal).
     startup_ms: milliseconds per start-up phase: load, check, device, plan, alloc, upload, pipelines,
@@ -67,7 +69,9 @@ class Session:
     def __init__(self, model, *, storage="auto", device=None, weights=None, options=None, profile=False,
                  local_size=None, conv1d_rewrite=True, precision="fp32", progress=None):
         self._lock = threading.Lock()
-        self.profiling = bool(profile)
+        if profile not in (False, True, "span"):
+            raise MinirtError(f"profile must be False, True or 'span', got {profile!r}")
+        self.profiling = profile
         self._last = None
         self._execs = {}
         self._progress = progress
@@ -180,9 +184,21 @@ class Session:
         from .profile import records_of
         if not self.profiling:
             raise MinirtError("profiling is off: create the Session with profile=True")
+        if self.profiling == "span":
+            raise MinirtError("this Session times whole runs (profile='span'): gpu_span_ms() gives the last one")
         if self._last is None:
             raise MinirtError("no run yet: call run() first")
         return records_of(self._last.plan, self._last.dispatch_times_ns(), self.device.profile)
+
+    def gpu_span_ms(self):
+        """GPU milliseconds of the last run from two timestamps, one before its first dispatch and one after its
+        last (Session(..., profile="span")): no stamps between dispatches to perturb it."""
+        if self.profiling != "span":
+            raise MinirtError("create the Session with profile='span' to time whole runs")
+        if self._last is None:
+            raise MinirtError("no run yet: call run() first")
+        t = self._last.dispatch_times_ns()
+        return t[0] / 1e6 if t else None
 
     # -- lifetime ---------------------------------------------------------------------------
     def close(self):

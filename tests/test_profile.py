@@ -87,3 +87,31 @@ def test_cli_profile(tmp_path):
     assert r.exit_code == 0, r.output
     assert "GPU time" in r.output
     assert len(json.loads((tmp_path / "t.json").read_text())["traceEvents"]) == 4
+
+
+def test_span_times_the_whole_run_with_two_stamps():
+    """profile="span": two queries (before the first dispatch, after the last); the span covers every dispatch, so it
+    is at least the longest one a per-dispatch Session measures on the same input, and it fits in the wall time."""
+    x = rand(96, 130)
+    with Session(_model(), profile="span") as s:
+        t0 = time.perf_counter()
+        y = s.run(x)
+        wall_ms = (time.perf_counter() - t0) * 1e3
+        ex = next(iter(s._execs.values()))
+        assert [n for _, n in ex.query_pools] == [2]
+        span = s.gpu_span_ms()
+        with pytest.raises(MinirtError, match="gpu_span_ms"):
+            s.profile_records()
+    np.testing.assert_allclose(y, 1 / (1 + np.exp(-(np.tanh(x * x) + x))), rtol=1e-5, atol=1e-6)
+    with Session(_model(), profile=True) as s:
+        s.run(x)
+        longest = max(r.gpu_ms for r in s.profile_records())
+        with pytest.raises(MinirtError, match="profile='span'"):
+            s.gpu_span_ms()
+    assert 0 < span <= wall_ms
+    assert span >= 0.5 * longest     # (another Session's run: the same work, not the same clock state)
+
+
+def test_profile_argument_is_checked():
+    with pytest.raises(MinirtError, match="profile must be"):
+        Session(_model(), profile="yes")

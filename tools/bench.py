@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Whisper encoder benchmark: minirt (Session.run wall time and GPU time from the timestamp query pool)
-beside PyTorch CUDA eager and with a CUDA graph (when torch with CUDA imports), each at every precision
+"""Whisper encoder benchmark: minirt (Session.run wall time; GPU time from the timestamp query pool, both as the sum
+of per-dispatch times with a stamp after every dispatch and as the span between one stamp before the run's first
+dispatch and one after its last) beside PyTorch CUDA eager and with a CUDA graph (when torch with CUDA imports), each at every precision
 asked for, and onnxruntime CPU, on the same model (seeded random weights) and input, in one process.
 Prints a table with ratios and writes JSON.
 
@@ -63,6 +64,13 @@ def bench_minirt(model, x, runs, warmup, storage, options):
             if i >= warmup:
                 gpu.append(sum(r.gpu_ms or 0 for r in s.profile_records()))
         res["gpu_ms"] = statistics.median(gpu)
+    with Session(model, storage=storage, options=options, profile="span") as s:
+        span = []
+        for i in range(runs + warmup):
+            s.run(x)
+            if i >= warmup:
+                span.append(s.gpu_span_ms())
+        res["gpu_span_ms"] = statistics.median(span)
     return y, res
 
 
@@ -196,7 +204,8 @@ def print_table(r, precisions=("fp32",)):
               f"dispatches; {m['device']}, storage {m['storage']}")
         print(f"{'runtime':<34} {'median ms':>10} {'min ms':>8} {'vs minirt wall':>15}")
         rows = [("minirt Session.run (wall)", m["wall_ms"], m["wall_min_ms"]),
-                ("minirt GPU time (query pool)", m["gpu_ms"], None)]
+                ("minirt GPU time (query pool)", m["gpu_ms"], None),
+                ("minirt GPU span (two stamps)", m["gpu_span_ms"], None)]
         t = r.get(f"torch_cuda_{prec}")
         if t:
             rows += [(f"PyTorch CUDA {prec} eager", t["eager_wall_ms"], t["eager_wall_min_ms"]),

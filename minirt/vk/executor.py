@@ -57,6 +57,9 @@ class Executor:
         self.startup_ms = {}      # phase -> ms (alloc, upload, pipelines, record): Session.startup_ms
         phase = Phases(self.startup_ms, progress)
         self.profiling = bool(profile) and dev.profile.timestamp_valid_bits > 0
+        # profile="span": one stamp before the first dispatch and one after the last, nothing between them, so the
+        # run's GPU time is measured without whatever per-dispatch stamps cost
+        self.span = profile == "span"
         self.d = dev.device
         self._trash = []          # (destroy function, handle), destroyed in reverse order
         self.slots = []           # zero-copy output slots (see _alloc_slots)
@@ -561,8 +564,8 @@ class Executor:
             groups = [-(-g // l) for g, l in zip(d.global_size, d.local_size)]
             if min(groups) > 0:
                 vk.vkCmdDispatch(cmd, *groups)
-            if self.profiling:
-                self._stamp(cmd, i + 1)
+            if self.profiling and (not self.span or i == len(plan.dispatches) - 1):
+                self._stamp(cmd, 1 if self.span else i + 1)
         self._memory_barrier(cmd, C, SW, T | vk.VK_PIPELINE_STAGE_HOST_BIT, TR | vk.VK_ACCESS_HOST_READ_BIT)
         for name, (_, _, t, _) in self.outputs.items():
             w = self.where[name]
@@ -600,7 +603,7 @@ class Executor:
         gap between stamps i and i+1, so the times add up to the whole run. Pools hold at most
         QUERIES_PER_POOL queries each, so any number of dispatches fits."""
         vk = self.vk
-        n = len(self.plan.dispatches) + 1
+        n = 2 if self.span else len(self.plan.dispatches) + 1
         self.query_pools = []
         for start in range(0, n, QUERIES_PER_POOL):
             cnt = min(QUERIES_PER_POOL, n - start)

@@ -211,8 +211,8 @@ OUT_ROWS, OUT_NCHW, OUT_PARTS, OUT_SPLIT = 0, 1, 2, 3    # linear.comp / linear_
 # matrices element by element, with no shared-memory stages and no barriers in the K loop. It needs the element layout
 # the probe checks (DeviceProfile.coopmat_layout "mma": A, B and accumulator) or the emulated kernels. H200,
 # Whisper-tiny fp16 (tools/dispatch_ab.py, docs/benchmarks.md): 507.9 -> 483.0 us; QKV 16.0 -> 12.7 us, fc2 18.5 ->
-# 14.9, fc1 20.4 -> 19.8 (against the 64 x 128 tile). Where the 64 x 64 grid of an unsplit GEMM fills under half the
-# places (conv1: 282 groups), the 32-row tile (twice the groups): 15.4 -> 12.7 us.
+# 14.9, fc1 20.4 -> 19.8 (against the 64 x 128 tile). Where the 64 x 64 grid of an unsplit GEMM fills under 0.6 of the
+# resident places (conv1: 282 groups of 528), the 32-row tile (twice the groups): 15.4 -> 12.7 us.
 REGFED_SMALL_GRID = 0.6
 
 

@@ -14,6 +14,7 @@ const int FAST_S = 4;   // up to this many splits, all loads first (the same sum
 layout(push_constant) uniform Params {
   ivec4 dims;   // Tq, heads, D / 4, S
   ivec4 base;   // B, ml_base (index of the first (m, l) pair in t_ml)
+  ivec4 stream; // STREAM (attention.glslh): G work groups, BQ query rows a block, nb key blocks; G = 0: plain splits
 } p;
 
 #if defined(STORAGE_TEXTURE)
@@ -31,6 +32,12 @@ void main() {
   int c4 = int(gl_GlobalInvocationID.x), t = int(gl_GlobalInvocationID.y), b = int(gl_GlobalInvocationID.z);
   if (c4 >= D4 || t >= Tq || b >= p.base.x) return;
   int r0 = (b * H + c4 / DH4) * S * Tq + t;   // row of split 0; split s is row r0 + s Tq
+  if (p.stream.x > 0) {
+    // the slots of this row's query block: one per work group whose range held some of its key blocks
+    const int G = p.stream.x, nb = p.stream.z, QB = (Tq + p.stream.y - 1) / p.stream.y, U = p.base.x * H * QB * nb;
+    const int seg = (b * H + c4 / DH4) * QB + t / p.stream.y;
+    S = ((seg * nb + nb) * G - 1) / U - ((seg * nb + 1) * G - 1) / U + 1;
+  }
   float mx = -1.0e30;
   float den = 0.0;
   vec4 acc = vec4(0.0);

@@ -97,7 +97,9 @@ def test_gpu_tiles_split(monkeypatch, tile):
 # -- the plan ------------------------------------------------------------------------------------------
 
 def plan_for(profile, B=1, Tq=1500, Tk=1500, H=6, dh=64, storage="buffer", options=None):
-    return make_plan(prepare(load(attention_model(B, Tq, Tk, H, dh))), profile, storage, options)
+    """The plan with stream splits off unless asked for (tests/test_attention_stream.py tests those)."""
+    return make_plan(prepare(load(attention_model(B, Tq, Tk, H, dh))), profile, storage,
+                     {"attention_stream": False, **(options or {})})
 
 
 @pytest.mark.parametrize("storage", STORAGES)

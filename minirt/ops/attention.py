@@ -47,6 +47,37 @@ SPLIT_MIN_KEYS = 256
 MAX_SPLITS = 16
 
 
+# Stream splits (STREAM in glsl/attention.glslh), before the rule above where the multiprocessor count is known: the
+# grid's (query block, key block) items are cut into as many equal ranges as the device runs groups at once (one wave),
+# so no multiprocessor idles or waits for a ragged last wave; each range's pieces write partials that
+# attention_combine.comp merges. H200, fp32 (tools/dispatch_ab.py, docs/benchmarks.md): Whisper-tiny (114 groups of
+# one a multiprocessor for 132) 160.8 -> 141.8 + 6.8 us an attention, the encoder 1634.6 -> 1573.6 us; Whisper-base
+# (152 groups; the rule above split them 4 ways) 212.9 -> 180.3 + 7.0, the encoder 3526.4 -> 3344.1. Not where the
+# groups fill whole waves. Session(options={"attention_stream": G}) forces G groups, False (or 0) turns it off;
+# attention_splits=S forces plain splits instead.
+STREAM_MAX_ITEMS = 2 ** 31 - 1
+
+
+def stream_groups(ctx, groups, tk, bk, shared) -> int:
+    """G work groups for a stream split of an attention of `groups` groups over `tk` keys in blocks of `bk`, or 0
+    (then the plain splits of the rule above)."""
+    opt = ctx.options.get("attention_stream")
+    if opt is not None and str(opt).strip().lower() in ("0", "false", "off", "no"):
+        return 0
+    p = ctx.profile
+    if opt is not None and str(opt).strip().lower() not in ("1", "true", "on", "yes"):
+        G = option_count(ctx.options, "attention_stream")
+    elif ctx.options.get("attention_splits") is not None or p.device_type != "discrete" or not p.compute_units:
+        return 0
+    else:
+        G = p.wave_slots(shared)
+        if groups % G == 0:
+            return 0
+    nb = -(-tk // bk)
+    G = min(G, groups * nb)     # no group without items: every group between a block's first and last holds some
+    return G if 1 < G and groups * nb * (G + 1) <= STREAM_MAX_ITEMS else 0
+
+
 def splits(profile, groups, tk, options=None):
     """Key splits S for an attention of `groups` work groups over `tk` keys (see the rule above)."""
     forced = option_count(options or {}, "attention_splits")
@@ -169,23 +200,35 @@ class Attention(Op):
         prefetch = ctx.profile.device_type != "cpu" and carried <= MAX_PREFETCH
         spec = (dh, kg, rt, option_on(ctx.options, "attention_prefetch", prefetch), nk)   # constant_ids 3 .. 7
         flops = 4 * B * heads * Tq * Tk * dh
+        bk = nk * kg
+        G = stream_groups(ctx, qblocks * B * heads, Tk, bk, shared_bytes(dh, threads, kg, rt, nk))
         # family "attention": the local x is exactly the global x given, so one work group = `threads` invocations
-        if S == 1:
+        if S == 1 and not G:
             ctx.dispatch(ctx.variant("attention") + sfx, [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")],
                          push, spec, (threads, qblocks, B * heads), "attention",
                          flops=flops, nbytes=4 * (2 * q.numel + k.numel + v.numel))
             return
         # Partials, fp32 whatever the storage and precision: rows ((b * H + h) * S + s) * Tq + t of dh floats
         # (unnormalised O), then one (m, l) pair per row from float rows * dh on (layout in glsl/attention.glslh).
+        if G:
+            # slots per (batch, head): the most groups whose ranges touch one query block's key blocks (the kernel's
+            # and the combine pass's formula: the first group holding item u is ((u + 1) G - 1) // U)
+            nb = -(-Tk // bk)
+            U = qblocks * B * heads * nb
+            S = max(((sg * nb + nb) * G - 1) // U - ((sg * nb + 1) * G - 1) // U + 1 for sg in range(U // nb))
         rows = B * heads * S * Tq
         part = ctx.scratch("attention.partials", rows * (dh + 2))
         ml_base = rows * dh // 2          # in (m, l) pairs
+        grid = (threads, 1, G) if G else (threads, qblocks, B * heads * S)
         ctx.dispatch(ctx.variant("attention_split") + sfx, [(part.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")],
-                     push.ivec4(S, ml_base), spec, (threads, qblocks, B * heads * S), "attention",
+                     push.ivec4(S, ml_base, B * heads, 1 if G else 0), spec, grid, "attention",
                      flops=flops, nbytes=4 * (S * q.numel + k.numel + v.numel + rows * (dh + 2)))
         # one invocation per output vec4: S weighted vec4 adds (8 flops each) and S exp2 per row and column
         ctx.dispatch(ctx.variant("attention_combine"), [(out.name, "w"), (part.name, "r")],
-                     Push().ivec4(Tq, heads, D // 4, S).ivec4(B, ml_base), (dh,), (D // 4, Tq, B), "elementwise",
+                     Push().ivec4(Tq, heads, D // 4, S).ivec4(B, ml_base).ivec4(G, rt * threads // kg, -(-Tk // bk)),
+                     (dh,), (D // 4, Tq, B), "elementwise",
                      flops=2 * S * out.numel + 2 * S * B * Tq * D // 4, nbytes=4 * (rows * (dh + 2) + out.numel))
         ctx.note(f"keys split {S} ways: {qblocks * B * heads} x {S} work groups, then a combine pass; "
-                 f"partials {rows * (dh + 2) * 4 / 2**20:.1f} MiB")
+                 f"partials {rows * (dh + 2) * 4 / 2**20:.1f} MiB" if not G else
+                 f"(query block, key block) items in {G} equal ranges, one a work group (stream split), then a "
+                 f"combine pass; partials {rows * (dh + 2) * 4 / 2**20:.1f} MiB")

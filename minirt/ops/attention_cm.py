@@ -162,5 +162,5 @@ def emit(ctx, kernel, node, spec, local, qblocks, S):
                  spec(True), (local, qblocks, B * heads * S), "attention",
                  flops=flops, nbytes=4 * (S * q.numel + k.numel + v.numel + rows * (dh + 2)))
     ctx.dispatch(ctx.variant("attention_combine"), [(out.name, "w"), (part.name, "r")],
-                 Push().ivec4(Tq, heads, D // 4, S).ivec4(B, ml_base), (dh,), (D // 4, Tq, B), "elementwise",
+                 Push().ivec4(Tq, heads, D // 4, S).ivec4(B, ml_base).ivec4(0), (dh,), (D // 4, Tq, B), "elementwise",
                  flops=2 * S * out.numel + 2 * S * B * Tq * D // 4, nbytes=4 * (rows * (dh + 2) + out.numel))

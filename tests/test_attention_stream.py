@@ -1,0 +1,93 @@
+"""Stream splits of the attention (STREAM in glsl/attention.glslh, attention_combine.comp): the (query block, key block)
+items cut into G equal ranges, one a work group, the pieces merged by the combine pass. Numerics against a float64
+reference for forced G (ranges that cross query blocks, heads and batches; more groups than items; both storages;
+fp16), and the plan rule: on by default on discrete GPUs with a multiprocessor count, one wave of groups."""
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import minirt.ops.attention as attention
+from minirt import Session
+from minirt.device_profile import KNOWN_PROFILES
+from minirt.errors import MinirtError
+from minirt.infer import prepare
+from minirt.loaders import load
+from minirt.planner import make_plan
+from oracle import STORAGES, compare
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_attention_split import inputs, kernels, reference  # noqa: E402
+from test_fuse_attention import attention_model  # noqa: E402
+
+H200, LAVAPIPE = KNOWN_PROFILES["nvidia-h200"], KNOWN_PROFILES["lavapipe"]
+
+
+def _run(B, Tq, Tk, H, dh, G, storage="buffer", precision="fp32", seed=0):
+    m = attention_model(B, Tq, Tk, H, dh)
+    fd = inputs(B, Tq, Tk, H * dh, seed)
+    with Session(m, storage=storage, precision=precision, options={"poison": True, "attention_stream": G}) as s:
+        split = next(d for d in s.plan.dispatches if "attention_split" in d.kernel)
+        y = s.run(None, fd)[0]
+        y2 = s.run(None, fd)[0]
+    assert np.array_equal(y, y2), "two runs differ"
+    return y, reference(fd["q"], fd["k"], fd["v"], H), split
+
+
+@pytest.mark.parametrize("B,Tq,Tk,H,dh,G", [
+    (1, 200, 200, 6, 64, 7),      # ranges cross query blocks and heads
+    (1, 200, 200, 6, 64, 13),
+    (2, 37, 45, 2, 32, 5),        # batch 2, ragged key and query blocks
+    (1, 100, 300, 3, 16, 11),     # cross attention
+    (1, 50, 64, 2, 16, 400),      # more groups than items: capped at one item a group
+])
+def test_forced_stream_matches_numpy(B, Tq, Tk, H, dh, G):
+    for st in STORAGES:
+        y, ref, split = _run(B, Tq, Tk, H, dh, G, st)
+        compare(y, ref, 2e-5, f"stream G={G} {st}")
+        assert split.global_size[1] == 1 and 1 < split.global_size[2] <= G
+
+
+def test_stream_at_fp16():
+    y, ref, _ = _run(1, 120, 120, 4, 32, 9, precision="fp16")
+    err = np.linalg.norm(y - ref) / np.linalg.norm(ref)
+    assert err < 2e-3, err
+
+
+def _plan(profile, H=6, options=None):
+    return make_plan(prepare(load(attention_model(1, 1500, 1500, H, 64))), profile, "buffer", options or {})
+
+
+def test_rule_streams_one_wave_on_discrete_gpus():
+    """H200 profile, tile (128, 8, 5): one group a multiprocessor, 132 at once. Whisper-tiny's 114 groups and base's
+    152 both become 132 equal ranges; CPU and mobile devices, and groups filling whole waves, stay as they were."""
+    for H, groups in ((6, 114), (8, 152)):
+        p = _plan(H200, H)
+        assert kernels(p) == ["attention_split_buffer", "attention_combine_buffer"]
+        split, comb = p.dispatches
+        assert split.global_size == (128, 1, 132)
+        assert split.push[-4:] == (1).to_bytes(4, "little")              # the STREAM flag
+        assert comb.push[-16:-8] == (132).to_bytes(4, "little") + (80).to_bytes(4, "little")   # G, rows a block
+        U, nb = groups * 47, 47
+        S = max(((s * nb + nb) * 132 - 1) // U - ((s * nb + 1) * 132 - 1) // U + 1 for s in range(groups))
+        assert int.from_bytes(split.push[32:36], "little") == S            # slots a (batch, head)
+        assert any("stream split" in n for notes in p.notes.values() for n in notes)
+    assert kernels(_plan(LAVAPIPE)) == ["attention_buffer"]
+    assert kernels(_plan(dataclasses.replace(H200, compute_units=114))) == ["attention_buffer"]   # one full wave
+    assert kernels(_plan(dataclasses.replace(H200, compute_units=0))) == ["attention_buffer"]
+    # the options: off, a forced G, and forced plain splits instead
+    assert kernels(_plan(H200, options={"attention_stream": False})) == ["attention_buffer"]
+    assert _plan(H200, options={"attention_stream": 264}).dispatches[0].global_size == (128, 1, 264)
+    forced = _plan(H200, options={"attention_splits": 2})
+    assert forced.dispatches[0].global_size == (128, 19, 12)
+
+
+def test_stream_groups_are_capped_and_checked():
+    class Ctx:
+        profile, options = H200, {"attention_stream": 1000}
+    assert attention.stream_groups(Ctx, 3, 64, 32, 40000) == 3 * 2      # one item (key block) a group at most
+    Ctx.options = {"attention_stream": "x"}
+    with pytest.raises(MinirtError, match="attention_stream"):
+        attention.stream_groups(Ctx, 3, 64, 32, 40000)

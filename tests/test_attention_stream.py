@@ -28,7 +28,9 @@ H200, LAVAPIPE = KNOWN_PROFILES["nvidia-h200"], KNOWN_PROFILES["lavapipe"]
 def _run(B, Tq, Tk, H, dh, G, storage="buffer", precision="fp32", seed=0):
     m = attention_model(B, Tq, Tk, H, dh)
     fd = inputs(B, Tq, Tk, H * dh, seed)
-    with Session(m, storage=storage, precision=precision, options={"poison": True, "attention_stream": G}) as s:
+    # (coopmat=False: at fp16 on tensor-core devices the attention is attention_cmr's, which has no stream splits)
+    opts = {"poison": True, "attention_stream": G, "coopmat": False}
+    with Session(m, storage=storage, precision=precision, options=opts) as s:
         split = next(d for d in s.plan.dispatches if "attention_split" in d.kernel)
         y = s.run(None, fd)[0]
         y2 = s.run(None, fd)[0]

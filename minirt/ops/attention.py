@@ -62,10 +62,10 @@ def stream_groups(ctx, groups, tk, bk, shared) -> int:
     """G work groups for a stream split of an attention of `groups` groups over `tk` keys in blocks of `bk`, or 0
     (then the plain splits of the rule above)."""
     opt = ctx.options.get("attention_stream")
-    if opt is not None and str(opt).strip().lower() in ("0", "false", "off", "no"):
+    if not option_on(ctx.options, "attention_stream", True):
         return 0
     p = ctx.profile
-    if opt is not None and str(opt).strip().lower() not in ("1", "true", "on", "yes"):
+    if opt is not None and str(opt).strip().lower() not in ("1", "true", "on", "yes"):   # (True: the rule)
         G = option_count(ctx.options, "attention_stream")
     elif ctx.options.get("attention_splits") is not None or p.device_type != "discrete" or not p.compute_units:
         return 0

@@ -20,13 +20,33 @@ def tile_config(profile) -> tuple[int, int, int]:
     return 4, 1, 16
 
 
+class GemmWeight:
+    """A GEMM's B [K, N], packed once its dispatch knows the kernel: [Kp][N4] vec4 for linear.comp, gemm.comp and
+    linear_cm (row_major), per slice and lane for linear_cmreg (regfed). Each packing is made once, however many
+    dispatches read it (a conv's row tiles)."""
+
+    def __init__(self, name: str, b_kn: np.ndarray):
+        self.name, self.b_kn = name, np.asarray(b_kn, np.float32)
+
+    def _packed(self, ctx, key, pack):
+        spec = ctx.plan.tensors.get(f"{key}@packed")
+        return spec if spec is not None else ctx.weight(key, pack())
+
+    def row_major(self, ctx):
+        def pack():
+            k, n = self.b_kn.shape
+            w = np.zeros((-(-k // 4) * 4, -(-n // 4) * 4), np.float32)
+            w[:k, :n] = self.b_kn
+            return w
+        return self._packed(ctx, self.name, pack)
+
+    def regfed(self, ctx):
+        return self._packed(ctx, f"{self.name}@regfed", lambda: pack_regfed(self.b_kn))
+
+
 def pack_weight(ctx, name: str, b_kn: np.ndarray):
-    """B [K, N] -> a [Kp][N4] vec4 weight buffer, zero past K and N."""
-    k, n = b_kn.shape
-    kp, n4 = -(-k // 4) * 4, -(-n // 4)
-    w = np.zeros((kp, n4 * 4), np.float32)
-    w[:k, :n] = b_kn
-    return ctx.weight(name, w), n4
+    """B [K, N] as a GemmWeight (packed by the dispatch that reads it) and N4, its vec4 columns."""
+    return GemmWeight(name, b_kn), -(-b_kn.shape[1] // 4)
 
 
 def pack_bias(ctx, name: str, bias, n: int):
@@ -38,12 +58,13 @@ def pack_bias(ctx, name: str, bias, n: int):
 
 def gemm_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, a_mode=0, out_mode=0, act=None, m0=0, lda=None,
                   scratch=False):
-    """out[m0 : m0 + m] = act(A @ B + bias); `a` is the A tensor (activation or im2col scratch)."""
+    """out[m0 : m0 + m] = act(A @ B + bias); `a` is the A tensor (activation or im2col scratch), `wt` B as pack_weight
+    gives it."""
     tm, tn4, bk = tile_config(ctx.profile)
     p = (Push().sizes(out).sizes(a).ivec4(m, n, k, n4)
          .ivec4(m0, lda if lda is not None else k, a.packed_dim, 0))
     kernel = f"gemm_{ctx.storage}_{'scratch' if scratch else 'act'}"
-    ctx.dispatch(kernel, [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r")], p,
+    ctx.dispatch(kernel, [(out.name, "w"), (a.name, "r"), (wt.row_major(ctx).name, "r"), (bt.name, "r")], p,
                  (tm, tn4, bk, a_mode, out_mode, ACTS[act]), (-(-n4 // tn4), -(-m // tm), 1), "gemm",
                  flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n))
 
@@ -149,9 +170,9 @@ def cm_kernel(ctx, m, n):
 # 27.7 -> 23.7 us, base's QKV 1500 x 512 x 1536 32.1 -> 26.5); where it fits one wave they lose (tiny's QKV, 432
 # groups: 16.1 against 18.6).
 WIDE_TILE = "m64n128k32s1"
-# The REGFED tiles (83 and 80 registers, 5 KiB) would fit 6 groups; they keep the 64 x 64 rules' 4 (and twice that for
-# half the rows), the split counts measured with them.
-CM_REGISTER_GROUPS = {"m64n64k32s1": 4, "m64n128k32s1": 2, "r64n64": 4, "r32n64": 8}
+# (cm_regfed's small-grid rule counts r64n64's places as the 64 x 64 tile's 4 a multiprocessor, though its 83 registers
+# and 5 KiB would fit 6: the rule was measured so.)
+CM_REGISTER_GROUPS = {"m64n64k32s1": 4, "m64n128k32s1": 2, "r64n64": 4}
 
 
 def cm_slots(ctx, tile) -> int:
@@ -179,8 +200,8 @@ def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mo
     reg = cm_regfed(ctx, kernel, a, m, n, k, lda, a_win, S > 1)
     if reg:
         # same splits as the tile it replaces (REGFED's 64 x 64 tile keeps its rules)
-        kernel, tile, wt = kernel.replace("linear_cm", "linear_cmreg", 1)[:-len(tile)] + reg, reg, \
-            _regfed_weight(ctx, wt, k, n, n4)
+        kernel, tile = kernel.replace("linear_cm", "linear_cmreg", 1)[:-len(tile)] + reg, reg
+    wt = wt.regfed(ctx) if reg else wt.row_major(ctx)
     bm, bn, _bk, warps = CM_TILES[tile]
     res = residual if residual is not None else bt
     if S > 1:
@@ -248,17 +269,6 @@ def pack_regfed(w_kn: np.ndarray) -> np.ndarray:
     return wp.reshape(kb, 4, 8, nb, 2, 8).transpose(0, 3, 4, 5, 1, 2).reshape(-1)
 
 
-def _regfed_weight(ctx, wt, k, n, n4):
-    """linear_cmreg's packing of a weight packed [Kp][N4], made once for all the GEMMs that share it (a conv's row
-    tiles); the row-major pack is dropped where nothing reads it."""
-    key = wt.name.rsplit("@", 1)[0] + "@regfed"
-    if wt.name in ctx.plan.tensors and not any(wt.name == x for d in ctx.plan.dispatches for x, _ in d.args):
-        del ctx.plan.tensors[wt.name]
-    if key + "@packed" in ctx.plan.tensors:
-        return ctx.plan.tensors[key + "@packed"]
-    return ctx.weight(key, pack_regfed(np.asarray(wt.data, np.float32).reshape(-1, n4 * 4)[:k, :n]))
-
-
 def _win(a_win):
     """The third push-constant vec4 of linear.comp and linear_cm.glslh: A_WIN's (row 0's start before the buffer,
     the buffer's length), in vec4; pushed (as zeros) by every dispatch, since the kernels declare it."""
@@ -315,7 +325,7 @@ def reduce_dispatch(ctx, out, part, bt, res, m, n, n4, S, act, has_res):
 # Split K on tensor cores (linear_cm_split.comp, the one-stage tiles): split_k's reasoning for the default 64 x 64
 # tile's 4 groups per H200 multiprocessor (528 places: tiny's fc2, 144 groups, splits 3 ways, conv2 and base's fc2
 # twice).
-CM_SPLIT_TILES = ("m64n64k32s1", "m64n128k32s1") + REG_TILES
+CM_SPLIT_TILES = ("m64n64k32s1", "m64n128k32s1")
 # Each split at least this many 32-deep slices. H200, tools/gemm_bench.py (GEMM + reduce, us, unsplit -> 2 splits):
 # 1500 x 384 x 384 (12 slices) 13.4 -> 14.8, 1500 x 512 x 512 (16) 16.2 -> 17.2, 1500 x 1152 x 384 (36) 27.1 -> 23.9,
 # 1500 x 1536 x 384 (48) 34.2 -> 28.0, 1500 x 2048 x 512 (64) 51.7 -> 38.7 (then 3 groups a multiprocessor; with 4,
@@ -401,6 +411,7 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
     tile = linear_tile(ctx, m, n)
     tm, tn4 = LINEAR_TILES[tile]
     res = residual if residual is not None else bt
+    wt = wt.row_major(ctx)
     S = split_k(ctx, tile, m, n4, k, before_ln(ctx, out, n)) if out_mode == OUT_ROWS and m0 == 0 else 1
     if S > 1:
         # K split S ways across work groups (linear.comp OUT_MODE 3): fp32 partials [S][M][N4] vec4, then

@@ -564,10 +564,10 @@ class Executor:
             groups = [-(-g // l) for g, l in zip(d.global_size, d.local_size)]
             if min(groups) > 0:
                 vk.vkCmdDispatch(cmd, *groups)
-            if self.profiling and (not self.span or i == len(plan.dispatches) - 1):
-                self._stamp(cmd, 1 if self.span else i + 1)
-        if self.profiling and self.span and not plan.dispatches:
-            self._stamp(cmd, 1)     # (both queries must be written, or reading them back waits forever)
+            if self.profiling and not self.span:
+                self._stamp(cmd, i + 1)
+        if self.profiling and self.span:
+            self._stamp(cmd, 1)
         self._memory_barrier(cmd, C, SW, T | vk.VK_PIPELINE_STAGE_HOST_BIT, TR | vk.VK_ACCESS_HOST_READ_BIT)
         for name, (_, _, t, _) in self.outputs.items():
             w = self.where[name]

@@ -36,10 +36,14 @@ DESKTOP_VENDORS = ("nvidia", "amd")   # 256-invocation GEMM groups when there ar
 DESKTOP_MIN_GROUPS = 256
 # Desktop GPUs whose driver tells the multiprocessor count: the GEMM shape with the fewest waves of work, each
 # wave costing x + y (a group's shared-memory staging per output, which bounds these kernels more than the FMAs),
-# among these shapes (ties keep this order). On an H200 (132 SMs; tools/gemm_bench.py, docs/benchmarks.md)
-# it takes 24x12 for Whisper's 1500 x 384 outputs (128 groups: one wave; 8-13% faster than 16x8 or 16x16) and
-# 24x16 for its 1500 x 1536 one (4% faster than 16x16).
-WAVE_SHAPES = ((16, 16), (16, 8), (24, 12), (16, 12), (24, 16), (12, 12), (8, 16))
+# among these shapes (ties keep this order). A wave is as many groups as run at once: where the dispatch declares its
+# shared memory per local x and y (Dispatch.shared_xy), the groups that memory lets share a multiprocessor
+# (DeviceProfile.wave_slots), else one a multiprocessor. On an H200 (132 SMs, 48 KiB a multiprocessor;
+# tools/dispatch_ab.py, docs/benchmarks.md) for glsl/linear.comp's 32-deep slices (512 bytes per x and per y) it takes
+# 16x12 (14 KiB, 3 a multiprocessor) for Whisper's 3000 x 384 conv1 (26.9 us against 29.0 in 24x12) and 1500 x 1536
+# fc1, 16x8 (4 a multiprocessor) for the 1500 x 1152 QKV GEMM (51.9 against 54.9). 12x12 and 8x16 were slower on
+# every Whisper GEMM (docs/benchmarks.md, third session) and are not offered.
+WAVE_SHAPES = ((16, 16), (16, 8), (24, 12), (16, 12), (24, 16))
 
 
 def _pow2_floor(n: int) -> int:
@@ -134,7 +138,7 @@ def _default(g, profile: DeviceProfile) -> tuple[int, int, int]:
     return _grow((1, 1, 1), _need(g, profile), _largest_first(g), _budget(profile))
 
 
-def _gemm(g, profile: DeviceProfile) -> tuple[int, int, int]:
+def _gemm(g, profile: DeviceProfile, shared_xy=()) -> tuple[int, int, int]:
     if profile.vendor == "adreno":
         return _clamp(ADRENO_GEMM, profile)
     # 8x8 shrunk to what x/y need (1 -> 1); the spare share goes to the other
@@ -142,7 +146,7 @@ def _gemm(g, profile: DeviceProfile) -> tuple[int, int, int]:
     # y = 1, 2, 3..4 and the transposes.  z stays 1: batches go to group count.
     need, budget = _need(g, profile), _budget(profile)
     shape = GEMM_SHAPE
-    waves = _by_waves(g, profile) if profile.vendor in DESKTOP_VENDORS else None
+    waves = _by_waves(g, profile, shared_xy) if profile.vendor in DESKTOP_VENDORS else None
     if waves:
         return waves
     if profile.vendor in DESKTOP_VENDORS and -(-g[0] // 16) * -(-g[1] // 16) >= DESKTOP_MIN_GROUPS:
@@ -160,16 +164,53 @@ def _gemm(g, profile: DeviceProfile) -> tuple[int, int, int]:
     return _grow(start, need, [i for i in _largest_first(g) if i < 2], budget)
 
 
-def _by_waves(g, profile: DeviceProfile):
-    """WAVE_SHAPES' choice for a GEMM big enough to fill its largest shape, on a device with a multiprocessor count;
-    else None."""
-    cu = profile.compute_units
+def wave_places(shape, profile: DeviceProfile, shared_xy=()) -> int:
+    """Work groups of local `shape` that run at once: as many a multiprocessor as the shared memory `shared_xy`
+    (bytes per local x, per local y) lets share it, or one a multiprocessor where it is not declared."""
+    if not shared_xy:
+        return profile.compute_units
+    return profile.wave_slots(shared_xy[0] * shape[0] + shared_xy[1] * shape[1])
+
+
+def _wave_shapes(g, profile: DeviceProfile):
+    """WAVE_SHAPES that fit the device, if it has a multiprocessor count and the GEMM fills the largest; else []."""
     fits = [(x, y) for x, y in WAVE_SHAPES if x * y <= profile.max_invocations and x <= profile.max_local_size[0]
             and y <= profile.max_local_size[1]]
-    if not cu or not fits or g[0] < max(x for x, _ in fits) or g[1] < max(y for _, y in fits):
+    if not profile.compute_units or not fits or g[0] < max(x for x, _ in fits) or g[1] < max(y for _, y in fits):
+        return []
+    return fits
+
+
+def _by_waves(g, profile: DeviceProfile, shared_xy=()):
+    """WAVE_SHAPES' choice for a GEMM big enough to fill its largest shape, on a device with a multiprocessor count;
+    else None."""
+    fits = _wave_shapes(g, profile)
+    if not fits:
         return None
-    x, y = min(fits, key=lambda s: -(-(-(-g[0] // s[0]) * -(-g[1] // s[1])) // cu) * (s[0] + s[1]))
+
+    def cost(s):
+        groups = -(-g[0] // s[0]) * -(-g[1] // s[1])
+        return -(-groups // wave_places(s, profile, shared_xy)) * (s[0] + s[1])
+    x, y = min(fits, key=cost)
     return (x, y, 1)
+
+
+def gemm_split_shape(g, profile: DeviceProfile, shared_xy, units: int, min_units: int, most: int):
+    """(local size, S) for a GEMM over grid g whose K (`units` slices) may split S ways across work groups
+    (glsl/linear.comp OUT_MODE 3), or None where no shape would split (then the plain rule). Of WAVE_SHAPES, the one
+    whose split groups fill the most of one wave (wave_splits: the most splits that still fit it, each at least
+    min_units slices), ties to the smaller x + y: on an H200 Whisper's 1500 x 384 outputs split twice in 16x12
+    groups (384 of 396 places; fc2 63.2 us against 65.8 in 24x12, 256 of 264)."""
+    from .ops._util import wave_splits
+    best = None
+    for s in _wave_shapes(g, profile):
+        groups = -(-g[0] // s[0]) * -(-g[1] // s[1])
+        places = wave_places(s, profile, shared_xy)
+        S = wave_splits(groups, places, units, min_units, most)
+        key = (-groups * S / places, s[0] + s[1])
+        if S > 1 and (best is None or key < best[0]):
+            best = (key, (s[0], s[1], 1), S)
+    return best[1:] if best else None
 
 
 def _im2col(g, profile: DeviceProfile) -> tuple[int, int, int]:
@@ -230,12 +271,14 @@ def forced_local_size(family: str, options: dict):
 
 
 def pick_local_size(family: str, global_size, profile: DeviceProfile,
-                    forced=None) -> tuple[int, int, int]:
+                    forced=None, shared_xy=()) -> tuple[int, int, int]:
     """Local size for one dispatch of `family` over `global_size` invocations.
 
     `forced` (e.g. from a tuning file or the command line) is returned as-is
     once check_local_size accepts it; it bypasses the family rules, including
     the Adreno GEMM one.  An empty dispatch (any global axis 0) gets (1,1,1).
+    `shared_xy`: the kernel's shared memory in bytes per local x and per local
+    y (GEMMs: how many groups share a multiprocessor; see WAVE_SHAPES).
     """
     _check_family(family)
     g = _ints3(global_size, "global size", 0)
@@ -243,6 +286,8 @@ def pick_local_size(family: str, global_size, profile: DeviceProfile,
         return check_local_size(forced, profile)
     if 0 in g:
         return (1, 1, 1)
+    if family == "gemm":
+        return _gemm(g, profile, shared_xy)
     return _PICKERS[family](g, profile)
 
 
@@ -256,8 +301,10 @@ def describe_rule(family: str, profile: DeviceProfile) -> str:
                     "work groups on Adreno 840)")
         if profile.vendor in DESKTOP_VENDORS and profile.compute_units:
             return (f"gemm on {profile.vendor} with {profile.compute_units} multiprocessors: of "
-                    f"{', '.join(f'{x}x{y}' for x, y in WAVE_SHAPES)}, the fewest waves x (x + y); small GEMMs as "
-                    f"without a count; z=1")
+                    f"{', '.join(f'{x}x{y}' for x, y in WAVE_SHAPES)}, the fewest waves x (x + y), a wave being the "
+                    f"groups that run at once (as many a multiprocessor as the kernel's shared memory allows, where "
+                    f"it declares it); K-split GEMMs the shape whose splits fill the most of one wave; small GEMMs "
+                    f"as without a count; z=1")
         if profile.vendor in DESKTOP_VENDORS:
             return (f"gemm on {profile.vendor}: 16x16x1 when that makes at least {DESKTOP_MIN_GROUPS} groups, else "
                     f"16x8x1 when that does, else 8x8x1; shrunk to the x/y extent, spare share to the other axis; z=1")

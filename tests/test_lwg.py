@@ -138,9 +138,31 @@ def test_gemm_by_waves_with_a_multiprocessor_count():
         cost = -(-groups // 132) * (x + y)
         assert all(cost <= -(-(-(-g[0] // a) * -(-g[1] // b)) // 132) * (a + b) for a, b in lwg.WAVE_SHAPES)
     small = dataclasses.replace(p, max_invocations=256, max_local_size=(256, 256, 64))
-    assert pick_local_size("gemm", (96, 375, 1), small) in ((16, 16, 1), (16, 8, 1), (16, 12, 1), (12, 12, 1),
-                                                            (8, 16, 1))     # 288 and 384 invocations don't fit
+    assert pick_local_size("gemm", (96, 375, 1), small) in ((16, 16, 1), (16, 8, 1), (16, 12, 1))   # 288, 384 don't fit
     assert "fewest waves" in lwg.describe_rule("gemm", p)
+
+
+def test_gemm_waves_count_the_groups_a_multiprocessor_holds():
+    """With the kernel's shared memory declared (glsl/linear.comp, 32-deep slices: 512 bytes per local x and per y),
+    a wave is the groups that fit at once: 48 KiB a multiprocessor on the H200 holds 4 groups of 16 x 8 (12 KiB),
+    3 of 16 x 12 or 16 x 16 (14, 16 KiB), 2 of 24 x 12 or 24 x 16 (18, 20 KiB)."""
+    p, sxy = KNOWN_PROFILES["nvidia-h200"], (512, 512)
+    assert [lwg.wave_places(s, p, sxy) for s in ((16, 8), (16, 12), (16, 16), (24, 12), (24, 16))] == \
+        [528, 396, 396, 264, 264]
+    assert lwg.wave_places((16, 8), p) == 132                               # undeclared: one a multiprocessor
+    assert pick_local_size("gemm", (96, 750, 1), p, None, sxy) == (16, 12, 1)   # conv1: 378 groups, one wave
+    assert pick_local_size("gemm", (288, 375, 1), p, None, sxy) == (16, 8, 1)   # QKV: 846 in 2 waves of 528
+    assert pick_local_size("gemm", (384, 375, 1), p, None, sxy) == (16, 12, 1)  # fc1: 768 in 2 waves of 396
+    for g in ((96, 375, 1), (384, 375, 1), (288, 375, 1), (1000, 1000, 1), (512, 375, 1)):
+        x, y, _ = pick_local_size("gemm", g, p, None, sxy)
+        cost = -(-(-(-g[0] // x) * -(-g[1] // y)) // lwg.wave_places((x, y), p, sxy)) * (x + y)
+        assert all(cost <= -(-(-(-g[0] // a) * -(-g[1] // b)) // lwg.wave_places((a, b), p, sxy)) * (a + b)
+                   for a, b in lwg.WAVE_SHAPES)
+    # K-split GEMMs: the shape whose splits fill the most of a wave; none where no shape splits
+    assert lwg.gemm_split_shape((96, 375, 1), p, sxy, 48, 8, 4) == ((16, 12, 1), 2)     # 384 of 396 places
+    assert lwg.gemm_split_shape((288, 375, 1), p, sxy, 48, 8, 4) is None               # every shape fills a wave
+    assert lwg.gemm_split_shape((96, 375, 1), p, sxy, 12, 8, 4) is None                # K too short to split
+    assert lwg.gemm_split_shape((96, 375, 1), dataclasses.replace(p, compute_units=0), sxy, 48, 8, 4) is None
 
 
 @pytest.mark.parametrize("pname", PROFILES)

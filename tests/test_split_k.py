@@ -31,9 +31,11 @@ def whisper_plan(profile=H200, **options):
 
 
 def test_h200_splits_the_gemms_left_one_group_per_multiprocessor():
-    """1500 x 384 outputs are 128 groups of 24 x 12 (18 KiB: 2 per multiprocessor, 264 places): fc2 (K 1536) and the
-    conv2 GEMM (K 1152) split twice; the out-projection (K 384: 12 slices, 6 a split) and the wider GEMMs do not.
-    (The reduce pass as it is: the LayerNorm folded into it is tests/test_fuse_reduce_layer_norm.py's.)"""
+    """1500 x 384 outputs: unsplit, the picker's 16 x 8 groups (12 KiB, 4 a multiprocessor) fill 282 of 528 places;
+    split twice, 16 x 12 groups (14 KiB, 3 a multiprocessor) fill 384 of 396, so fc2 (K 1536) and the conv2 GEMM (K
+    1152) split twice in 16 x 12 groups, a local size the lowering chose; the out-projection (K 384: 12 slices, 6 a
+    split) and the wider GEMMs do not. (The reduce pass as it is: the LayerNorm folded into it is
+    tests/test_fuse_reduce_layer_norm.py's.)"""
     p = whisper_plan(fuse_reduce_layer_norm=False)
     splits = [(i, d) for i, d in enumerate(p.dispatches) if d.kernel.startswith("linear_t") and d.spec[0] == gemm.OUT_SPLIT]
     assert [d.node.split("/")[-2] for _, d in splits] == ["conv2", "fc2"]
@@ -41,6 +43,7 @@ def test_h200_splits_the_gemms_left_one_group_per_multiprocessor():
         m, n, k, n4 = np.frombuffer(d.push[:16], np.int32)
         S = np.frombuffer(d.push[16:32], np.int32)[3]
         assert (m, n, S) == (1500, 384, 2) and d.global_size[2] == S
+        assert d.local_size == (16, 12, 1) and d.shared_xy == (512, 512)
         part = p.tensors[d.args[0][0]]
         assert part.dtype == "float32" and part.numel >= S * m * n4 * 4
         red = p.dispatches[i + 1]
@@ -49,6 +52,13 @@ def test_h200_splits_the_gemms_left_one_group_per_multiprocessor():
         assert red.spec == ((2, 1) if "conv2" in d.node else (0, 1))    # GELU then the positional embedding; residual
     others = [d for d in p.dispatches if d.kernel.startswith("linear_t") and d.spec[0] != gemm.OUT_SPLIT]
     assert len(others) == 4 and all(d.global_size[2] == 1 for d in others)   # conv1, qkv, out_proj, fc1
+    # the picker's shapes with 3 (16 x 12) or 4 (16 x 8) groups a multiprocessor: conv1 one wave of 378 groups in 396
+    # places, QKV 846 groups in 528, out_proj 282 in 528, fc1 768 in 396
+    assert [d.local_size for d in others] == [(16, 12, 1), (16, 8, 1), (16, 8, 1), (16, 12, 1)]
+    # a forced local size still wins over the lowering's choice, and the split count follows it
+    forced = whisper_plan(fuse_reduce_layer_norm=False, local_size=(24, 12, 1), local_size_families=("gemm",))
+    split = [d for d in forced.dispatches if d.kernel.startswith("linear_t") and d.spec[0] == gemm.OUT_SPLIT]
+    assert len(split) == 2 and all(d.local_size == (24, 12, 1) and d.global_size[2] == 2 for d in split)
 
 
 def test_no_split_without_multiprocessor_count_or_when_forced_off():

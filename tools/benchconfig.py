@@ -9,7 +9,8 @@ _DIMS = re.compile(r"^\d+(x\d+)+$")
 
 def parse_config(text: str, local_size_families=("gemm",)) -> dict:
     """Session options from "fp16:cm_tile=m64n64k32,local_size=16x8,coopmat=0": 0/false -> False, NxM.. -> a tuple of
-    ints (local_size padded to 3 and applied to `local_size_families` only), digits -> int, else the string."""
+    ints (local_size padded to 3 and applied to `local_size_families` only, or to those of a
+    local_size_families=A+B option), digits -> int, else the string."""
     prec, _, rest = text.partition(":")
     opts = {"precision": prec}
     for item in filter(None, rest.split(",")):
@@ -22,7 +23,9 @@ def parse_config(text: str, local_size_families=("gemm",)) -> dict:
             opts[k] = int(v) if v.isdigit() else v
     if "local_size" in opts:
         size = opts["local_size"] if isinstance(opts["local_size"], tuple) else (int(opts["local_size"]),)
-        opts["local_size"], opts["local_size_families"] = (size + (1, 1))[:3], tuple(local_size_families)
+        fams = opts.get("local_size_families")     # e.g. local_size_families=im2col+gemm
+        opts["local_size"] = (size + (1, 1))[:3]
+        opts["local_size_families"] = tuple(fams.split("+")) if isinstance(fams, str) else tuple(local_size_families)
     return opts
 
 

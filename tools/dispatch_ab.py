@@ -17,6 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[0] = str(ROOT)   # not tools/: tools/profile.py shadows the stdlib `profile`
 sys.path.insert(1, str(ROOT / "models"))
+sys.path.append(str(Path(__file__).resolve().parent))   # after the stdlib: benchconfig
 
 
 def main(argv=None):
@@ -29,9 +30,12 @@ def main(argv=None):
     a = ap.parse_args(argv)
     import whisper_encoder as we
     from minirt import Session
-    configs = [dict(kv.split("=", 1) for kv in c.split(",") if kv) for c in a.configs]
+    from benchconfig import parse_config
+    configs = a.configs
     model, x = we.build_whisper_encoder(a.size, opset=17, seed=0), we.sample_input(seed=1)
-    sessions = [Session(model, storage="buffer", profile=True, options={"precision": a.precision, **c}) for c in configs]
+    # (as gemm_bench's --config: 0/false -> False, NxM -> a tuple; local_size=XxY applies to the GEMMs only)
+    sessions = [Session(model, storage="buffer", profile=True, options=parse_config(f"{a.precision}:{c}"))
+                for c in configs]
     runs = [[] for _ in sessions]
     try:
         for _ in range(a.rounds):

@@ -73,6 +73,14 @@ def gemm_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, a_mode=0, out_mode=0, act
 LINEAR_TILES = {"t44": (4, 1), "t84": (8, 1), "t48": (4, 2), "t88": (8, 2), "t44k32": (4, 1)}
 
 
+def linear_shared_xy(tile) -> tuple[int, int]:
+    """glsl/linear.comp's shared memory in bytes per local x and per local y: a BK-deep fp32 slice of B (4 TN4 columns
+    an invocation of x) and of A (TM rows an invocation of y)."""
+    tm, tn4 = LINEAR_TILES[tile]
+    bk = 32 if tile.endswith("k32") else 16
+    return (4 * bk * 4 * tn4, 4 * bk * tm)
+
+
 def linear_tile(ctx, m, n):
     """Tile variant of glsl/linear.comp. Discrete GPUs: 4x4 outputs per invocation with 32-deep shared-memory
     slices (on an H200 it beat 16-deep slices and 8x4 tiles on every Whisper GEMM: docs/benchmarks.md);
@@ -368,31 +376,42 @@ def before_ln(ctx, out, n) -> bool:
             and -(-n // 4) <= REG * ctx.profile.subgroup_size and ctx.read_by_op(out.name, "LayerNormalization"))
 
 
-# Split K (linear.comp OUT_MODE 3 + linear_reduce.comp), fp32 only: where an fp32 GEMM's grid leaves each
-# multiprocessor one group (Whisper's 1500 x 384 outputs: 128 groups of 24 x 12 on an H200's 132), splitting K over
-# S groups puts S of them on each multiprocessor, each running 1/S of the K loop, for one more (reduce) dispatch.
-# Taken with the most splits whose groups still fit one wave (DeviceProfile.wave_slots), each split at least
-# SPLIT_K_MIN_SLICES 32-deep slices.
+# Split K (linear.comp OUT_MODE 3 + linear_reduce.comp), fp32 only: where an fp32 GEMM's grid fills a fraction of the
+# groups a big GPU runs at once (Whisper's 1500 x 384 outputs: 282 groups of 16 x 8 for 528 places on an H200),
+# splitting K over S groups gives each 1/S of the K loop, for one more (reduce) dispatch: in the shape whose split groups
+# fill the most of one wave (16 x 12, 2 splits: 384 of 396), with the most splits that still fit it
+# (DeviceProfile.wave_slots), each split at least SPLIT_K_MIN_SLICES 32-deep slices.
 SPLIT_K_MIN_SLICES = 8
 SPLIT_K_MAX = 4
 
 
-def split_k(ctx, tile, m, n4, k, ln_next=False) -> int:
-    """K splits of an fp32 row-major linear.comp GEMM (1: none). Session(options={"gemm_splitk": S}) forces S;
-    ln_next: as cm_split_k."""
+def split_k(ctx, tile, m, n4, k, ln_next=False):
+    """(K splits, local size or None) of an fp32 row-major linear.comp GEMM (1: none; None: the planner's picker).
+    Session(options={"gemm_splitk": S}) forces S; ln_next: as cm_split_k. The shape whose splits fill the most of one
+    wave (minirt/lwg.py gemm_split_shape) is taken with its splits where it keeps more of the places busy than the
+    picker's unsplit shape does over its waves (Whisper's 1500 x 384 outputs: 384 of 396 places against 282 of 528)."""
     forced = option_count(ctx.options, "gemm_splitk")
     if forced is not None:
-        return forced
+        return forced, None
     p = ctx.profile
     if ctx.half or not p.compute_units or p.device_type != "discrete" or tile != "t44k32":
-        return 1
-    from ..lwg import forced_local_size, pick_local_size
+        return 1, None
+    from ..lwg import forced_local_size, gemm_split_shape, pick_local_size, wave_places
     tm, tn4 = LINEAR_TILES[tile]
     g = (-(-n4 // tn4), -(-m // tm), 1)
-    lx, ly, _ = pick_local_size("gemm", g, p, forced_local_size("gemm", ctx.options))   # as the planner will
-    groups = -(-g[0] // lx) * -(-g[1] // ly)
-    slots = p.wave_slots(4 * 32 * (ly * tm + lx * 4 * tn4))   # the A and B stages of one 32-deep slice
-    return wave_splits(groups, slots, -(-k // 32), LN_SPLIT_MIN_SLICES if ln_next else SPLIT_K_MIN_SLICES, SPLIT_K_MAX)
+    sxy, forced_local = linear_shared_xy(tile), forced_local_size("gemm", ctx.options)
+    local = pick_local_size("gemm", g, p, forced_local, sxy)   # as the planner will
+    groups = -(-g[0] // local[0]) * -(-g[1] // local[1])
+    units, least = -(-k // 32), LN_SPLIT_MIN_SLICES if ln_next else SPLIT_K_MIN_SLICES
+    places = wave_places(local, p, sxy)
+    if forced_local is not None:
+        return wave_splits(groups, places, units, least, SPLIT_K_MAX), None
+    split = gemm_split_shape(g, p, sxy, units, least, SPLIT_K_MAX)
+    if split is None:
+        return 1, None
+    (x, y, _), S = split
+    busy = -(-g[0] // x) * -(-g[1] // y) * S / wave_places((x, y), p, sxy)
+    return split[::-1] if busy > groups / (-(-groups // places) * places) else (1, None)
 
 
 def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=None, m0=0, lda4=None, m_total=0,
@@ -412,7 +431,8 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
     tm, tn4 = LINEAR_TILES[tile]
     res = residual if residual is not None else bt
     wt = wt.row_major(ctx)
-    S = split_k(ctx, tile, m, n4, k, before_ln(ctx, out, n)) if out_mode == OUT_ROWS and m0 == 0 else 1
+    S, local = split_k(ctx, tile, m, n4, k, before_ln(ctx, out, n)) if out_mode == OUT_ROWS and m0 == 0 else (1, None)
+    sxy = linear_shared_xy(tile)
     if S > 1:
         # K split S ways across work groups (linear.comp OUT_MODE 3): fp32 partials [S][M][N4] vec4, then
         # linear_reduce.comp adds them in order with bias, activation and residual
@@ -420,7 +440,7 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
         ctx.dispatch(f"linear_{tile}", [(part.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (bt.name, "r")],
                      Push().ivec4(m, n, k, n4).ivec4(0, lda4 if lda4 is not None else k // 4, 0, S).ivec4(*_win(a_win)),
                      (OUT_SPLIT, 0, False) + _win_spec(a_win), (-(-n4 // tn4), -(-m // tm), S), "gemm",
-                     flops=2 * m * n * k, nbytes=4 * (m * k + k * n + S * m * n))
+                     flops=2 * m * n * k, nbytes=4 * (m * k + k * n + S * m * n), shared_xy=sxy, local_size=local)
         reduce_dispatch(ctx, out, part, bt, res, m, n, n4, S, act, residual is not None)
         return
     p = (Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
@@ -429,4 +449,4 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
                  p, (out_mode, ACTS[act], residual is not None) + _win_spec(a_win), (-(-n4 // tn4), -(-m // tm), 1),
                  "gemm",
                  flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)),
-                 io="out32")
+                 io="out32", shared_xy=sxy)

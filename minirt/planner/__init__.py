@@ -73,7 +73,9 @@ def make_plan(graph, profile, storage="auto", options=None) -> Plan:
         except ValueError as e:
             raise MinirtError(f"forced local size {list(forced)} is refused: {e}") from None
     for d in plan.dispatches:
-        d.local_size = pick_local_size(d.family, d.global_size, profile, forced_local_size(d.family, options))
+        f = forced_local_size(d.family, options)
+        if f is not None or d.local_size is None:    # (a lowering may have chosen it, by the same module's rules)
+            d.local_size = pick_local_size(d.family, d.global_size, profile, f, d.shared_xy)
         groups = [-(-g // l) for g, l in zip(d.global_size, d.local_size)]
         for axis, (n, lim) in enumerate(zip(groups, profile.max_group_count)):
             if n > lim:

@@ -132,11 +132,12 @@ class LowerCtx:
         return f"{base}_{self.storage}"
 
     def dispatch(self, kernel, args, push=b"", spec=(), global_size=(1, 1, 1), family="elementwise",
-                 flops=0, nbytes=0, exact_kernel=False, io=None):
+                 flops=0, nbytes=0, exact_kernel=False, io=None, shared_xy=(), local_size=None):
         """Adds a dispatch of `kernel` (its `_half` variant at fp16, unless exact_kernel). `io` declares the kernel's
         float32-edge variant (variant axis io, glsl/common.glslh): "in32" reads its first read argument as float32,
         "out32" writes its first written argument as float32. At fp16 it runs where that argument is a graph input
-        or output; elsewhere a cast stands between (_edges)."""
+        or output; elsewhere a cast stands between (_edges). shared_xy: the kernel's shared memory per local x and y
+        (bytes), for the picker; local_size: chosen here (by minirt/lwg.py's rules) instead of by the planner."""
         if self.half and not exact_kernel:
             args, io = self._edges(kernel, list(args), io)
             kernel += "_half" + (f"_{io}" if io else "")
@@ -145,7 +146,8 @@ class LowerCtx:
         d = Dispatch(kernel=kernel, node=node.name if node else "", op=node.op if node else "",
                      args=list(args), push=push.bytes() if isinstance(push, Push) else push,
                      spec=tuple(int(s) for s in spec), global_size=tuple(int(g) for g in global_size),
-                     family=family, flops=int(flops), bytes=int(nbytes))
+                     family=family, flops=int(flops), bytes=int(nbytes), shared_xy=tuple(shared_xy),
+                     local_size=tuple(local_size) if local_size else None)
         self.plan.dispatches.append(d)
         return d
 

@@ -195,22 +195,31 @@ def _by_waves(g, profile: DeviceProfile, shared_xy=()):
     return (x, y, 1)
 
 
+def _busy(g, shape, profile: DeviceProfile, shared_xy, splits=1) -> float:
+    """The share of the places a GEMM's groups (times its K splits) keep busy over the waves they take."""
+    groups = -(-g[0] // shape[0]) * -(-g[1] // shape[1]) * splits
+    places = wave_places(shape, profile, shared_xy)
+    return groups / (-(-groups // places) * places)
+
+
 def gemm_split_shape(g, profile: DeviceProfile, shared_xy, units: int, min_units: int, most: int):
     """(local size, S) for a GEMM over grid g whose K (`units` slices) may split S ways across work groups
-    (glsl/linear.comp OUT_MODE 3), or None where no shape would split (then the plain rule). Of WAVE_SHAPES, the one
-    whose split groups fill the most of one wave (wave_splits: the most splits that still fit it, each at least
-    min_units slices), ties to the smaller x + y: on an H200 Whisper's 1500 x 384 outputs split twice in 16x12
-    groups (384 of 396 places; fc2 63.2 us against 65.8 in 24x12, 256 of 264)."""
+    (glsl/linear.comp OUT_MODE 3), or None (then unsplit, in the plain rule's shape). Of WAVE_SHAPES, the one whose
+    split groups fill the most of one wave (wave_splits: the most splits that still fit it, each at least min_units
+    slices), ties to the smaller x + y, taken where it keeps more of the places busy than the plain rule's unsplit
+    shape does over its waves: on an H200 Whisper's 1500 x 384 outputs split twice in 16x12 groups (384 of 396 places,
+    against 282 of 528 unsplit in 16x8; fc2 63.2 us against 65.8 in 24x12, 256 of 264)."""
     from .ops._util import wave_splits
     best = None
     for s in _wave_shapes(g, profile):
         groups = -(-g[0] // s[0]) * -(-g[1] // s[1])
-        places = wave_places(s, profile, shared_xy)
-        S = wave_splits(groups, places, units, min_units, most)
-        key = (-groups * S / places, s[0] + s[1])
+        S = wave_splits(groups, wave_places(s, profile, shared_xy), units, min_units, most)
+        key = (-_busy(g, s, profile, shared_xy, S), s[0] + s[1])
         if S > 1 and (best is None or key < best[0]):
             best = (key, (s[0], s[1], 1), S)
-    return best[1:] if best else None
+    if best is None or -best[0][0] <= _busy(g, _gemm(g, profile, shared_xy), profile, shared_xy):
+        return None
+    return best[1:]
 
 
 def _im2col(g, profile: DeviceProfile) -> tuple[int, int, int]:
@@ -248,8 +257,7 @@ def _coopmat(g, profile: DeviceProfile) -> tuple[int, int, int]:
     return (g[0] if g[0] <= min(profile.max_local_size[0], profile.max_invocations) else cap, 1, 1)
 
 
-_PICKERS = {
-    "gemm": _gemm,
+_PICKERS = {     # (gemm: _gemm, which also takes the kernel's shared memory)
     "im2col": _im2col,
     "reduction": _reduction,
     "elementwise": _default,

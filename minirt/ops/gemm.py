@@ -396,22 +396,17 @@ def split_k(ctx, tile, m, n4, k, ln_next=False):
     p = ctx.profile
     if ctx.half or not p.compute_units or p.device_type != "discrete" or tile != "t44k32":
         return 1, None
-    from ..lwg import forced_local_size, gemm_split_shape, pick_local_size, wave_places
+    from ..lwg import check_local_size, forced_local_size, gemm_split_shape, wave_places
     tm, tn4 = LINEAR_TILES[tile]
     g = (-(-n4 // tn4), -(-m // tm), 1)
     sxy, forced_local = linear_shared_xy(tile), forced_local_size("gemm", ctx.options)
-    local = pick_local_size("gemm", g, p, forced_local, sxy)   # as the planner will
-    groups = -(-g[0] // local[0]) * -(-g[1] // local[1])
     units, least = -(-k // 32), LN_SPLIT_MIN_SLICES if ln_next else SPLIT_K_MIN_SLICES
-    places = wave_places(local, p, sxy)
-    if forced_local is not None:
-        return wave_splits(groups, places, units, least, SPLIT_K_MAX), None
+    if forced_local is not None:    # the forced shape, as the planner will take it, with the splits that fit it
+        lx, ly, _ = check_local_size(forced_local, p)
+        return wave_splits(-(-g[0] // lx) * -(-g[1] // ly), wave_places((lx, ly), p, sxy), units, least,
+                           SPLIT_K_MAX), None
     split = gemm_split_shape(g, p, sxy, units, least, SPLIT_K_MAX)
-    if split is None:
-        return 1, None
-    (x, y, _), S = split
-    busy = -(-g[0] // x) * -(-g[1] // y) * S / wave_places((x, y), p, sxy)
-    return split[::-1] if busy > groups / (-(-groups // places) * places) else (1, None)
+    return split[::-1] if split else (1, None)
 
 
 def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=None, m0=0, lda4=None, m_total=0,

@@ -39,3 +39,28 @@ def test_random_lifetimes_never_overlap():
 def test_deterministic():
     items = [(f"t{i}", (i * 37) % 11 + 1, 16, i % 5, i % 5 + 2) for i in range(20)]
     assert assign_offsets(items) == assign_offsets(list(items))
+
+
+def test_memory_reuse_off_gives_every_tensor_its_own_bytes():
+    """Session option memory_reuse=False (to rule aliasing out when chasing a wrong result): the plan keeps every
+    activation alive for the whole run, so no two share bytes, and the result is the same as with reuse."""
+    import numpy as np
+    from onnx import helper
+    from minirt import Session
+    from oracle import make_model, onnxruntime_run, rand
+    n = helper.make_node
+    model = make_model([n("Relu", ["x"], ["a"]), n("Sigmoid", ["a"], ["b"]), n("Neg", ["b"], ["c"]),
+                        n("Exp", ["c"], ["y"])], {"x": (3, 64)}, ["y"])
+    x = rand(3, 64, seed=11)
+    ref = onnxruntime_run(model, {"x": x})[0]
+    bytes_ = {}
+    for reuse in (True, False):
+        with Session(model, storage="buffer", options={"poison": True, "memory_reuse": reuse}) as s:
+            plan, ex = s.plan, next(iter(s._execs.values()))
+            y = s.run(x)
+            np.testing.assert_allclose(y, ref, rtol=1e-6, atol=1e-6)
+            spans = sorted(ex.ranges[t] for t in plan.lifetimes if t in ex.ranges)
+            overlaps = any(b[0] < a[1] for a, b in zip(spans, spans[1:]))
+            assert overlaps == reuse, (reuse, spans)     # the chain reuses bytes; without reuse nothing overlaps
+            bytes_[reuse] = ex.arena_bytes
+    assert bytes_[False] > bytes_[True]

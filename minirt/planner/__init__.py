@@ -16,7 +16,7 @@ Pass order (each pass is one module of this package):
  11. fuse_reduce_layer_norm (fuse_reduce_layer_norm.py)  on the Plan: a split GEMM's reduce pass also does the
                                             LayerNorm that reads its output
  12. local sizes      (minirt.lwg)          one deterministic local size per dispatch
- 13. memory plan      (memory_plan.py)      lifetimes for memory reuse
+ 13. memory plan      (memory_plan.py)      lifetimes for memory reuse (option memory_reuse=False: none)
 The planner never imports vulkan: everything it decides is plain data in the Plan. Passes see the Session
 options plus "_storage" (the resolved storage) and "_profile" (the DeviceProfile), set by make_plan."""
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 
 from ..errors import MinirtError, UnsupportedError
+from ..options import option_on
 from ..lwg import check_local_size, forced_local_size, pick_local_size
 from . import (conv1d_as_conv2d, conv_input_nlc, conv_output_nlc, conv_routing, fuse_activation, fuse_attention, fuse_gelu,
                fuse_linear, fuse_reduce_layer_norm, memory_plan, merge_siblings)
@@ -86,5 +87,7 @@ def make_plan(graph, profile, storage="auto", options=None) -> Plan:
             raise UnsupportedError(f"tensor '{t.name}' {list(t.shape)} is {t.nbytes / 2**20:.0f} MiB, beyond the "
                                    f"device's maxStorageBufferRange ({profile.max_storage_buffer_range / 2**20:.0f} MiB)")
     plan.lifetimes = memory_plan.lifetimes(plan)
+    if not option_on(options, "memory_reuse", True):   # every tensor its own bytes (to rule out aliasing, or measure it)
+        plan.lifetimes = {k: (-1, len(plan.dispatches)) for k in plan.lifetimes}
     plan.poison = bool(options.get("poison"))
     return plan

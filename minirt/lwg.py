@@ -7,8 +7,9 @@ so a local size larger than the global extent only wastes lanes.
 
 Groups hold 64 invocations by default (or the subgroup size if larger, capped
 by the device): 64 is two NVIDIA warps, one AMD/Adreno wave64, and within
-every limit we know.  We do not use 256 on NVIDIA/AMD: it is unmeasured, and
-one shape per family keeps a single tested code path in the shaders.
+every limit we know.  Larger groups only where measured: desktop GEMMs
+(WAVE_SHAPES), and on NVIDIA the attention combine pass (head_rows_shape) and
+the row kernels (ROW_INVOCATIONS in minirt/ops/normalization.py).
 """
 from __future__ import annotations
 
@@ -220,6 +221,23 @@ def gemm_split_shape(g, profile: DeviceProfile, shared_xy, units: int, min_units
     if best is None or -best[0][0] <= _busy(g, _gemm(g, profile, shared_xy), profile, shared_xy):
         return None
     return best[1:]
+
+
+# The attention's combine pass (glsl/attention_combine.comp: one invocation a vec4 of output, x along a row's columns,
+# y along rows). Where measured: x one head's vec4 columns (the lanes sharing a row's (m, l) pairs) by enough rows
+# for this many invocations. On an H200 (Whisper-tiny, head dim 64) 16x16 took 5.0-6.0 us a pass against 5.6-6.9 for
+# the elementwise picker's 8x8 (docs/benchmarks.md, eleventh session). Elsewhere the picker's shape.
+HEAD_ROWS_INVOCATIONS = {"nvidia": 256}
+
+
+def head_rows_shape(head_vec4: int, profile: DeviceProfile):
+    """Local size of the attention combine pass for heads of `head_vec4` vec4 columns, or None (the planner's
+    elementwise rule)."""
+    n = HEAD_ROWS_INVOCATIONS.get(profile.vendor)
+    if not n or n > profile.max_invocations or n % head_vec4 or head_vec4 > profile.max_local_size[0] \
+            or n // head_vec4 > profile.max_local_size[1]:
+        return None
+    return (head_vec4, n // head_vec4, 1)
 
 
 def _im2col(g, profile: DeviceProfile) -> tuple[int, int, int]:

@@ -93,3 +93,19 @@ def test_stream_groups_are_capped_and_checked():
     Ctx.options = {"attention_stream": "x"}
     with pytest.raises(MinirtError, match="attention_stream"):
         attention.stream_groups(Ctx, 3, 64, 32, 40000)
+
+
+def test_combine_local_size():
+    """On NVIDIA the combine pass runs in groups of a head's 16 vec4 columns by 16 rows (minirt.lwg.head_rows_shape);
+    a forced elementwise local size still wins; and that shape merges right (lavapipe, forced, against float64)."""
+    comb = _plan(H200).dispatches[1]
+    assert comb.kernel == "attention_combine_buffer" and comb.local_size == (16, 16, 1)
+    forced = _plan(H200, options={"local_size": (8, 8, 1), "local_size_families": ("elementwise",)})
+    assert forced.dispatches[1].local_size == (8, 8, 1)
+    m = attention_model(1, 150, 170, 4, 64)
+    fd = inputs(1, 150, 170, 256, seed=5)
+    opts = {"poison": True, "attention_stream": 9, "local_size": (16, 16, 1), "local_size_families": ("elementwise",)}
+    with Session(m, storage="buffer", options=opts) as s:
+        c = next(d for d in s.plan.dispatches if "combine" in d.kernel)
+        assert c.local_size == (16, 16, 1)
+        compare(s.run(None, fd)[0], reference(fd["q"], fd["k"], fd["v"], 4), 2e-5, "combine in 16x16 groups")

@@ -107,17 +107,19 @@ def _model(m=40, k=96, n=64, split_output=False):
         {"x": rand(1, m, k, seed=11, low=-2, high=2), "r": rand(1, m, n, seed=12, low=-1, high=3)}
 
 
-@pytest.mark.parametrize("S", [3, 6])
+@pytest.mark.parametrize("S,rows", [(3, None), (6, None), (3, 256)])
 @pytest.mark.parametrize("precision, tol", [("fp32", 1e-4), ("fp16", 1e-2)])
-def test_fused_kernel_matches_onnxruntime(precision, tol, S):
+def test_fused_kernel_matches_onnxruntime(precision, tol, S, rows):
     """Split forced (K 96: 3 slices over S = 3, or S = 6, past the kernel's FAST_S: its loop, and splits with no
-    slices); rows of 16 vec4 fit REG x 8 lanes of lavapipe (and any GPU)."""
+    slices); rows of 16 vec4 fit REG x 8 lanes of lavapipe (and any GPU). rows: the row kernel's invocations a work
+    group (NVIDIA's 256: 32 rows a group on lavapipe's 8 lanes, so 40 rows are two groups, the second part empty)."""
     model, feeds = _model()
     ref = onnxruntime_run(model, feeds)[0]
     outs = {}
     for fuse in (True, False):
         with Session(model, storage="buffer", precision=precision,
-                     options={"gemm_splitk": S, "poison": True, "fuse_reduce_layer_norm": fuse, "coopmat": False}) as s:
+                     options={"gemm_splitk": S, "poison": True, "fuse_reduce_layer_norm": fuse, "coopmat": False,
+                              **({"rows_invocations": rows} if rows else {})}) as s:
             kernels = [d.kernel for d in s.plan.dispatches]
             assert any(k.startswith("linear_reduce_ln") for k in kernels) == fuse, kernels
             outs[fuse] = [s.run(None, feeds)[0] for _ in range(2)]
@@ -140,3 +142,14 @@ def test_the_gemm_output_is_a_graph_output_too(precision, tol):
     ref_out, ref_y = onnxruntime_run(model, feeds)
     compare(out, ref_out, tol, "out")
     compare(y, ref_y, tol, "y")
+
+
+def test_row_groups_follow_the_vendor():
+    """256 invocations a row-kernel work group on NVIDIA (8 rows of 32 lanes), 64 elsewhere; option rows_invocations
+    forces it. The fused reduce + LayerNorm passes inherit the LayerNorm dispatch's shape."""
+    for profile, inv, per in ((H200, 256, 8), (KNOWN_PROFILES["lavapipe"], 64, 8)):
+        rows = [d for d in whisper_plan(profile, gemm_splitk=2).dispatches
+                if d.kernel.startswith(("linear_reduce_ln", "layer_norm_rows"))]   # (lavapipe's 8 lanes: no fusion)
+        assert rows and all(d.global_size[0] == inv and d.global_size[1] == -(-1500 // per) for d in rows)
+    forced = whisper_plan(H200, rows_invocations=64).dispatches
+    assert {d.global_size[0] for d in forced if d.kernel.startswith("linear_reduce_ln")} == {64}

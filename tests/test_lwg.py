@@ -264,3 +264,15 @@ def test_no_vulkan_import():
     code = ("import sys, minirt.lwg, minirt.device_profile; "
             "sys.exit('vulkan' in sys.modules)")
     subprocess.run([sys.executable, "-c", code], cwd=root, check=True)
+
+
+def test_attention_combine_shape_on_nvidia_only():
+    """The combine pass: a head's vec4 columns by rows up to 256 invocations on NVIDIA (measured on an H200);
+    everywhere else (and for head widths that do not divide 256) the elementwise rule decides."""
+    from minirt.lwg import head_rows_shape
+    h200 = KNOWN_PROFILES["nvidia-h200"]
+    assert head_rows_shape(16, h200) == (16, 16, 1)
+    assert head_rows_shape(32, h200) == (32, 8, 1)
+    assert head_rows_shape(24, h200) is None
+    for name in ("lavapipe", "adreno-840", "mali-g715"):
+        assert head_rows_shape(16, KNOWN_PROFILES[name]) is None

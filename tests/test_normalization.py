@@ -44,6 +44,24 @@ def test_layer_norm(shape, axis, bias):
             compare(s.run(None, {"x": x})[0], want, 2e-6, f"{st} vs float64")
 
 
+@pytest.mark.parametrize("inv", [8, 64, 256])
+def test_layer_norm_rows_any_group_size(inv):
+    """Session option rows_invocations (256 by default on NVIDIA): rows a work group = invocations / subgroup size;
+    67 rows leave the last group part empty, and a group smaller than a subgroup still does whole rows."""
+    from minirt.ops.normalization import FAST_ROWS_VENDORS
+    m, inits = layer_norm_model((1, 67, 384), -1, seed=3)
+    x = rand(1, 67, 384, seed=inv) + OFFSET
+    node = load(m).nodes[0]
+    want = ops.OPS["LayerNormalization"].reference(node, x.astype(np.float64), *inits.values())[0]
+    with Session(m, storage="buffer", options={"poison": True, "rows_invocations": inv}) as s:
+        ln = [d for d in s.plan.dispatches if d.kernel.startswith("layer_norm_rows")]
+        if s.device.profile.vendor in FAST_ROWS_VENDORS:
+            assert ln and ln[0].global_size[0] == inv
+            per = max(1, inv // s.device.profile.subgroup_size)
+            assert ln[0].global_size[1] == -(-67 // per)
+        compare(s.run(None, {"x": x})[0], want, 2e-6, f"{inv} invocations vs float64")
+
+
 def test_layer_norm_broadcast_scale_and_epsilon():
     m, _ = layer_norm_model((2, 6, 37), -2, scale_shape=(37,), epsilon=0.1)
     check_model(m, {"x": rand(2, 6, 37, low=-0.2, high=0.2)})   # variance ~ epsilon: epsilon matters

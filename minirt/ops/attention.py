@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from ..errors import MinirtError, ModelError, UnsupportedError
+from ..lwg import head_rows_shape
 from ..planner.plan import Push
 from . import Op, attr, register
 from ..options import option_count, option_on
@@ -227,7 +228,8 @@ class Attention(Op):
         ctx.dispatch(ctx.variant("attention_combine"), [(out.name, "w"), (part.name, "r")],
                      Push().ivec4(Tq, heads, D // 4, S).ivec4(B, ml_base).ivec4(G, rt * threads // kg, -(-Tk // bk)),
                      (dh,), (D // 4, Tq, B), "elementwise",
-                     flops=2 * S * out.numel + 2 * S * B * Tq * D // 4, nbytes=4 * (rows * (dh + 2) + out.numel))
+                     flops=2 * S * out.numel + 2 * S * B * Tq * D // 4, nbytes=4 * (rows * (dh + 2) + out.numel),
+                     local_size=head_rows_shape(dh // 4, ctx.profile))
         ctx.note(f"keys split {S} ways: {qblocks * B * heads} x {S} work groups, then a combine pass; "
                  f"partials {rows * (dh + 2) * 4 / 2**20:.1f} MiB" if not G else
                  f"(query block, key block) items in {G} equal ranges, one a work group (stream split), then a "

@@ -56,8 +56,9 @@ def test_layer_norm_rows_any_group_size(inv):
     with Session(m, storage="buffer", options={"poison": True, "rows_invocations": inv}) as s:
         ln = [d for d in s.plan.dispatches if d.kernel.startswith("layer_norm_rows")]
         if s.device.profile.vendor in FAST_ROWS_VENDORS:
-            assert ln and ln[0].global_size[0] == inv
-            per = max(1, inv // s.device.profile.subgroup_size)
+            sg = s.device.profile.subgroup_size
+            assert ln and ln[0].global_size[0] == max(inv, sg)     # at least one whole subgroup
+            per = max(1, max(inv, sg) // sg)
             assert ln[0].global_size[1] == -(-67 // per)
         compare(s.run(None, {"x": x})[0], want, 2e-6, f"{inv} invocations vs float64")
 

@@ -96,8 +96,9 @@ def _lower_rows(node, ctx, x, out, consts):
     from ..planner.plan import Push
     length = x.shape[-1]
     rows = int(np.prod(x.shape[:-1]))
-    inv = option_count(ctx.options, "rows_invocations") or ROW_INVOCATIONS.get(ctx.profile.vendor, 64)
-    per = max(1, inv // max(ctx.profile.subgroup_size, 1))     # rows a work group (the kernel loops if it gets fewer)
+    sg = max(ctx.profile.subgroup_size, 1)    # whole subgroups: the kernel gives each one a row
+    inv = max(option_count(ctx.options, "rows_invocations") or ROW_INVOCATIONS.get(ctx.profile.vendor, 64), sg)
+    per = max(1, inv // sg)     # rows a work group (the kernel loops if it gets fewer)
     aff = np.concatenate([np.broadcast_to(np.asarray(a, np.float32), (length,)) for a in consts])
     w = ctx.weight(f"{node.name}/scale_bias", aff)
     p = Push().ivec4(rows, length // 4, per).vec4(attr(node, "epsilon", 1e-5))

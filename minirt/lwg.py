@@ -8,8 +8,8 @@ so a local size larger than the global extent only wastes lanes.
 Groups hold 64 invocations by default (or the subgroup size if larger, capped
 by the device): 64 is two NVIDIA warps, one AMD/Adreno wave64, and within
 every limit we know.  Larger groups only where measured: desktop GEMMs
-(WAVE_SHAPES), and on NVIDIA the attention combine pass (head_rows_shape) and
-the row kernels (ROW_INVOCATIONS in minirt/ops/normalization.py).
+(WAVE_SHAPES), and the small one-pass kernels where MEASURED_INVOCATIONS
+says so (the row kernels and the attention combine pass on NVIDIA).
 """
 from __future__ import annotations
 
@@ -223,17 +223,26 @@ def gemm_split_shape(g, profile: DeviceProfile, shared_xy, units: int, min_units
     return best[1:]
 
 
-# The attention's combine pass (glsl/attention_combine.comp: one invocation a vec4 of output, x along a row's columns,
-# y along rows). Where measured: x one head's vec4 columns (the lanes sharing a row's (m, l) pairs) by enough rows
-# for this many invocations. On an H200 (Whisper-tiny, head dim 64) 16x16 took 5.0-6.0 us a pass against 5.6-6.9 for
-# the elementwise picker's 8x8 (docs/benchmarks.md, eleventh session). Elsewhere the picker's shape.
-HEAD_ROWS_INVOCATIONS = {"nvidia": 256}
+# Invocations a work group of the small one-pass kernels where a vendor's figure was measured, else None (64, the
+# default). On an H200 (docs/benchmarks.md, eleventh session), with 256:
+#   - the row kernels (layer_norm_rows, linear_reduce post=ln: one subgroup a row, so 8 rows a group instead of 2)
+#     took about 3 us less over Whisper-tiny's nine passes (span 1.501 -> 1.498 ms);
+#   - the attention combine pass (glsl/attention_combine.comp, one invocation a vec4 of output) in a head's 16 vec4
+#     columns by 16 rows took 5.0-6.0 us a pass against 5.6-6.9 in the elementwise picker's 8x8.
+MEASURED_INVOCATIONS = {"nvidia": 256}
+
+
+def row_invocations(profile: DeviceProfile, forced=None) -> int:
+    """Invocations a work group of the row kernels (minirt/ops/normalization.py): `forced`, the vendor's measured
+    figure or 64, raised to one whole subgroup (the kernels give each subgroup a row)."""
+    n = forced or MEASURED_INVOCATIONS.get(profile.vendor) or DEFAULT_INVOCATIONS
+    return max(n, profile.subgroup_size, 1)
 
 
 def head_rows_shape(head_vec4: int, profile: DeviceProfile):
-    """Local size of the attention combine pass for heads of `head_vec4` vec4 columns, or None (the planner's
-    elementwise rule)."""
-    n = HEAD_ROWS_INVOCATIONS.get(profile.vendor)
+    """Local size of the attention combine pass for heads of `head_vec4` vec4 columns (x: one head's columns, the
+    lanes sharing a row's (m, l) pairs; y: rows), or None (the planner's elementwise rule)."""
+    n = MEASURED_INVOCATIONS.get(profile.vendor)
     if not n or n > profile.max_invocations or n % head_vec4 or head_vec4 > profile.max_local_size[0] \
             or n // head_vec4 > profile.max_local_size[1]:
         return None

@@ -47,7 +47,7 @@ def test_layer_norm(shape, axis, bias):
 @pytest.mark.parametrize("inv", [8, 64, 256])
 def test_layer_norm_rows_any_group_size(inv):
     """Session option rows_invocations (256 by default on NVIDIA): rows a work group = invocations / subgroup size;
-    67 rows leave the last group part empty, and a group smaller than a subgroup still does whole rows."""
+    67 rows leave the last group part empty, and a request below one subgroup gets one whole subgroup."""
     from minirt.ops.normalization import FAST_ROWS_VENDORS
     m, inits = layer_norm_model((1, 67, 384), -1, seed=3)
     x = rand(1, 67, 384, seed=inv) + OFFSET

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ModelError
+from ..lwg import row_invocations
 from ..options import option_count
 from ..planner.plan import Push
 from . import Op, attr, register
@@ -83,12 +84,6 @@ class LayerNormalization(Op):
 
 # Subgroup arithmetic is required by the row kernel; these drivers have it (and buffers are their storage).
 FAST_ROWS_VENDORS = ("nvidia", "amd", "intel", "llvmpipe")
-# Invocations a work group of the row kernel (one subgroup a row, so rows a group = this / subgroup size): 64 (two
-# NVIDIA warps, one AMD wave64) unless measured otherwise. On an H200, 256 (8 rows a group, a quarter of the groups to
-# launch) made Whisper-tiny's nine reduce + LayerNorm passes (glsl/linear_reduce.comp post=ln, which inherit this
-# dispatch) about 3 us faster in all, the encoder's GPU span 1.501 -> 1.498 ms (docs/benchmarks.md, eleventh
-# session). Session(options={"rows_invocations": N}) forces N.
-ROW_INVOCATIONS = {"nvidia": 256}
 
 
 def _lower_rows(node, ctx, x, out, consts):
@@ -96,9 +91,9 @@ def _lower_rows(node, ctx, x, out, consts):
     from ..planner.plan import Push
     length = x.shape[-1]
     rows = int(np.prod(x.shape[:-1]))
-    sg = max(ctx.profile.subgroup_size, 1)    # whole subgroups: the kernel gives each one a row
-    inv = max(option_count(ctx.options, "rows_invocations") or ROW_INVOCATIONS.get(ctx.profile.vendor, 64), sg)
-    per = max(1, inv // sg)     # rows a work group (the kernel loops if it gets fewer)
+    # invocations a work group (minirt.lwg: 256 on NVIDIA, else 64; option rows_invocations), one row a subgroup
+    inv = row_invocations(ctx.profile, option_count(ctx.options, "rows_invocations"))
+    per = inv // max(ctx.profile.subgroup_size, 1)     # rows a work group (the kernel loops if it gets fewer)
     aff = np.concatenate([np.broadcast_to(np.asarray(a, np.float32), (length,)) for a in consts])
     w = ctx.weight(f"{node.name}/scale_bias", aff)
     p = Push().ivec4(rows, length // 4, per).vec4(attr(node, "epsilon", 1e-5))

@@ -22,8 +22,8 @@
 //   partials in order and applies bias, activation and residual. More, shorter groups where one per output block
 //   would leave multiprocessors with one group each.
 // io=out32 (fp16): the output is a float32 graph output, written as it is.
-// A larger register tile than 4 x 4 must not `continue` or `break` in the epilogue's loops: NVIDIA's compiler then
-// keeps 16 vec4 accumulators in local memory (docs/benchmarks.md, twelfth session).
+// The epilogue's `continue`s cost the 4 x 4 tiles nothing, but with 8 x 8 tiles they made NVIDIA's compiler keep the
+// 16 vec4 accumulators in local memory (docs/benchmarks.md, twelfth session): write such loops with if-blocks.
 #include "common.glslh"
 
 #if defined(TILE_T44)

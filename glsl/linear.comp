@@ -54,6 +54,11 @@ layout(constant_id = 5) const bool HAS_RES = false; // + residual[m, n] (OUT_MOD
 // A_WIN: A's rows overlap in one buffer (a 1-D convolution read channels-last, planner/conv_input_nlc.py): row m starts
 // at vec4 m * LDA4 - win.x, and what lies outside vec4 [0, win.y) reads as zero (the convolution's padding).
 layout(constant_id = 6) const bool A_WIN = false;
+// PAIR_LANES: invocations 2i and 2i + 1 of the group take the same columns (tx) in two adjacent row groups (ty), so
+// lanes n and n ^ 1 read the same B vec4 and lanes n and n ^ 2 the same A vec4. NVIDIA's shared memory returns a
+// 16-byte load to a warp in 2 passes instead of 4 when lanes pair up like that (B loads otherwise take 4), and the
+// 4 x 4 tile's loop is bound by those passes. Only the invocations' roles move: every output is summed as before.
+layout(constant_id = 7) const bool PAIR_LANES = false;
 
 layout(set = 0, binding = 0, std430) writeonly buffer o_buf { OUT_ELEM o[]; };
 layout(set = 0, binding = 0, std430) writeonly buffer o4_buf { OUT_ELEM4 o4[]; };   // OUT_MODE 1's column runs
@@ -98,8 +103,13 @@ float activate(float x) {
 }
 
 void main() {
-  const int tx = int(gl_LocalInvocationID.x), ty = int(gl_LocalInvocationID.y);
-  const int tid = ty * LX + tx;
+  const int tid = int(gl_LocalInvocationIndex);   // staging (coalesced fetches) by the linear index
+  int tx = int(gl_LocalInvocationID.x), ty = int(gl_LocalInvocationID.y);
+  if (PAIR_LANES && (LY & 1) == 0) {   // a bijection on the group while LY is even
+    const int r = tid % (2 * LX);
+    tx = r >> 1;
+    ty = (tid / (2 * LX)) * 2 + (r & 1);
+  }
   const int m_base = int(gl_WorkGroupID.y) * BM4 * 4;
   const int n4_base = int(gl_WorkGroupID.x) * BN4;
   const int M = p.dims.x, N4 = p.dims.w;

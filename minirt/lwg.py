@@ -239,6 +239,19 @@ def row_invocations(profile: DeviceProfile, forced=None) -> int:
     return max(n, profile.subgroup_size, 1)
 
 
+# Vendors whose shared memory returns a 16-byte load to a subgroup in fewer passes when lanes n and n ^ 1 (or n ^ 2)
+# read the same address (NVIDIA: 2 passes instead of 4). linear.comp and attention.glslh's PAIR_LANES then give
+# invocations 2i and 2i + 1 the same columns in two row groups, which only moves work between invocations.
+PAIRED_LANE_VENDORS = ("nvidia",)
+
+
+def paired_lanes(profile: DeviceProfile, options: dict) -> bool:
+    """PAIR_LANES of linear.comp and attention.glslh: on for PAIRED_LANE_VENDORS; Session(options={"pair_lanes":
+    True | False}) forces it."""
+    from .options import option_on
+    return option_on(options, "pair_lanes", profile.vendor in PAIRED_LANE_VENDORS)
+
+
 def head_rows_shape(head_vec4: int, profile: DeviceProfile):
     """Local size of the attention combine pass for heads of `head_vec4` vec4 columns (x: one head's columns, the
     lanes sharing a row's (m, l) pairs; y: rows), or None (the planner's elementwise rule)."""

@@ -90,16 +90,17 @@ def test_peaked_scores_in_different_splits():
 def test_gpu_tiles_split(monkeypatch, tile):
     """GPU tiles (64-key blocks; the H200's own (128, 16, 5) needs more than lavapipe's 32 KiB of shared
     memory), split over ragged blocks."""
-    monkeypatch.setattr(attention, "tiles", lambda dh, shared, cpu: tile)
+    monkeypatch.setattr(attention, "tiles", lambda dh, shared, cpu, paired=False: tile)
     check_split(1, 45, 200, 2, 64, 3, storages=["buffer"], seed=7)
 
 
 # -- the plan ------------------------------------------------------------------------------------------
 
 def plan_for(profile, B=1, Tq=1500, Tk=1500, H=6, dh=64, storage="buffer", options=None):
-    """The plan with stream splits off unless asked for (tests/test_attention_stream.py tests those)."""
+    """The plan with stream splits off unless asked for (tests/test_attention_stream.py tests those), and the lanes
+    unpaired, so the tile rule is the one every device has (tests/test_pair_lanes.py tests NVIDIA's paired tile)."""
     return make_plan(prepare(load(attention_model(B, Tq, Tk, H, dh))), profile, storage,
-                     {"attention_stream": False, **(options or {})})
+                     {"attention_stream": False, "pair_lanes": False, **(options or {})})
 
 
 @pytest.mark.parametrize("storage", STORAGES)
@@ -255,7 +256,7 @@ def test_forced_tile_is_used_and_checked():
 
 
 def test_default_plans_keep_four_keys_per_thread():
-    """NK (constant_id 7, the 5th specialization value) is 4 in every default tile: today's kernels and plans."""
+    """NK (constant_id 7, the 5th specialization value) is 4 in every default tile of unpaired lanes."""
     assert plan_for(H200).dispatches[0].spec == (64, 8, 5, True, 4)
     assert plan_for(LAVAPIPE).dispatches[0].spec == (64, 8, 3, False, 4)
     assert plan_for(KNOWN_PROFILES["adreno-840"], storage="texture").dispatches[0].spec == (64, 16, 3, True, 4)

@@ -62,28 +62,36 @@ def _plan(profile, H=6, options=None):
     return make_plan(prepare(load(attention_model(1, 1500, 1500, H, 64))), profile, "buffer", options or {})
 
 
-def test_rule_streams_one_wave_on_discrete_gpus():
-    """H200 profile, tile (128, 8, 5): one group a multiprocessor, 132 at once. Whisper-tiny's 114 groups and base's
-    152 both become 132 equal ranges; CPU and mobile devices, and groups filling whole waves, stay as they were."""
-    for H, groups in ((6, 114), (8, 152)):
-        p = _plan(H200, H)
+@pytest.mark.parametrize("options,rows,nb,groups", [
+    ({}, 96, 63, (96, 128)),                          # paired lanes (NVIDIA): tile (128, 8, 6, 3), 24 keys a block
+    ({"pair_lanes": False}, 80, 47, (114, 152)),      # tile (128, 8, 5, 4)
+])
+def test_rule_streams_one_wave_on_discrete_gpus(options, rows, nb, groups):
+    """H200 profile: one group a multiprocessor, 132 at once. Whisper-tiny's and base's query blocks (6 and 8 heads)
+    both become 132 equal ranges; CPU and mobile devices, and groups filling whole waves, stay as they were."""
+    for H, g in zip((6, 8), groups):
+        p = _plan(H200, H, options)
         assert kernels(p) == ["attention_split_buffer", "attention_combine_buffer"]
         split, comb = p.dispatches
         assert split.global_size == (128, 1, 132)
         assert split.push[-4:] == (1).to_bytes(4, "little")              # the STREAM flag
-        assert comb.push[-16:-8] == (132).to_bytes(4, "little") + (80).to_bytes(4, "little")   # G, rows a block
-        U, nb = groups * 47, 47
-        S = max(((s * nb + nb) * 132 - 1) // U - ((s * nb + 1) * 132 - 1) // U + 1 for s in range(groups))
+        assert comb.push[-16:-8] == (132).to_bytes(4, "little") + (rows).to_bytes(4, "little")   # G, rows a block
+        U = g * nb
+        S = max(((s * nb + nb) * 132 - 1) // U - ((s * nb + 1) * 132 - 1) // U + 1 for s in range(g))
         assert int.from_bytes(split.push[32:36], "little") == S            # slots a (batch, head)
         assert any("stream split" in n for notes in p.notes.values() for n in notes)
-    assert kernels(_plan(LAVAPIPE)) == ["attention_buffer"]
-    assert kernels(_plan(dataclasses.replace(H200, compute_units=114))) == ["attention_buffer"]   # one full wave
-    assert kernels(_plan(dataclasses.replace(H200, compute_units=0))) == ["attention_buffer"]
+    assert kernels(_plan(LAVAPIPE, options=options)) == ["attention_buffer"]
+    one_wave = dataclasses.replace(H200, compute_units=groups[0])
+    assert kernels(_plan(one_wave, options=options)) == ["attention_buffer"]
+    assert kernels(_plan(dataclasses.replace(H200, compute_units=0), options=options)) == ["attention_buffer"]
     # the options: off, a forced G, and forced plain splits instead
-    assert kernels(_plan(H200, options={"attention_stream": False})) == ["attention_buffer"]
-    assert _plan(H200, options={"attention_stream": 264}).dispatches[0].global_size == (128, 1, 264)
-    forced = _plan(H200, options={"attention_splits": 2})
-    assert forced.dispatches[0].global_size == (128, 19, 12)
+    off = _plan(H200, options={**options, "attention_stream": False})   # the plain key-split rule instead
+    S = attention.splits(H200, groups[0], 1500)
+    assert kernels(off) == (["attention_buffer"] if S == 1 else ["attention_split_buffer", "attention_combine_buffer"])
+    assert S == 1 or off.dispatches[0].push[-4:] == bytes(4)                 # no STREAM flag
+    assert _plan(H200, options={**options, "attention_stream": 264}).dispatches[0].global_size == (128, 1, 264)
+    forced = _plan(H200, options={**options, "attention_splits": 2})
+    assert forced.dispatches[0].global_size == (128, -(-1500 // rows), 12)
 
 
 def test_stream_groups_are_capped_and_checked():

@@ -165,7 +165,7 @@ def test_fused_matches_onnxruntime(B, Tq, Tk, H, dh, spelling):
 def test_other_tile_shapes(monkeypatch, tile):
     """The shapes GPUs or other head dims get (lavapipe's own for dh = 64 is (128, 8, 3, 4)), and fewer keys per
     thread (NK = 2, 3: 16- and 12-key blocks, 37 keys)."""
-    monkeypatch.setattr(attention, "tiles", lambda dh, shared, cpu: tile)
+    monkeypatch.setattr(attention, "tiles", lambda dh, shared, cpu, paired=False: tile)
     check_fused(attention_model(1, 37, 37, 6, 64), feeds(1, 37, 37, 384), storages=["buffer"])
 
 

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from ..errors import MinirtError, ModelError, UnsupportedError
-from ..lwg import head_rows_shape
+from ..lwg import head_rows_shape, paired_lanes
 from ..planner.plan import Push
 from . import Op, attr, register
 from ..options import option_count, option_on
@@ -25,6 +25,12 @@ MAX_HEAD_DIM = 128
 # 163.2 (sixth session), so NK stays 4.
 TILES = ((128, 8, 5, 4), (128, 16, 5, 4), (128, 16, 3, 4), (128, 8, 4, 4), (64, 16, 4, 4), (64, 8, 4, 4)) + \
     tuple((32, kg, rt, 4) for kg in (16, 8, 4, 2, 1) for rt in (4, 2, 1))   # small groups for any other head dim
+# Tried first where invocations are paired on column groups (PAIR_LANES, minirt.lwg.paired_lanes). With pairing, K and
+# V loads cost as little as Q and P loads, so taller tiles gain: H200, tools/dispatch_ab.py (thirteenth session,
+# docs/benchmarks.md), an attention of Whisper-tiny (layers 1-3) 125-131 us against 132-139 for (128, 8, 5, 4);
+# (256, 16, 5, 2) 128-132, (128, 8, 5, 3) 128-131, (128, 8, 6, 2) 132-135. Whisper-base likewise (165-170 against
+# 173-179). 45.4 KiB.
+PAIRED_TILES = ((128, 8, 6, 3),)
 MAX_PREFETCH = 8    # vec4 of K or V an invocation may carry between phases (Whisper's (128, 8, 5): 4)
 # CPU drivers (lavapipe) gain more from fewer, taller work groups (less K/V restaging) than from short blocks.
 CPU_TILES = ((128, 8, 3, 4),)
@@ -100,9 +106,10 @@ def shared_bytes(dh, threads, kg, rt, nk=4):
     return 16 * p4 * (bq + bk) + 4 * bq * (bk + 4 + kg)
 
 
-def tiles(dh, shared, cpu=False):
-    """(threads, KG, RT, NK) for head dim dh within `shared` bytes of shared memory, or None."""
-    order = CPU_TILES + TILES if cpu else TILES
+def tiles(dh, shared, cpu=False, paired=False):
+    """(threads, KG, RT, NK) for head dim dh within `shared` bytes of shared memory, or None; paired: PAIRED_TILES
+    first."""
+    order = (CPU_TILES if cpu else ()) + (PAIRED_TILES if paired else ()) + TILES
     return next((t for t in order if (dh // 4) % t[1] == 0 and shared_bytes(dh, *t) <= shared), None)
 
 
@@ -179,8 +186,10 @@ class Attention(Op):
         Tk = k.shape[1]
         dh = D // heads
         forced = ctx.options.get("attention_tile")
-        tile = (forced_tile(forced, dh, ctx.profile) if forced is not None else
-                tiles(dh, ctx.profile.max_shared_memory, ctx.profile.device_type == "cpu"))
+        p = ctx.profile
+        paired = paired_lanes(p, ctx.options)
+        tile = (forced_tile(forced, dh, p) if forced is not None else
+                tiles(dh, p.max_shared_memory, p.device_type == "cpu", paired))
         if tile is None:
             raise UnsupportedError(f"{node}: head dim {dh} needs more shared memory than this device's "
                                    f"{ctx.profile.max_shared_memory} bytes")
@@ -190,16 +199,20 @@ class Attention(Op):
         push = Push().ivec4(Tq, Tk, heads, D // 4).vec4(scale * math.log2(math.e))
         # row maxima by subgroup shuffles (buffers; subgroups holding whole column-group clusters); option
         # attention_shuffle=False keeps the shared-memory reduction
-        p = ctx.profile
-        shuffle = (ctx.storage == "buffer" and p.subgroup_shuffle and p.subgroup_size >= kg
-                   and p.subgroup_size % kg == 0 and option_on(ctx.options, "attention_shuffle", True))
+        # invocations paired on a column group (attention.glslh PAIR_LANES): a row's KG threads then span 2 KG lanes,
+        # which the shuffles need in one subgroup
+        pair = paired and (threads // kg) % 2 == 0
+        lanes = 2 * kg if pair else kg
+        shuffle = (ctx.storage == "buffer" and p.subgroup_shuffle and p.subgroup_size >= lanes
+                   and p.subgroup_size % lanes == 0 and option_on(ctx.options, "attention_shuffle", True))
         sfx = "_shuffle" if shuffle else ""
         # K and V staged through registers one phase ahead (attention.glslh PREFETCH): on an H200 228 -> 186 us
         # (tiny, (128, 16, 5)), 193 -> 163 ((128, 8, 5)). Off on CPU drivers, where there is no latency to hide, and
         # where an invocation would carry more than MAX_PREFETCH vec4 (small groups, big heads), which would spill.
         carried = -(-nk * kg * (dh // 4) // threads)
         prefetch = ctx.profile.device_type != "cpu" and carried <= MAX_PREFETCH
-        spec = (dh, kg, rt, option_on(ctx.options, "attention_prefetch", prefetch), nk)   # constant_ids 3 .. 7
+        spec = ((dh, kg, rt, option_on(ctx.options, "attention_prefetch", prefetch), nk)   # constant_ids 3 .. 7 (8: pair)
+                + ((True,) if pair else ()))
         flops = 4 * B * heads * Tq * Tk * dh
         bk = nk * kg
         G = stream_groups(ctx, qblocks * B * heads, Tk, bk, shared_bytes(dh, threads, kg, rt, nk))

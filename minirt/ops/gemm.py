@@ -288,6 +288,15 @@ def _win_spec(a_win):
     return (True,) if a_win is not None else ()
 
 
+def _linear_tail(ctx, a_win):
+    """linear.comp's specialization constants after HAS_RES: A_WIN, then PAIR_LANES (minirt.lwg.paired_lanes), left
+    out from the last one on that is off."""
+    from ..lwg import paired_lanes
+    if paired_lanes(ctx.profile, ctx.options):
+        return (a_win is not None, True)
+    return _win_spec(a_win)
+
+
 def _cm_epi8(ctx, out, residual, n, out_mode, part_n) -> bool:
     """EPI8 of linear_cm.glslh: 8-column (16-byte) epilogue stores for row-major and part-major outputs whose rows (or
     parts) are whole groups of 8 and whose output and residual start 16-byte aligned. Option cm_epi8=False: off."""
@@ -434,14 +443,14 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
         part = ctx.scratch("linear.partials", S * m * n4 * 4)
         ctx.dispatch(f"linear_{tile}", [(part.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (bt.name, "r")],
                      Push().ivec4(m, n, k, n4).ivec4(0, lda4 if lda4 is not None else k // 4, 0, S).ivec4(*_win(a_win)),
-                     (OUT_SPLIT, 0, False) + _win_spec(a_win), (-(-n4 // tn4), -(-m // tm), S), "gemm",
+                     (OUT_SPLIT, 0, False) + _linear_tail(ctx, a_win), (-(-n4 // tn4), -(-m // tm), S), "gemm",
                      flops=2 * m * n * k, nbytes=4 * (m * k + k * n + S * m * n), shared_xy=sxy, local_size=local)
         reduce_dispatch(ctx, out, part, bt, res, m, n, n4, S, act, residual is not None)
         return
     p = (Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
          .ivec4(*_win(a_win)))
     ctx.dispatch(f"linear_{tile}", [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
-                 p, (out_mode, ACTS[act], residual is not None) + _win_spec(a_win), (-(-n4 // tn4), -(-m // tm), 1),
+                 p, (out_mode, ACTS[act], residual is not None) + _linear_tail(ctx, a_win), (-(-n4 // tn4), -(-m // tm), 1),
                  "gemm",
                  flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)),
                  io="out32", shared_xy=sxy)

@@ -134,7 +134,8 @@ def test_same_interface_as_linear():
     reading conv1's channels-last output) in both."""
     for model in (_linear_model(100, 72, 36, "gelu", True)[0], _front_end_model(64)[0]):
         cm = [d for d in _plan(model).dispatches if d.kernel.startswith("linear")]
-        plain = [d for d in _plan(model, coopmat=False).dispatches if d.kernel.startswith("linear")]
+        # (linear.comp's PAIR_LANES, after A_WIN, has no counterpart in linear_cm: left off here)
+        plain = [d for d in _plan(model, coopmat=False, pair_lanes=False).dispatches if d.kernel.startswith("linear")]
         assert len(cm) == len(plain) >= 1
         for a, b in zip(cm, plain):
             assert a.kernel.startswith("linear_cm_") and b.kernel.startswith("linear_t"), (a.kernel, b.kernel)

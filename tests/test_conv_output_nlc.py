@@ -259,7 +259,7 @@ def test_im2col_row_tiles(budget_rows, monkeypatch):
     with Session(m, storage="buffer", options={"poison": True}) as s:
         gemms = [d for d in s.plan.dispatches if d.kernel.startswith("linear")]
         assert len(gemms) == -(-50 // budget_rows) > 1
-        assert all(d.spec == (OUT_ROWS, 2, 1) for d in gemms)
+        assert all(d.spec[:3] == (OUT_ROWS, 2, 1) for d in gemms)   # (NVIDIA's plans add PAIR_LANES)
         fd = feeds_for(m)
         compare(s.run(None, fd)[0], onnxruntime_run(m, fd)[0], 1e-4, "row tiles")
 

@@ -292,13 +292,12 @@ def test_whisper_tiny_33_dispatches_and_onnxruntime():
     g = prepare(bind_inputs(load(model), {"input_features": (1, 80, 3000)}))
     off = {"conv_input_nlc": False}
     assert len(make_plan(g, LAVAPIPE, "buffer", {"conv_output_nlc": False, **off}).dispatches) == 35
+    # (counted on lavapipe's profile: GPUs that tell their multiprocessor count add split-K reduce and attention
+    # combine passes, and fold LayerNorms into the reduces)
+    assert len(make_plan(g, LAVAPIPE, "buffer", off).dispatches) == 33
     x = we.sample_input(seed=seed())
     ref = onnxruntime_run(model, {"input_features": x})[0]
     with Session(model, storage="buffer", options={"poison": True, **off}) as s:
-        # 33, plus a reduce pass per GEMM whose K splits across work groups on GPUs that tell their multiprocessor
-        # count (the H200: conv2 and the four fc2)
-        reduces = [d for d in s.plan.dispatches if d.kernel == "linear_reduce"]
-        assert len(s.plan.dispatches) - len(reduces) == 33
         assert not any(d.op in ("Transpose", "Add") for d in s.plan.dispatches)
         y = s.run(x)
     assert cosine(y, ref) >= 0.99999

@@ -73,7 +73,8 @@ def check_fused(model, fd, storages=STORAGES):
     ref = onnxruntime_run(model, fd)[0]
     for st in storages:
         with Session(model, storage=st, options={"poison": True}) as s:
-            assert [d.op for d in s.plan.dispatches].count("Attention") == 1
+            # one attention kernel (discrete GPUs may add a combine pass for split keys)
+            assert len([d for d in s.plan.dispatches if d.op == "Attention" and "combine" not in d.kernel]) == 1
             y = s.run(None, fd)[0]
         compare(y, ref, 1e-4, st)
         assert cosine(y, ref) >= 0.99999, st
@@ -186,7 +187,8 @@ def test_whisper_layer_fused_matches_onnxruntime_and_drops_dispatches():
         counts = {}
         for fuse in (True, False):
             with Session(m, storage=st, options={"poison": True, "fuse_attention": fuse}) as s:
-                counts[fuse] = [d.op for d in s.plan.dispatches]
+                # (a combine pass for split keys, on discrete GPUs, named apart from the attention kernel)
+                counts[fuse] = [d.op if "combine" not in d.kernel else "combine" for d in s.plan.dispatches]
                 y = s.run(x)
             assert cosine(y, ref) >= 0.99999
             compare(y, ref, 1e-4, f"{st} fuse={fuse}")

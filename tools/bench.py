@@ -10,6 +10,12 @@ Prints a table with ratios and writes JSON.
 
 fp16 accuracy is reported against minirt's own fp32 result (relative L2 error and cosine).
 
+Below each table, the encoder's GEMMs from the run with a stamp after every dispatch: each role's time a layer (the
+GEMM dispatch alone, then with the pass that adds its K splits, which also does the next LayerNorm where one follows)
+and TFLOP/s, beside PyTorch's F.linear with the same epilogue at the same shape (cuBLAS; TF32 off at fp32; timed as
+tools/gemm_bench.py --torch does), and the front end's convolutions (im2col, both GEMMs, their reduce pass) as
+effective TFLOP/s.
+
 Every figure is a median over --runs timed calls after --warmup untimed ones. Wall time is per call
 with the input starting in host memory and the output ending in host memory, for every runtime.
 """
@@ -58,12 +64,18 @@ def bench_minirt(model, x, runs, warmup, storage, options):
         res["device"] = s.device.profile.name
         res["storage"] = s.storage
     with Session(model, storage=storage, options=options, profile=True) as s:
-        gpu = []
+        gpu, per = [], None
         for i in range(runs + warmup):
             s.run(x)
+            recs = s.profile_records()
             if i >= warmup:
-                gpu.append(sum(r.gpu_ms or 0 for r in s.profile_records()))
+                gpu.append(sum(r.gpu_ms or 0 for r in recs))
+                per = per or [[] for _ in recs]
+                for times, r in zip(per, recs):
+                    times.append((r.gpu_ms or 0) * 1e3)
         res["gpu_ms"] = statistics.median(gpu)
+        res["dispatch_us"] = [{"node": r.node, "kernel": r.kernel, "flops": r.flops, "gpu_us": statistics.median(t)}
+                              for r, t in zip(recs, per)]
     with Session(model, storage=storage, options=options, profile="span") as s:
         span = []
         for i in range(runs + warmup):
@@ -72,6 +84,78 @@ def bench_minirt(model, x, runs, warmup, storage, options):
                 span.append(s.gpu_span_ms())
         res["gpu_span_ms"] = statistics.median(span)
     return y, res
+
+
+# The encoder's GEMMs by the node names of the exported graph: role, (M, K, N) in units of d_model, epilogue
+GEMM_ROLES = (("q_proj", "QKV", (1, 3), "none"), ("out_proj", "out-projection", (1, 1), "residual"),
+              ("fc1", "fc1 (+GELU)", (1, 4), "gelu"), ("fc2", "fc2 (+residual)", (4, 1), "residual"))
+
+
+def gemm_figures(dispatches, d_model, frames=1500):
+    """The per-GEMM view of one profiled run: {role: {"shape": (M, K, N), "epilogue", "gemm_us": [per layer],
+    "reduce_us": [per layer, 0 where K is not split], "flops": [the GEMM dispatch's, per layer]}} and the front end's
+    {"us", "gflop"} (im2col, both convolutions and their reduce passes), from the per-dispatch medians
+    (dispatches: [{"node", "kernel", "flops", "gpu_us"}] in dispatch order). frames: the encoder's positions."""
+    roles, front = {}, {"us": 0.0, "gflop": 0.0}
+    last = None
+    for rec in dispatches:
+        node, kernel = rec["node"], rec["kernel"]
+        if "/conv1/" in node or "/conv2/" in node:
+            front["us"] += rec["gpu_us"]
+            if not kernel.startswith("linear_reduce"):   # the convolutions' FLOPs, not the adds of their K splits
+                front["gflop"] += rec["flops"] / 1e9
+            continue
+        if kernel.startswith("linear_reduce") and last is not None:
+            last["reduce_us"][-1] += rec["gpu_us"]
+            continue
+        last = None
+        if not kernel.startswith("linear"):
+            continue
+        for key, role, (k, n), epi in GEMM_ROLES:
+            if key in node:
+                e = roles.setdefault(role, {"shape": (frames, k * d_model, n * d_model), "epilogue": epi,
+                                            "gemm_us": [], "reduce_us": [], "flops": []})
+                e["gemm_us"].append(rec["gpu_us"])
+                e["reduce_us"].append(0.0)
+                e["flops"].append(rec["flops"])
+                last = e
+    return roles, front
+
+
+def cublas_times(roles, precision, runs):
+    """PyTorch CUDA (cuBLAS) us per call of F.linear with each role's epilogue, at its shape, or {} without torch."""
+    sys.path.append(str(ROOT / "tools"))
+    try:
+        import gemm_bench
+        from benchconfig import torch_time
+    except ImportError:
+        return {}
+    out = {}
+    for role, e in roles.items():
+        fns = gemm_bench.torch_case(*e["shape"], e["epilogue"], precision)
+        if fns is None:
+            return {}
+        out[role] = torch_time(fns["linear"], 1, max(runs, 10))
+    return out
+
+
+def print_gemms(m, cublas=None):
+    roles, front = m["gemms"], m["front_end"]
+    cublas = cublas or {}
+    print(f"{'GEMM (per-dispatch stamps)':<26} {'M x K x N':<16} {'us a layer, 0..':<30} {'TFLOP/s':<12} "
+          f"{'+ reduce pass (us)':<22} {'with it':<12} {'cuBLAS us (TFLOP/s)' if cublas else ''}")
+    for role, e in roles.items():
+        f = max(e["flops"]) / 1e6   # MFLOP: / us = TFLOP/s
+        g, r = e["gemm_us"], e["reduce_us"]
+        tot = [a + b for a, b in zip(g, r)]
+        cb = f"{cublas[role]:.1f} ({f / cublas[role]:.1f})" if role in cublas else ""
+        print(f"{role:<26} {'x'.join(map(str, e['shape'])):<16} {' / '.join(f'{v:.1f}' for v in g):<30} "
+              f"{f'{f / max(g):.1f}-{f / min(g):.1f}':<12} "
+              f"{(' / '.join(f'{v:.1f}' for v in r) if any(r) else '-'):<22} "
+              f"{(f'{f / max(tot):.1f}-{f / min(tot):.1f}' if any(r) else '-'):<12} {cb}")
+    if front["us"]:
+        print(f"{'front end (convs)':<26} {'':<16} {front['us']:.1f} us for {front['gflop']:.2f} GFLOP: "
+              f"{front['gflop'] * 1e3 / front['us']:.1f} TFLOP/s effective")
 
 
 def bench_ort(model, x, runs, warmup):
@@ -162,6 +246,7 @@ def main(argv=None):
         for prec in precisions:
             key = "minirt" if prec == "fp32" else f"minirt_{prec}"
             ys[prec], r[key] = bench_minirt(model, x, a.runs, a.warmup, a.storage, {**opts, "precision": prec})
+            r[key]["gemms"], r[key]["front_end"] = gemm_figures(r[key]["dispatch_us"], we.SIZES[size][0])
             r[key]["options"] = opts or None
             r[key]["precision"] = prec
         if "fp32" not in ys:    # the fp16 accuracy reference
@@ -187,6 +272,8 @@ def main(argv=None):
                 if tr:
                     tr["cosine_vs_minirt"] = cosine(yt, ys[prec])
                     tr["cosine_vs_minirt_fp32"] = cosine(yt, y)
+                    m = r["minirt" if prec == "fp32" else f"minirt_{prec}"]
+                    tr["gemm_us"] = cublas_times(m["gemms"], prec, a.runs)
                     r[f"torch_cuda_{prec}"] = tr
         results.append(r)
         print_table(r, precisions)
@@ -223,6 +310,8 @@ def print_table(r, precisions=("fp32",)):
         if t:
             extra.append(f"cosine torch vs minirt {t['cosine_vs_minirt']:.8f}")
         print("; ".join(extra))
+        if m.get("gemms"):
+            print_gemms(m, t.get("gemm_us") if t else None)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
-"""What tools/gemm_bench.py and tools/attn_bench.py share: their PRECISION[:KEY=VALUE,...] configurations and their
-round-robin timing."""
+"""What the benchmark tools share: the PRECISION[:KEY=VALUE,...] configurations and round-robin timing of
+tools/gemm_bench.py and tools/attn_bench.py, and the PyTorch CUDA timing of the peers in gemm_bench, bench and
+dispatch_cost (torch is imported only when they ask for it)."""
 from __future__ import annotations
 
 import re
+import statistics
 
 _DIMS = re.compile(r"^\d+(x\d+)+$")
 
@@ -44,3 +46,40 @@ def round_robin(cases, rounds, runs, warmup=2):
                     res[key]["ms"].append(sum(r.gpu_ms or 0 for r in recs))
             res[key]["kernels"], res[key]["out"] = "+".join(r.kernel for r in recs), out
     return res
+
+
+def torch_time(fn, rounds, runs, reps=20):
+    """GPU us per call of fn: REPS calls captured back to back into one CUDA graph, timed by CUDA events around each
+    replay (median of rounds x runs replays)."""
+    import torch
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                fn()
+        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        us = []
+        for _ in range(rounds * runs + 2):
+            t0.record()
+            graph.replay()
+            t1.record()
+            t1.synchronize()
+            us.append(t0.elapsed_time(t1) * 1e3 / reps)
+    return statistics.median(us[2:])
+
+
+def cuda_kernels(fn):
+    """Names of the CUDA kernels one call of fn launches, from torch.profiler. Call it after all timing: once the
+    profiler has run, later kernel launches in the process are slower (1-3 us a GEMM on the H200)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]

@@ -5,11 +5,17 @@ several planner configurations, timed per dispatch from the timestamp query pool
   python tools/gemm_bench.py                                   # the Whisper-tiny shapes, default configs
   python tools/gemm_bench.py --shapes 1500,384,1536 --config fp32 --config fp32:gemm_tile=t88,local_size=8x8
   python tools/gemm_bench.py --config fp16 --config fp16:coopmat=0 --json gemm.json
+  python tools/gemm_bench.py --torch                            # with PyTorch CUDA (cuBLAS) at the same shapes
 
 A config is PRECISION[:KEY=VALUE,...] with Session options (gemm_tile, cm_tile, coopmat=0, local_size=XxY).
 Shapes and configs are measured round-robin (--rounds times --runs each), so a slow stretch of a shared GPU
 touches them alike. Per row: the GEMM dispatch's median GPU time, TFLOP/s, and the max error against a float64 reference
-computed from the inputs and weights as the kernel sees them (rounded to fp16 at fp16)."""
+computed from the inputs and weights as the kernel sees them (rounded to fp16 at fp16).
+
+--torch adds PyTorch CUDA (cuBLAS, TF32 off) in the same process, at each shape and precision: F.linear with the same
+epilogue, and the matrix product alone. Each is captured REPS times back to back into one CUDA graph (one stream, so
+every call waits for the one before, as minirt's dispatches wait at their barriers) and timed by CUDA events around a
+replay: GPU time per call, launch gaps included, which is what minirt's stamp-to-stamp figure holds."""
 from __future__ import annotations
 
 import argparse
@@ -23,7 +29,7 @@ import numpy as np
 sys.path[0] = str(Path(__file__).resolve().parents[1])   # not tools/: tools/profile.py shadows the stdlib
 sys.path.append(str(Path(__file__).resolve().parent))   # after the stdlib: benchconfig
 
-from benchconfig import parse_config, round_robin  # noqa: E402
+from benchconfig import cuda_kernels, parse_config, round_robin, torch_time  # noqa: E402
 
 SHAPES = "1500,384,384,none;1500,384,1536,gelu;1500,1536,384,residual"   # M,K,N,epilogue
 
@@ -49,6 +55,35 @@ def linear_model(m, k, n, epilogue, seed=0):
     return model, w, b
 
 
+def torch_case(m, k, n, epilogue, precision, seed=2):
+    """PyTorch CUDA at one shape: {"linear": F.linear with the epilogue, "mm": the product alone} as callables, or None
+    without torch or CUDA."""
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dt = torch.float16 if precision == "fp16" else torch.float32
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(m, k, device="cuda", dtype=dt, generator=g)
+    w = torch.randn(n, k, device="cuda", dtype=dt, generator=g) / k ** 0.5
+    wt = w.t().contiguous()
+    b = torch.randn(n, device="cuda", dtype=dt, generator=g)
+    r = torch.randn(m, n, device="cuda", dtype=dt, generator=g)
+
+    def linear():
+        y = F.linear(x, w, b)
+        if epilogue == "gelu":
+            y = F.gelu(y)
+        elif epilogue == "residual":
+            y = y + r
+        return y
+    return {"linear": linear, "mm": lambda: x @ wt}
+
+
 def reference(x, w, b, r, epilogue, half):
     from math import erf as erf1, sqrt
     erf = np.vectorize(erf1, otypes=[np.float64])
@@ -67,6 +102,7 @@ def main(argv=None):
     ap.add_argument("--config", action="append", help="PRECISION[:KEY=VALUE,...] (repeatable; default fp32, fp16)")
     ap.add_argument("--runs", type=int, default=10, help="timed runs per round")
     ap.add_argument("--rounds", type=int, default=3, help="rounds over the configs (round-robin)")
+    ap.add_argument("--torch", action="store_true", help="also time PyTorch CUDA (cuBLAS, TF32 off) at each shape")
     ap.add_argument("--json", help="write the rows as JSON")
     a = ap.parse_args(argv)
     from minirt import MinirtError, Session
@@ -110,6 +146,29 @@ def main(argv=None):
                      "gpu_us": ms * 1e3, "min_us": min(t["ms"]) * 1e3, "tflops": tf, "rel_err": err})
         print(f"{f'{m}x{k}x{n}':<18} {epi:<9} {cfg:<36} {t['kernels'][:26]:<26} {ms * 1e3:>8.1f} "
               f"{rows[-1]['min_us']:>8.1f} {tf:>8.2f} {err:>9.2e}")
+    if a.torch:
+        torch_rows = []
+        for prec in dict.fromkeys(parse_config(c)["precision"] for c in configs):
+            for spec in a.shapes.split(";"):
+                parts = spec.split(",")
+                m, k, n = (int(v) for v in parts[:3])
+                epi = parts[3] if len(parts) > 3 else "none"
+                fns = torch_case(m, k, n, epi, prec)
+                if fns is None:
+                    print("torch with CUDA not available: no PyTorch rows", file=sys.stderr)
+                    break
+                for name, fn in fns.items():
+                    us = torch_time(fn, a.rounds, a.runs)
+                    rows.append({"m": m, "k": k, "n": n, "epilogue": epi if name == "linear" else "none",
+                                 "config": f"torch {prec} {'F.linear' if name == 'linear' else 'x @ w (no epilogue)'}",
+                                 "gpu_us": us, "tflops": 2 * m * n * k / (us * 1e-6) / 1e12})
+                    torch_rows.append((rows[-1], fn))
+        for row, fn in torch_rows:   # the kernel names last: the profiler slows what runs after it
+            row["kernel"] = "+".join(cuda_kernels(fn))
+            shape = f"{row['m']}x{row['k']}x{row['n']}"
+            print(f"{shape:<18} {row['epilogue']:<9} {row['config']:<36} {row['kernel'][:26]:<26} {row['gpu_us']:>8.1f} "
+                  f"{'':>8} {row['tflops']:>8.2f}")
+            print(f"{'':<18} kernels: {row['kernel']}")
     print(f"device: {device}")
     if a.json:
         Path(a.json).write_text(json.dumps({"device": device, "rows": rows}, indent=1))

@@ -144,15 +144,16 @@ def print_gemms(m, cublas=None):
     cublas = cublas or {}
     print(f"{'GEMM (per-dispatch stamps)':<26} {'M x K x N':<16} {'us a layer, 0..':<30} {'TFLOP/s':<12} "
           f"{'+ reduce pass (us)':<22} {'with it':<12} {'cuBLAS us (TFLOP/s)' if cublas else ''}")
+    def rates(f, us):   # "low-high" TFLOP/s over the layers; "-" where the device gave no times
+        return f"{f / max(us):.1f}-{f / min(us):.1f}" if us and min(us) > 0 else "-"
     for role, e in roles.items():
         f = max(e["flops"]) / 1e6   # MFLOP: / us = TFLOP/s
         g, r = e["gemm_us"], e["reduce_us"]
         tot = [a + b for a, b in zip(g, r)]
-        cb = f"{cublas[role]:.1f} ({f / cublas[role]:.1f})" if role in cublas else ""
+        cb = f"{cublas[role]:.1f} ({f / cublas[role]:.1f})" if cublas.get(role) else ""
         print(f"{role:<26} {'x'.join(map(str, e['shape'])):<16} {' / '.join(f'{v:.1f}' for v in g):<30} "
-              f"{f'{f / max(g):.1f}-{f / min(g):.1f}':<12} "
-              f"{(' / '.join(f'{v:.1f}' for v in r) if any(r) else '-'):<22} "
-              f"{(f'{f / max(tot):.1f}-{f / min(tot):.1f}' if any(r) else '-'):<12} {cb}")
+              f"{rates(f, g):<12} {(' / '.join(f'{v:.1f}' for v in r) if any(r) else '-'):<22} "
+              f"{(rates(f, tot) if any(r) else '-'):<12} {cb}")
     if front["us"]:
         print(f"{'front end (convs)':<26} {'':<16} {front['us']:.1f} us for {front['gflop']:.2f} GFLOP: "
               f"{front['gflop'] * 1e3 / front['us']:.1f} TFLOP/s effective")

@@ -33,6 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[0] = str(ROOT)   # not tools/: tools/profile.py shadows the stdlib `profile` that torch imports
 sys.path.insert(1, str(ROOT / "models"))
+sys.path.append(str(ROOT / "tools"))   # after the stdlib: benchconfig
 
 
 def timed(fn, runs, warmup):
@@ -67,8 +68,8 @@ def bench_minirt(model, x, runs, warmup, storage, options):
         gpu, per = [], None
         for i in range(runs + warmup):
             s.run(x)
-            recs = s.profile_records()
             if i >= warmup:
+                recs = s.profile_records()
                 gpu.append(sum(r.gpu_ms or 0 for r in recs))
                 per = per or [[] for _ in recs]
                 for times, r in zip(per, recs):
@@ -124,15 +125,10 @@ def gemm_figures(dispatches, d_model, frames=1500):
 
 def cublas_times(roles, precision, runs):
     """PyTorch CUDA (cuBLAS) us per call of F.linear with each role's epilogue, at its shape, or {} without torch."""
-    sys.path.append(str(ROOT / "tools"))
-    try:
-        import gemm_bench
-        from benchconfig import torch_time
-    except ImportError:
-        return {}
+    from benchconfig import torch_case, torch_time
     out = {}
     for role, e in roles.items():
-        fns = gemm_bench.torch_case(*e["shape"], e["epilogue"], precision)
+        fns = torch_case(*e["shape"], e["epilogue"], precision)
         if fns is None:
             return {}
         out[role] = torch_time(fns["linear"], 1, max(runs, 10))

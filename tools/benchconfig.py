@@ -48,6 +48,35 @@ def round_robin(cases, rounds, runs, warmup=2):
     return res
 
 
+def torch_case(m, k, n, epilogue, precision, seed=2):
+    """PyTorch CUDA at one shape: {"linear": F.linear with the epilogue, "mm": the product alone} as callables, or None
+    without torch or CUDA."""
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dt = torch.float16 if precision == "fp16" else torch.float32
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(m, k, device="cuda", dtype=dt, generator=g)
+    w = torch.randn(n, k, device="cuda", dtype=dt, generator=g) / k ** 0.5
+    wt = w.t().contiguous()
+    b = torch.randn(n, device="cuda", dtype=dt, generator=g)
+    r = torch.randn(m, n, device="cuda", dtype=dt, generator=g)
+
+    def linear():
+        y = F.linear(x, w, b)
+        if epilogue == "gelu":
+            y = F.gelu(y)
+        elif epilogue == "residual":
+            y = y + r
+        return y
+    return {"linear": linear, "mm": lambda: x @ wt}
+
+
 def torch_time(fn, rounds, runs, reps=20):
     """GPU us per call of fn: REPS calls captured back to back into one CUDA graph, timed by CUDA events around each
     replay (median of rounds x runs replays)."""

@@ -29,7 +29,7 @@ import numpy as np
 sys.path[0] = str(Path(__file__).resolve().parents[1])   # not tools/: tools/profile.py shadows the stdlib
 sys.path.append(str(Path(__file__).resolve().parent))   # after the stdlib: benchconfig
 
-from benchconfig import cuda_kernels, parse_config, round_robin, torch_time  # noqa: E402
+from benchconfig import cuda_kernels, parse_config, round_robin, torch_case, torch_time  # noqa: E402
 
 SHAPES = "1500,384,384,none;1500,384,1536,gelu;1500,1536,384,residual"   # M,K,N,epilogue
 
@@ -53,35 +53,6 @@ def linear_model(m, k, n, epilogue, seed=0):
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
     model.ir_version = 9
     return model, w, b
-
-
-def torch_case(m, k, n, epilogue, precision, seed=2):
-    """PyTorch CUDA at one shape: {"linear": F.linear with the epilogue, "mm": the product alone} as callables, or None
-    without torch or CUDA."""
-    try:
-        import torch
-        import torch.nn.functional as F
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    torch.backends.cuda.matmul.allow_tf32 = False
-    dt = torch.float16 if precision == "fp16" else torch.float32
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(m, k, device="cuda", dtype=dt, generator=g)
-    w = torch.randn(n, k, device="cuda", dtype=dt, generator=g) / k ** 0.5
-    wt = w.t().contiguous()
-    b = torch.randn(n, device="cuda", dtype=dt, generator=g)
-    r = torch.randn(m, n, device="cuda", dtype=dt, generator=g)
-
-    def linear():
-        y = F.linear(x, w, b)
-        if epilogue == "gelu":
-            y = F.gelu(y)
-        elif epilogue == "residual":
-            y = y + r
-        return y
-    return {"linear": linear, "mm": lambda: x @ wt}
 
 
 def reference(x, w, b, r, epilogue, half):

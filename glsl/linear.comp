@@ -22,8 +22,9 @@
 //   partials in order and applies bias, activation and residual. More, shorter groups where one per output block
 //   would leave multiprocessors with one group each.
 // io=out32 (fp16): the output is a float32 graph output, written as it is.
-// The epilogue's `continue`s cost the 4 x 4 tiles nothing, but with 8 x 8 tiles they made NVIDIA's compiler keep the
-// 16 vec4 accumulators in local memory (docs/benchmarks.md, twelfth session): write such loops with if-blocks.
+// The epilogue has no `continue` or `break`: with 8 x 8 tiles they made NVIDIA's compiler keep the 16 vec4 accumulators
+// in local memory (docs/benchmarks.md, twelfth session), and written as if-blocks the 4 x 4 tiles' unsplit epilogues
+// run 0.3-0.8 us faster a GEMM on the H200 (fifteenth session). Write such loops with if-blocks.
 #include "common.glslh"
 
 #if defined(TILE_T44)
@@ -170,10 +171,9 @@ void main() {
     [[unroll]] for (int g = 0; g < TMG; ++g)
       [[unroll]] for (int i = 0; i < 4; ++i) {
         const int m = m_base + (ty + g * LY) * 4 + i;
-        if (m >= M) continue;
         [[unroll]] for (int j = 0; j < TN4; ++j) {
           const int n4 = n4_base + tx + j * LX;
-          if (n4 < N4) part4[(s * M + m) * N4 + n4] = acc[g * 4 + i][j];
+          if (m < M && n4 < N4) part4[(s * M + m) * N4 + n4] = acc[g * 4 + i][j];
         }
       }
     return;
@@ -184,23 +184,24 @@ void main() {
     const bool vec = (p.geo.z & 3) == 0 && (p.geo.x & 3) == 0;
     [[unroll]] for (int g = 0; g < TMG; ++g) {
       const int m = m_base + (ty + g * LY) * 4;   // the first of the 4 rows
-      if (m >= M) continue;
       [[unroll]] for (int j = 0; j < TN4; ++j) {
         const int n4 = n4_base + tx + j * LX;
-        if (n4 >= N4) continue;
-        vec4 v[4];
-        [[unroll]] for (int i = 0; i < 4; ++i) {
-          v[i] = acc[g * 4 + i][j] + W4(bias4, n4);
-          v[i] = vec4(activate(v[i].x), activate(v[i].y), activate(v[i].z), activate(v[i].w));
-        }
-        const int n = n4 * 4, rem = min(p.dims.y - n, 4), col = p.geo.x + m;
-        [[unroll]] for (int l = 0; l < 4; ++l) {
-          if (l >= rem) break;
-          if (vec && m + 3 < M) {
-            o4[((n + l) * p.geo.z + col) >> 2] = to_out4(vec4(v[0][l], v[1][l], v[2][l], v[3][l]));
-          } else {
-            [[unroll]] for (int i = 0; i < 4; ++i)
-              if (m + i < M) o[(n + l) * p.geo.z + col + i] = to_out(v[i][l]);
+        if (m < M && n4 < N4) {
+          vec4 v[4];
+          [[unroll]] for (int i = 0; i < 4; ++i) {
+            v[i] = acc[g * 4 + i][j] + W4(bias4, n4);
+            v[i] = vec4(activate(v[i].x), activate(v[i].y), activate(v[i].z), activate(v[i].w));
+          }
+          const int n = n4 * 4, rem = min(p.dims.y - n, 4), col = p.geo.x + m;
+          [[unroll]] for (int l = 0; l < 4; ++l) {
+            if (l < rem) {
+              if (vec && m + 3 < M) {
+                o4[((n + l) * p.geo.z + col) >> 2] = to_out4(vec4(v[0][l], v[1][l], v[2][l], v[3][l]));
+              } else {
+                [[unroll]] for (int i = 0; i < 4; ++i)
+                  if (m + i < M) o[(n + l) * p.geo.z + col + i] = to_out(v[i][l]);
+              }
+            }
           }
         }
       }
@@ -212,24 +213,24 @@ void main() {
   const bool vec = OUT_MODE == 0 ? (p.dims.y & 3) == 0 : (p.geo.w & 3) == 0;
   [[unroll]] for (int g = 0; g < TMG; ++g)
     [[unroll]] for (int i = 0; i < 4; ++i) {
-      int m = m_base + (ty + g * LY) * 4 + i;
-      if (m >= M) continue;
+      const int m = m_base + (ty + g * LY) * 4 + i;
       [[unroll]] for (int j = 0; j < TN4; ++j) {
-        int n4 = n4_base + tx + j * LX;
-        if (n4 >= N4) continue;
-        vec4 v = acc[g * 4 + i][j] + W4(bias4, n4);
-        v = vec4(activate(v.x), activate(v.y), activate(v.z), activate(v.w));
-        int n = n4 * 4, rem = min(p.dims.y - n, 4);
-        if (vec && rem == 4) {   // 4 consecutive columns are 4 consecutive, 4-aligned elements: one vec4 each way
-          const int idx = out_index(p.geo.x + m, n);
-          o4[idx >> 2] = to_out4(v + (HAS_RES ? vec4(res4[idx >> 2]) : vec4(0.0)));
-          continue;
-        }
-        [[unroll]] for (int l = 0; l < 4; ++l)
-          if (l < rem) {
-            const int idx = out_index(p.geo.x + m, n + l);
-            o[idx] = to_out(v[l] + (HAS_RES ? float(res[idx]) : 0.0));
+        const int n4 = n4_base + tx + j * LX;
+        if (m < M && n4 < N4) {
+          vec4 v = acc[g * 4 + i][j] + W4(bias4, n4);
+          v = vec4(activate(v.x), activate(v.y), activate(v.z), activate(v.w));
+          const int n = n4 * 4, rem = min(p.dims.y - n, 4);
+          if (vec && rem == 4) {   // 4 consecutive columns are 4 consecutive, 4-aligned elements: one vec4 each way
+            const int idx = out_index(p.geo.x + m, n);
+            o4[idx >> 2] = to_out4(v + (HAS_RES ? vec4(res4[idx >> 2]) : vec4(0.0)));
+          } else {
+            [[unroll]] for (int l = 0; l < 4; ++l)
+              if (l < rem) {
+                const int idx = out_index(p.geo.x + m, n + l);
+                o[idx] = to_out(v[l] + (HAS_RES ? float(res[idx]) : 0.0));
+              }
           }
+        }
       }
     }
 }

@@ -6,40 +6,15 @@ the plan as shipped, two Sessions of each in turns. Prints each dispatch's media
 twice.
 
   python docs/experiments/plan_twice.py       # from the repository root, on the device to measure"""
-import statistics
-import sys
-from pathlib import Path
+from planedit import dispatch_medians, edited_plans
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[0] = str(ROOT)
-sys.path.append(str(ROOT / "models"))
-import whisper_encoder as we  # noqa: E402
-
-from minirt import Session  # noqa: E402
-
-orig = Session.plan_for
-
-
-def twice(self, shapes):
-    plan = orig(self, shapes)
-    plan.dispatches = plan.dispatches + plan.dispatches
-    return plan
-
+import whisper_encoder as we
 
 model, x = we.build_whisper_encoder("tiny", opset=17, seed=0), we.sample_input(seed=1)
 res = {}
 for mode in ("once", "twice", "once", "twice"):
-    Session.plan_for = twice if mode == "twice" else orig
-    with Session(model, profile=True) as s:
-        per = None
-        for i in range(35):
-            s.run(x)
-            recs = s.profile_records()
-            if i >= 5:
-                per = per or [[] for _ in recs]
-                for t, r in zip(per, recs):
-                    t.append(r.gpu_ms * 1e3)
-        res.setdefault(mode, []).append(([statistics.median(t) for t in per], [(r.kernel, r.node) for r in recs]))
+    with edited_plans((lambda ds: ds + ds) if mode == "twice" else None):
+        res.setdefault(mode, []).append(dispatch_medians(model, x, runs=30))
 n = len(res["once"][0][0])
 for k in range(n):
     kern, node = res["once"][0][1][k]

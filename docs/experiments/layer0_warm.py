@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""A one-off experiment (docs/benchmarks.md, fifteenth session): layer 0's out-projection runs 2-3 us slower than the
+other layers' the first time in a pass, and at their speed when recorded a second time right after it. Is that its
+own buffers being cold (weights, partials), or where in the pass it runs? Variants of the Whisper-tiny fp32 plan, a
+stamp after every dispatch, medians of 40 runs; copies of a dispatch recompute the same output from the same inputs,
+or (moved earlier) from the previous run's, so only times are read.
+
+  python docs/experiments/layer0_warm.py       # from the repository root, on the device to measure"""
+from planedit import dispatch_medians, edited_plans
+
+import whisper_encoder as we
+
+
+def find(ds, kernel_prefix, node_part, nth=0):
+    hits = [i for i, d in enumerate(ds) if d.kernel.startswith(kernel_prefix) and node_part in d.node]
+    return hits[nth]
+
+
+def insert(ds, at, d):
+    return ds[:at] + [d] + ds[at:]
+
+
+def times(model, x, f):
+    with edited_plans(f):
+        return dispatch_medians(model, x, runs=40)
+
+
+def op0(ds):  # layer 0's out-projection GEMM
+    return find(ds, "linear_t", "layers.0/self_attn/out_proj")
+
+
+def at0(ds):
+    return find(ds, "attention_split", "layers.0/")
+
+
+VARIANTS = {
+    "as shipped": None,
+    "layer 0's attention twice": lambda ds: insert(ds, at0(ds) + 1, ds[at0(ds)]),
+    "layer 3's attention twice": lambda ds: insert(ds, find(ds, "attention_split", "layers.3/") + 1,
+                                                   ds[find(ds, "attention_split", "layers.3/")]),
+    "a copy of layer 0's out-proj before layer 0's QKV": lambda ds: insert(ds, find(ds, "linear_t", "layers.0/self_attn/q_proj"), ds[op0(ds)]),
+    "a copy of layer 1's out-proj before layer 0's out-proj": lambda ds: insert(ds, op0(ds), ds[find(ds, "linear_t", "layers.1/self_attn/out_proj")]),
+    "layer 0's combine twice": lambda ds: insert(ds, at0(ds) + 2, ds[at0(ds) + 1]),
+    "front end twice": lambda ds: ds[:at0(ds) - 1] + ds[:at0(ds) - 1] + ds[at0(ds) - 1:],
+}
+model, x = we.build_whisper_encoder("tiny", opset=17, seed=0), we.sample_input(seed=1)
+WATCH = (("attention_split", "Attention"), ("attention_combine", "Attention"), ("linear_t", "out_proj"),
+         ("linear_reduce_ln", "out_proj"), ("linear_t", "q_proj"))
+for label, f in VARIANTS.items():
+    t, nm = times(model, x, f)
+    print(f"{label}: total {sum(t):.1f} us")
+    for kp, part in WATCH:
+        row = [(n.split("/")[1] if n.startswith("/layers.") else n, v) for (k, n), v in zip(nm, t)
+               if k.startswith(kp) and part in n]
+        print(f"   {kp + ' ' + part:<30} " + "  ".join(f"{ly}:{v:.1f}" for ly, v in row))

@@ -84,9 +84,12 @@ class Session:
         if not conv1d_rewrite:
             self.options["conv1d_rewrite"] = False
         self.options.setdefault("precision", precision)
-        forced = local_size or os.environ.get("MINIRT_LOCAL_SIZE") or None
+        forced = local_size or self.options.get("local_size") or os.environ.get("MINIRT_LOCAL_SIZE") or None
         if forced:
             self.options["local_size"] = parse_local_size(forced)
+        fams = self.options.get("local_size_families")
+        if isinstance(fams, str):   # "gemm" or "gemm+im2col", as the tools' option strings give it
+            self.options["local_size_families"] = tuple(f for f in fams.replace(",", "+").split("+") if f)
         static = all(self.graph.tensor(n).is_static for n in self.graph.inputs)
         # Validate the whole model (supported ops, shapes) before any GPU work. Symbolic dims are tried
         # at 1: shape arithmetic on them only folds once a run binds real shapes.

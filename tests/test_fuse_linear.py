@@ -74,3 +74,16 @@ def test_every_tile_variant(tile):
 def test_unknown_tile_is_refused():
     with pytest.raises(MinirtError, match="gemm_tile must be one of"):
         Session(_linear_model(384, 200, "Gelu", True), options={"gemm_tile": "t99"})
+
+
+def test_local_size_options_as_strings():
+    # the tools pass options as KEY=VALUE text: "8x4" and "gemm" mean what (8, 4, 1) and ("gemm",) do
+    m = _linear_model(64, 48, "Gelu", True)
+    feeds = {"x": rand(1, 37, 64), "r": rand(1, 37, 48)}
+    check_model(m, feeds, storages=("buffer",), options={"local_size": "8x4", "local_size_families": "gemm"})
+    with Session(m, storage="buffer", options={"local_size": "8x4", "local_size_families": "gemm+im2col"}) as s:
+        assert s.options["local_size_families"] == ("gemm", "im2col")
+        gemms = [d for d in s.plan.dispatches if d.family == "gemm"]
+        assert gemms and all(d.local_size == (8, 4, 1) for d in gemms)
+    with pytest.raises(MinirtError, match="a local size is 1 to 3 positive integers"):
+        Session(m, options={"local_size": "8xq"})

@@ -24,6 +24,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[0] = str(ROOT)   # not tools/: tools/profile.py shadows the stdlib `profile`
+sys.path.append(str(Path(__file__).resolve().parent))   # after the stdlib: benchconfig
 
 
 def probe_plan(words, threads, group_counts, chain):
@@ -92,7 +93,8 @@ def stats(args):
     dev = get_device()
     if not dev.executable_statistics:
         print(f"'{dev.profile.name}' has no VK_KHR_pipeline_executable_properties: kernels listed without statistics")
-    options = dict(kv.split("=", 1) for kv in args.option)
+    from benchconfig import parse_config   # the tools' one reading of KEY=VALUE options (0 -> False, 8x16 -> a tuple)
+    options = parse_config(f"{args.precision}:{','.join(args.option)}")
     with Session(args.model, storage=args.storage, precision=args.precision, options=options) as s:
         shapes = {n: tuple(d if isinstance(d, int) and d > 0 else 1 for d in s.graph.tensor(n).shape)
                   for n in s.graph.inputs}

@@ -72,7 +72,7 @@ def make_plan(graph, profile, storage="auto", options=None) -> Plan:
         try:
             check_local_size(forced, profile)
         except ValueError as e:
-            raise MinirtError(f"forced local size {list(forced)} is refused: {e}") from None
+            raise MinirtError(f"forced local size {forced!r} is refused: {e}") from None
     for d in plan.dispatches:
         f = forced_local_size(d.family, options)
         if f is not None or d.local_size is None:    # (a lowering may have chosen it, by the same module's rules)

@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """A one-off experiment (docs/benchmarks.md, fifteenth session): layer 0's out-projection runs 2-3 us slower than the
 other layers' the first time in a pass, and at their speed when recorded a second time right after it. Is that its
-own buffers being cold (weights, partials), or where in the pass it runs? Variants of the Whisper-tiny fp32 plan, a
+own buffers being cold (weights, partials), its pipeline, or where in the pass it runs? Variants of the Whisper-tiny fp32 plan, a
 stamp after every dispatch, medians of 40 runs; copies of a dispatch recompute the same output from the same inputs,
 or (moved earlier) from the previous run's, so only times are read.
 
-  python docs/experiments/layer0_warm.py       # from the repository root, on the device to measure"""
+  python docs/experiments/layer0_warm.py       # from the repository root, on the device to measure
+  VARIANTS="as shipped;front end twice" python docs/experiments/layer0_warm.py   # some of them"""
+import dataclasses
+import os
+
 from planedit import dispatch_medians, edited_plans
 
 import whisper_encoder as we
@@ -40,13 +44,24 @@ VARIANTS = {
                                                    ds[find(ds, "attention_split", "layers.3/")]),
     "a copy of layer 0's out-proj before layer 0's QKV": lambda ds: insert(ds, find(ds, "linear_t", "layers.0/self_attn/q_proj"), ds[op0(ds)]),
     "a copy of layer 1's out-proj before layer 0's out-proj": lambda ds: insert(ds, op0(ds), ds[find(ds, "linear_t", "layers.1/self_attn/out_proj")]),
+    # another pipeline that writes the same partials buffer (conv2's split GEMM reads its conv input as overlapping
+    # rows: A_WIN), then the same pipeline on other buffers and weights (layer 0's fc2, recorded early)
+    "a copy of conv2's GEMM before layer 0's out-proj": lambda ds: insert(ds, op0(ds), ds[find(ds, "linear_t", "conv2")]),
+    "a copy of layer 0's fc2 before layer 0's out-proj": lambda ds: insert(ds, op0(ds), ds[find(ds, "linear_t", "layers.0/fc2")]),
+    # the same pipeline, weights and input, its output sent elsewhere (the attention's partials, dead by then)
+    "a copy of layer 0's out-proj writing elsewhere, before it": lambda ds: insert(
+        ds, op0(ds), dataclasses.replace(ds[op0(ds)], args=[("attention.partials", "w")] + list(ds[op0(ds)].args[1:]))),
+    "a copy of layer 1's attention before layer 0's": lambda ds: insert(ds, at0(ds), ds[find(ds, "attention_split", "layers.1/")]),
     "layer 0's combine twice": lambda ds: insert(ds, at0(ds) + 2, ds[at0(ds) + 1]),
     "front end twice": lambda ds: ds[:at0(ds) - 1] + ds[:at0(ds) - 1] + ds[at0(ds) - 1:],
 }
 model, x = we.build_whisper_encoder("tiny", opset=17, seed=0), we.sample_input(seed=1)
 WATCH = (("attention_split", "Attention"), ("attention_combine", "Attention"), ("linear_t", "out_proj"),
          ("linear_reduce_ln", "out_proj"), ("linear_t", "q_proj"))
+ONLY = [v for v in os.environ.get("VARIANTS", "").split(";") if v]   # labels to run (default: all)
 for label, f in VARIANTS.items():
+    if ONLY and label not in ONLY:
+        continue
     t, nm = times(model, x, f)
     print(f"{label}: total {sum(t):.1f} us")
     for kp, part in WATCH:

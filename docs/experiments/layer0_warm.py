@@ -5,7 +5,7 @@ own buffers being cold (weights, partials), its pipeline, or where in the pass i
 stamp after every dispatch, medians of 40 runs; copies of a dispatch recompute the same output from the same inputs,
 or (moved earlier) from the previous run's, so only times are read.
 
-  python docs/experiments/layer0_warm.py       # from the repository root, on the device to measure
+  python docs/experiments/layer0_warm.py       # from the repository root, on the device to measure (all variants)
   VARIANTS="as shipped;front end twice" python docs/experiments/layer0_warm.py   # some of them"""
 import dataclasses
 import os
@@ -51,6 +51,17 @@ VARIANTS = {
     # the same pipeline, weights and input, its output sent elsewhere (the attention's partials, dead by then)
     "a copy of layer 0's out-proj writing elsewhere, before it": lambda ds: insert(
         ds, op0(ds), dataclasses.replace(ds[op0(ds)], args=[("attention.partials", "w")] + list(ds[op0(ds)].args[1:]))),
+    # warm-ups that run a pipeline's loop with little work, where no barrier holds them (before layer 0's QKV, which
+    # neither reads nor writes what they touch): the attention over its first 64 keys only (Tk, the second int of
+    # its push constants), the out-projection with no rows (M = 0: its loop runs on zeros, nothing is stored) in one
+    # group a multiprocessor
+    "warm-up: layer 0's attention over 64 keys, before layer 0's QKV": lambda ds: insert(
+        ds, find(ds, "linear_t", "layers.0/self_attn/q_proj"),
+        dataclasses.replace(ds[at0(ds)], push=ds[at0(ds)].push[:4] + (64).to_bytes(4, "little") + ds[at0(ds)].push[8:])),
+    "warm-up: layer 0's out-proj with no rows, 132 groups, before layer 0's QKV": lambda ds: insert(
+        ds, find(ds, "linear_t", "layers.0/self_attn/q_proj"),
+        dataclasses.replace(ds[op0(ds)], push=(0).to_bytes(4, "little") + ds[op0(ds)].push[4:],
+                            global_size=(ds[op0(ds)].local_size[0] * 6, ds[op0(ds)].local_size[1] * 22, 1))),
     "a copy of layer 1's attention before layer 0's": lambda ds: insert(ds, at0(ds), ds[find(ds, "attention_split", "layers.1/")]),
     "layer 0's combine twice": lambda ds: insert(ds, at0(ds) + 2, ds[at0(ds) + 1]),
     "front end twice": lambda ds: ds[:at0(ds) - 1] + ds[:at0(ds) - 1] + ds[at0(ds) - 1:],

@@ -24,7 +24,8 @@
 // io=out32 (fp16): the output is a float32 graph output, written as it is.
 // The epilogue has no `continue` or `break`: with 8 x 8 tiles they made NVIDIA's compiler keep the 16 vec4 accumulators
 // in local memory (docs/benchmarks.md, twelfth session), and written as if-blocks the 4 x 4 tiles' unsplit epilogues
-// run 0.3-0.8 us faster a GEMM on the H200 (fifteenth session). Write such loops with if-blocks.
+// run 0.3-0.8 us faster a GEMM on the H200 (fifteenth session; glslc now unrolls those loops itself, so the SPIR-V is
+// larger). Write such loops with if-blocks.
 #include "common.glslh"
 
 #if defined(TILE_T44)

@@ -1,27 +1,265 @@
-"""Session options as planner passes and ops read them."""
+"""Every switch of minirt in one place: the Session's Options, and the environment variables that set their defaults.
+
+Options is frozen and built once per Session (Options.make): a key it does not know, or a value of the wrong type, is
+an error that lists the valid keys. Values may come as text (a command line's KEY=VALUE) and are converted by the
+field's type. Environment variables are read here and nowhere else (Environment).
+
+Fields after `passes_off` force a path the planner would otherwise choose by device: tests use them to run on
+lavapipe the plans another device (an H200) gets by default, and a tuner may use them to compare choices.
+"""
 from __future__ import annotations
 
-OFF = ("", "0", "false", "off", "no")
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import MinirtError
+
+PRECISIONS = ("fp32", "fp16")
+STORAGES = ("auto", "texture", "buffer")
+COOPMAT_MODES = ("auto", "off", "emulate")
+DIRECT_IO = ("off", "in", "out", "both")
+# planner passes that `passes_off` may name (minirt/planner/__init__.py runs them)
+OPTIONAL_PASSES = ("conv_output_nlc", "conv_input_nlc", "fuse_linear", "merge_siblings", "fuse_attention",
+                   "fuse_reduce_layer_norm")
+# kernel families a forced local size may apply to (the others size their work from their local size)
+FORCEABLE_FAMILIES = ("gemm", "im2col", "elementwise", "conv", "copy")
+GEMM_TILES = ("t44", "t44k32")
+CONV_ROUTES = ("im2col", "pointwise", "depthwise", "direct")
+
+_OFF = ("", "0", "false", "off", "no")
+_ON = ("1", "true", "on", "yes")
 
 
-def option_on(options: dict, key: str, default: bool) -> bool:
-    """A boolean option that may come as a string from a command line (tools/bench.py --option KEY=0)."""
-    v = options.get(key)
-    if v is None:
-        return default
-    return v.strip().lower() not in OFF if isinstance(v, str) else bool(v)
+def _flag(v):
+    if isinstance(v, str):
+        s = v.strip().lower()
+        if s in _OFF or s in _ON:
+            return s in _ON
+    if isinstance(v, bool) or v in (0, 1):
+        return bool(v)
+    raise ValueError("a boolean (true/false, 1/0, on/off)")
 
 
-def option_count(options: dict, key: str):
-    """A count option (an integer >= 1, possibly as a string), or None where absent; anything else is refused."""
-    from .errors import MinirtError
-    v = options.get(key)
-    if v is None:
-        return None
-    try:
-        n = int(v)
-    except (TypeError, ValueError):
-        n = 0
-    if n < 1 or isinstance(v, bool) or (isinstance(v, float) and v != n):
-        raise MinirtError(f"option {key} must be an integer >= 1, got {v!r}")
+def _count(v):
+    n = int(v) if not isinstance(v, bool) else 0
+    if isinstance(v, float) and v != n or n < 1:
+        raise ValueError("an integer >= 1")
     return n
+
+
+def _number(v):
+    x = float(v)
+    if not x >= 0 or x == float("inf"):
+        raise ValueError("a finite number >= 0")
+    return x
+
+
+def _choice(choices):
+    def conv(v):
+        if v not in choices:
+            raise ValueError(f"one of {', '.join(map(str, choices))}")
+        return v
+    return conv
+
+
+def _ints(n=None, low=1):
+    """A tuple of positive ints, from a tuple or text such as "16,4,1" or "16x4x1"."""
+    def conv(v):
+        parts = v.replace("x", ",").split(",") if isinstance(v, str) else list(v)
+        t = tuple(int(p) for p in parts)
+        if (n is not None and len(t) not in (n if isinstance(n, tuple) else (n,))) or min(t, default=0) < low:
+            raise ValueError(f"{'/'.join(map(str, n)) if isinstance(n, tuple) else n or 'some'} integers >= {low}")
+        return t
+    return conv
+
+
+def _local_size(v):
+    t = _ints((1, 2, 3))(v)
+    return t + (1,) * (3 - len(t))
+
+
+def _names(choices):
+    def conv(v):
+        t = tuple(s for s in (v.replace(",", "+").split("+") if isinstance(v, str) else v) if s)
+        bad = [s for s in t if s not in choices]
+        if bad:
+            raise ValueError(f"names from {', '.join(choices)} (not {', '.join(map(str, bad))})")
+        return t
+    return conv
+
+
+def _optional(conv):
+    def opt(v):
+        return None if v is None or (isinstance(v, str) and v.strip().lower() in ("", "none", "auto")) else conv(v)
+    return opt
+
+
+def _stream(v):
+    """attention_stream: True (the device's rule), False (off) or a group count >= 2."""
+    if isinstance(v, bool) or (isinstance(v, str) and v.strip().lower() in _OFF + _ON):
+        return _flag(v)
+    n = _count(v)
+    if n == 1:
+        return True
+    return n
+
+
+def _opt(default, conv, doc, device=""):
+    return field(default=default, metadata={"conv": conv, "doc": doc, "device": device})
+
+
+@dataclass(frozen=True)
+class Options:
+    """A Session's settings. Build with Options.make(**keys) (or Session(..., options={...})): it checks every key and
+    converts text values."""
+
+    precision: str = _opt("fp32", _choice(PRECISIONS),
+                          "fp32, or fp16: weights and activations in 16-bit storage, fp32 arithmetic; inputs and "
+                          "outputs stay float32", "any with 16-bit storage buffers")
+    storage: str = _opt("auto", _choice(STORAGES),
+                        "where activations live: auto (textures on Adreno, Mali and PowerVR, buffers elsewhere), "
+                        "texture or buffer")
+    conv1d_rewrite: bool = _opt(True, _flag, "run 1-D convolutions as 2-D ones over a height of 1 "
+                                "(MINIRT_NO_CONV1D_REWRITE=1 turns it off)")
+    local_size: tuple | None = _opt(None, _optional(_local_size),
+                                    "force one local work-group size (x,y,z) on every forceable dispatch "
+                                    "(MINIRT_LOCAL_SIZE); checked against the device's limits")
+    local_size_families: tuple = _opt(FORCEABLE_FAMILIES, _names(FORCEABLE_FAMILIES),
+                                      "the kernel families local_size applies to")
+    coopmat: str = _opt("auto", _choice(COOPMAT_MODES),
+                        "cooperative-matrix kernels at fp16: auto (where the device has them), off, or emulate "
+                        "(their logic in plain code, on any device with subgroups: for tests)",
+                        "devices with VK_KHR_cooperative_matrix")
+    memory_reuse: bool = _opt(True, _flag, "activations share memory once their last reader has run (off: every "
+                              "tensor its own bytes, a debugging aid)")
+    poison: bool = _opt(False, _flag, "fill activations with NaN before each run, so an element no kernel writes "
+                        "shows (a testing aid)")
+    direct_io: str = _opt("off", _choice(DIRECT_IO),
+                          "graph inputs and/or outputs in host memory that kernels read and write over the bus "
+                          "instead of staging copies (MINIRT_DIRECT_IO)", "buffer storage")
+    zero_copy: bool = _opt(True, _flag, "return outputs in host memory the GPU copied them into, without a host copy "
+                           "(MINIRT_ZERO_COPY)", "drivers with VK_EXT_external_memory_host, buffer storage")
+    timeout_s: float = _opt(600.0, _number, "seconds a run may take on the GPU before a DeviceError "
+                            "(MINIRT_TIMEOUT_S)")
+    spin_ms: float | None = _opt(None, _optional(_number),
+                                 "milliseconds to poll a run's fence before a sleeping wait (MINIRT_SPIN_MS); "
+                                 "default: the device table's")
+    passes_off: tuple = _opt((), _names(OPTIONAL_PASSES), "optional planner passes to skip")
+    # -- forcing a path (tests, tuning) ---------------------------------------------------------------------------
+    conv_route: str | None = _opt(None, _optional(_choice(CONV_ROUTES)), "force every Conv onto one route")
+    fast_gemm: bool = _opt(True, _flag, "off: the generic GEMM (glsl/gemm.comp) where glsl/linear.comp would run")
+    gemm_tile: str | None = _opt(None, _optional(_choice(GEMM_TILES)),
+                                 "linear.comp tile: t44 (16-deep slices) or t44k32 (32-deep; discrete GPUs' default)")
+    gemm_splitk: int | None = _opt(None, _optional(_count), "split every eligible GEMM's K this many ways")
+    cm_regfed: bool = _opt(True, _flag, "the register-fed tensor-core GEMM where it applies",
+                           "devices whose cooperative matrices have the 'mma' layout")
+    pair_lanes: bool | None = _opt(None, _optional(_flag), "paired lanes in linear.comp and the attention "
+                                   "(PAIR_LANES); default: the device table's")
+    rows_invocations: int | None = _opt(None, _optional(_count), "invocations a group of the row kernels "
+                                        "(LayerNorm); default: the device table's")
+    attention_splits: int | None = _opt(None, _optional(_count), "split every attention's keys this many ways")
+    attention_stream: bool | int = _opt(True, _stream, "stream splits of the attention's (query, key) blocks over "
+                                        "one wave: True (where the device's rule says), False, or a group count")
+    attention_tile: tuple | None = _opt(None, _optional(_ints((3, 4))),
+                                        "the fp32 attention tile THREADSxKGxRT[xNK]")
+    attention_prefetch: bool | None = _opt(None, _optional(_flag), "the fp32 attention's K/V prefetch")
+    attention_cm_reg: bool = _opt(True, _flag, "the tensor-core attention with its softmax in registers",
+                                  "devices whose cooperative matrices have the 'mma' layout")
+    coopmat_tile: tuple | None = _opt(None, _optional(_ints(3)), "the tensor-core attention tile NRxKSxBK")
+    cmr_tile: tuple | None = _opt(None, _optional(_ints(2)), "the register-softmax attention tile NRxBK")
+
+    @classmethod
+    def make(cls, options=None, **keys) -> "Options":
+        """Options from a dict and/or keywords (keywords win), defaults from the environment (Environment)."""
+        given = {**(options or {}), **keys}
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        bad = sorted(k for k in given if k not in fields)
+        if bad:
+            raise MinirtError(f"unknown option{'s' if len(bad) > 1 else ''} {', '.join(map(repr, bad))}; valid keys: "
+                              f"{', '.join(fields)}")
+        values = {**environment().option_defaults(), **given}
+        out = {}
+        for k, v in values.items():
+            try:
+                out[k] = fields[k].metadata["conv"](v)
+            except (TypeError, ValueError) as e:
+                why = e.args[0] if isinstance(e, ValueError) and e.args and " " in str(e.args[0]) else "of another type"
+                raise MinirtError(f"option {k} must be {why}, got {v!r}") from None
+        return cls(**out)
+
+    @classmethod
+    def of(cls, options) -> "Options":
+        """options as Options: itself, or built from a dict (or None)."""
+        return options if isinstance(options, cls) else cls.make(options)
+
+    def replace(self, **keys) -> "Options":
+        return Options.make({**dataclasses.asdict(self), **keys})
+
+    def changed(self) -> dict:
+        """The fields that differ from their defaults (what `minirt plan` shows)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) != f.default}
+
+    def pass_on(self, name: str) -> bool:
+        return name not in self.passes_off
+
+
+def option_table() -> list[tuple[str, str, str, str]]:
+    """(name, default, what it does, where it matters) for every option: README and `minirt options`."""
+    return [(f.name, repr(f.default), f.metadata["doc"], f.metadata["device"] or "any")
+            for f in dataclasses.fields(Options)]
+
+
+@dataclass(frozen=True)
+class Environment:
+    """The process's environment variables, read once: MINIRT_DEVICE, MINIRT_VALIDATION, MINIRT_PIPELINE_STATS,
+    MINIRT_CACHE_DIR, MINIRT_NO_PIPELINE_CACHE, and the option defaults MINIRT_LOCAL_SIZE, MINIRT_NO_CONV1D_REWRITE,
+    MINIRT_DIRECT_IO, MINIRT_ZERO_COPY, MINIRT_TIMEOUT_S, MINIRT_SPIN_MS."""
+
+    device: str = ""              # MINIRT_DEVICE: index of the default device
+    validation: bool = False      # enable the Khronos validation layer
+    pipeline_stats: bool = False  # ask the driver for pipeline statistics (tools/profile)
+    cache_dir: Path | None = None  # the pipeline cache folder; None: off
+    options: tuple = ()           # (option, value) pairs the environment sets
+
+    def option_defaults(self) -> dict:
+        return dict(self.options)
+
+
+_OPTION_ENV = (("MINIRT_LOCAL_SIZE", "local_size", str), ("MINIRT_DIRECT_IO", "direct_io",
+               lambda s: {"0": "off", "1": "both"}.get(s.strip().lower(), s.strip().lower())),
+               ("MINIRT_ZERO_COPY", "zero_copy", str), ("MINIRT_TIMEOUT_S", "timeout_s", str),
+               ("MINIRT_SPIN_MS", "spin_ms", str),
+               ("MINIRT_NO_CONV1D_REWRITE", "conv1d_rewrite", lambda s: not _flag(s)))
+
+
+def read_environment(env=None) -> Environment:
+    """Environment from `env` (default os.environ); a malformed value is an error naming the variable."""
+    env = os.environ if env is None else env
+    opts = []
+    for var, key, conv in _OPTION_ENV:
+        raw = env.get(var, "").strip()
+        if raw:
+            try:
+                value = conv(raw)
+                Options.__dataclass_fields__[key].metadata["conv"](value)
+            except (TypeError, ValueError) as e:
+                raise MinirtError(f"environment variable {var}={raw!r} is not valid: {e}") from None
+            opts.append((key, value))
+    cache = env.get("MINIRT_CACHE_DIR", "").strip()
+    xdg = env.get("XDG_CACHE_HOME", "").strip()
+    # $MINIRT_CACHE_DIR, else $XDG_CACHE_HOME/minirt (the XDG spec ignores a relative path), else ~/.cache/minirt
+    cache_dir = (Path(cache).expanduser() if cache else
+                 Path(xdg) / "minirt" if xdg and os.path.isabs(xdg) else Path.home() / ".cache" / "minirt")
+    if env.get("MINIRT_NO_PIPELINE_CACHE", "").strip() not in ("", "0"):
+        cache_dir = None
+    return Environment(device=env.get("MINIRT_DEVICE", "").strip(),
+                       validation=env.get("MINIRT_VALIDATION", "").strip() not in ("", "0"),
+                       pipeline_stats=env.get("MINIRT_PIPELINE_STATS", "").strip() not in ("", "0"),
+                       cache_dir=cache_dir, options=tuple(opts))
+
+
+def environment() -> Environment:
+    """The environment as it is now (read each time: tests and tools set variables between Sessions)."""
+    return read_environment()

@@ -115,6 +115,10 @@ class Plan:
     lifetimes: dict[str, tuple[int, int]] = field(default_factory=dict)
     poison: bool = False        # fill activations with NaN before each run (testing aid)
     precision: str = "fp32"     # "fp16": activations and weights in 16-bit storage (graph inputs and outputs fp32)
+    # How a run moves data (decided by make_plan from the options and the device; the executor does what they say):
+    direct_io: tuple = ()       # roles (INPUT, OUTPUT) whose graph tensors live in host memory the kernels use directly
+    zero_copy: bool = False     # outputs copied by the GPU into host arrays handed to the caller (where the driver can)
+    spin_ms: float = 0.0        # poll the run's fence this long before a sleeping wait
 
     def root(self, name: str) -> str:
         while self.tensors[name].view_of:

@@ -66,7 +66,7 @@ rewrite_opt = click.option("--no-conv1d-rewrite", is_flag=True,
 def _parse_local_size(ctx, param, value):
     if value is None or value == "":
         return None
-    from .session import parse_local_size
+    from .options import parse_local_size
     try:
         return parse_local_size(value)
     except MinirtError:

@@ -7,7 +7,8 @@ the fake profiles in KNOWN_PROFILES without a GPU.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cached_property
 
 VENDORS = ("adreno", "mali", "powervr", "nvidia", "amd", "intel", "llvmpipe", "other")
 DEVICE_TYPES = ("discrete", "integrated", "cpu", "virtual", "other")
@@ -93,6 +94,15 @@ class DeviceProfile:
     def is_mobile(self) -> bool:
         return self.vendor in MOBILE_VENDORS
 
+    @cached_property
+    def tuning(self) -> "Tuning":
+        """What minirt's plans do differently on this device: TUNING's rows that match it, in order."""
+        t = Tuning()
+        for vendors, types, changes in TUNING:
+            if (vendors is None or self.vendor in vendors) and (types is None or self.device_type in types):
+                t = replace(t, **changes)
+        return t
+
     def wave_slots(self, shared_bytes: int, most: int | None = None) -> int:
         """Work groups declaring `shared_bytes` of shared memory that run at once (one wave), or 0 where the
         multiprocessor count is unknown. A multiprocessor holds as many as its shared memory allows; NVIDIA's Vulkan
@@ -101,6 +111,40 @@ class DeviceProfile:
         multiprocessor, where its registers allow fewer groups than its shared memory."""
         per_unit = max(1, self.max_shared_memory // max(1, shared_bytes))
         return self.compute_units * (min(per_unit, most) if most else per_unit)
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Choices that depend on the kind of device, each measured where its row in TUNING says (docs/benchmarks.md,
+    "Why the defaults are what they are"). The defaults hold for any device nothing below matches."""
+    storage: str = "buffer"           # Session(storage="auto"): where activations live
+    gemm_groups: str = "plain"        # GEMM work groups (minirt/lwg.py): "plain" 8x8, "adreno" fixed 16x4, "desktop"
+                                      # (256-invocation groups, or WAVE_SHAPES where the multiprocessors are known)
+    im2col_shape: tuple = (16, 4, 1)  # 2-D im2col work groups (ExecuTorch's shape)
+    linear_tile: str = "t44"          # glsl/linear.comp tile: 16-deep slices fit any shared memory
+    split_work: bool = False          # split GEMM K loops and attention keys to fill a wave (needs compute_units)
+    spin_ms: float = 0.0              # poll a run's fence before a sleeping wait (costs power: not on phones)
+    paired_lanes: bool = False        # PAIR_LANES in linear.comp and attention.glslh
+    small_pass_invocations: int = 0   # work-group size of the row kernels and attention combine (0: the default 64)
+    subgroup_rows: bool = False       # LayerNorm one subgroup a row (glsl/layer_norm_rows.comp: subgroup arithmetic)
+    attention_cpu_tiles: bool = False  # the fp32 attention's CPU_TILES first
+    attention_prefetch: bool = True   # the fp32 attention stages K and V through registers one phase ahead
+    register_file: int = 65536        # 32-bit registers a multiprocessor: how many tensor-core attention groups fit
+    # linear_cm tile -> work groups a multiprocessor holds by its registers (116 and 185 a lane for the 64 x 64 and
+    # 64 x 128 one-stage tiles on an H200, tools/dev/occupancy.py), where that is fewer than shared memory allows
+    cm_register_groups: tuple = (("m64n64k32s1", 4), ("m64n128k32s1", 2), ("r64n64", 4))
+
+
+# (vendors or None for any, device types or None for any, changes to Tuning): every row that matches applies, in order.
+TUNING = (
+    (MOBILE_VENDORS, None, dict(storage="texture")),                 # texture caches, fast sampled reads
+    (("adreno",), None, dict(gemm_groups="adreno")),                  # 8x8 and 4x16 corrupt tiled-GEMM groups
+    (("nvidia", "amd"), None, dict(gemm_groups="desktop", im2col_shape=(4, 16, 1))),
+    (None, ("discrete",), dict(linear_tile="t44k32", split_work=True, spin_ms=20.0)),
+    (None, ("cpu",), dict(attention_cpu_tiles=True, attention_prefetch=False)),   # no latency to hide
+    (("nvidia",), None, dict(paired_lanes=True, small_pass_invocations=256)),
+    (("nvidia", "amd", "intel", "llvmpipe"), None, dict(subgroup_rows=True)),
+)
 
 
 def _mma_layout(lane: int, i: int) -> tuple[int, int]:

@@ -8,8 +8,9 @@ so a local size larger than the global extent only wastes lanes.
 Groups hold 64 invocations by default (or the subgroup size if larger, capped
 by the device): 64 is two NVIDIA warps, one AMD/Adreno wave64, and within
 every limit we know.  Larger groups only where measured: desktop GEMMs
-(WAVE_SHAPES), and the small one-pass kernels where MEASURED_INVOCATIONS
-says so (the row kernels and the attention combine pass on NVIDIA).
+(WAVE_SHAPES), and the small one-pass kernels where the device table says so
+(DeviceProfile.tuning.small_pass_invocations: the row kernels and the attention
+combine pass on NVIDIA).  What differs by device comes from that table.
 """
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ import math
 import operator
 
 from .device_profile import DeviceProfile
+from .options import FORCEABLE_FAMILIES as FORCEABLE
 
 FAMILIES = ("gemm", "im2col", "elementwise", "reduction", "conv", "copy", "attention", "coopmat")
 # Families whose kernels size their work from the local size: a forced local size never applies to them.
-UNFORCEABLE = ("reduction", "coopmat", "attention")
-FORCEABLE = tuple(f for f in FAMILIES if f not in UNFORCEABLE)
+UNFORCEABLE = tuple(f for f in FAMILIES if f not in FORCEABLE)
 
 DEFAULT_INVOCATIONS = 64
 # Non-Adreno GEMM: square tiles load the fewest A/B edges per output.
@@ -31,10 +32,7 @@ GEMM_SHAPE = (8, 8, 1)
 # 2x32 and 1x64 are clean.  ExecuTorch uses 16x4x1 there unconditionally.
 ADRENO_GEMM = (16, 4, 1)
 ADRENO_BAD_GEMM = ((8, 8, 1), (4, 16, 1))
-IM2COL_SHAPE = (16, 4, 1)  # as ExecuTorch, on every vendor but the desktop ones
-IM2COL_DESKTOP = (4, 16, 1)
-DESKTOP_VENDORS = ("nvidia", "amd")   # 256-invocation GEMM groups when there are enough of them
-DESKTOP_MIN_GROUPS = 256
+DESKTOP_MIN_GROUPS = 256   # "desktop" GEMM groups (DeviceProfile.tuning.gemm_groups): 256 invocations when this many
 # Desktop GPUs whose driver tells the multiprocessor count: the GEMM shape with the fewest waves of work, each
 # wave costing x + y (a group's shared-memory staging per output, which bounds these kernels more than the FMAs),
 # among these shapes (ties keep this order). A wave is as many groups as run at once: where the dispatch declares its
@@ -140,23 +138,24 @@ def _default(g, profile: DeviceProfile) -> tuple[int, int, int]:
 
 
 def _gemm(g, profile: DeviceProfile, shared_xy=()) -> tuple[int, int, int]:
-    if profile.vendor == "adreno":
+    rule = profile.tuning.gemm_groups
+    if rule == "adreno":
         return _clamp(ADRENO_GEMM, profile)
     # 8x8 shrunk to what x/y need (1 -> 1); the spare share goes to the other
     # of x/y.  Effective table: (8,8) if x,y >= 5; (64,1) (32,2) (16,4) for
     # y = 1, 2, 3..4 and the transposes.  z stays 1: batches go to group count.
     need, budget = _need(g, profile), _budget(profile)
     shape = GEMM_SHAPE
-    waves = _by_waves(g, profile, shared_xy) if profile.vendor in DESKTOP_VENDORS else None
+    waves = _by_waves(g, profile, shared_xy) if rule == "desktop" else None
     if waves:
         return waves
-    if profile.vendor in DESKTOP_VENDORS and -(-g[0] // 16) * -(-g[1] // 16) >= DESKTOP_MIN_GROUPS:
+    if rule == "desktop" and -(-g[0] // 16) * -(-g[1] // 16) >= DESKTOP_MIN_GROUPS:
         # Big GPUs hide latency with 256-invocation groups (16x16 measured faster than 8x8 on an H200),
         # but only while there are enough of them to spread over every multiprocessor; smaller GEMMs
         # (Whisper's 1500 x 384 outputs) balance better with 4x as many 8x8 groups.
         budget = min(256, _pow2_floor(profile.max_invocations))
         shape = (16, 16)
-    elif profile.vendor in DESKTOP_VENDORS and -(-g[0] // 16) * -(-g[1] // 8) >= DESKTOP_MIN_GROUPS:
+    elif rule == "desktop" and -(-g[0] // 16) * -(-g[1] // 8) >= DESKTOP_MIN_GROUPS:
         # In between, 16x8 groups (128 invocations) still make enough groups and beat 8x8 on an H200 for
         # Whisper's 1500 x 384 outputs (QKV-sized 27.2 vs 28.1 us, fc2 -7%: docs/benchmarks.md).
         budget = min(128, _pow2_floor(profile.max_invocations))
@@ -196,6 +195,12 @@ def _by_waves(g, profile: DeviceProfile, shared_xy=()):
     return (x, y, 1)
 
 
+def wave_splits(groups: int, slots: int, units: int, min_units: int, most: int) -> int:
+    """Splits S (1 .. most) of a dispatch's work across work groups: the most whose groups * S still run in one wave
+    of `slots` resident groups, each split keeping at least min_units of its `units` (K slices, keys); 1 if none."""
+    return max((S for S in range(2, most + 1) if groups * S <= slots and units // S >= min_units), default=1)
+
+
 def _busy(g, shape, profile: DeviceProfile, shared_xy, splits=1) -> float:
     """The share of the places a GEMM's groups (times its K splits) keep busy over the waves they take."""
     groups = -(-g[0] // shape[0]) * -(-g[1] // shape[1]) * splits
@@ -210,7 +215,6 @@ def gemm_split_shape(g, profile: DeviceProfile, shared_xy, units: int, min_units
     slices), ties to the smaller x + y, taken where it keeps more of the places busy than the plain rule's unsplit
     shape does over its waves: on an H200 Whisper's 1500 x 384 outputs split twice in 16x12 groups (384 of 396 places,
     against 282 of 528 unsplit in 16x8; fc2 63.2 us against 65.8 in 24x12, 256 of 264)."""
-    from .ops._util import wave_splits
     best = None
     for s in _wave_shapes(g, profile):
         groups = -(-g[0] // s[0]) * -(-g[1] // s[1])
@@ -223,39 +227,33 @@ def gemm_split_shape(g, profile: DeviceProfile, shared_xy, units: int, min_units
     return best[1:]
 
 
-# Invocations a work group of the small one-pass kernels where a vendor's figure was measured, else None (64, the
-# default). On an H200 (docs/benchmarks.md, eleventh session), with 256:
+# The small one-pass kernels take DeviceProfile.tuning.small_pass_invocations a work group where it is set (64, the
+# default, elsewhere). On an H200 (docs/benchmarks.md), with 256:
 #   - the row kernels (layer_norm_rows, linear_reduce post=ln: one subgroup a row, so 8 rows a group instead of 2)
 #     took about 3 us less over Whisper-tiny's nine passes (span 1.501 -> 1.498 ms);
 #   - the attention combine pass (glsl/attention_combine.comp, one invocation a vec4 of output) in a head's 16 vec4
 #     columns by 16 rows took 5.0-6.0 us a pass against 5.6-6.9 in the elementwise picker's 8x8.
-MEASURED_INVOCATIONS = {"nvidia": 256}
 
 
 def row_invocations(profile: DeviceProfile, forced=None) -> int:
-    """Invocations a work group of the row kernels (minirt/ops/normalization.py): `forced`, the vendor's measured
-    figure or 64, raised to one whole subgroup (the kernels give each subgroup a row)."""
-    n = forced or MEASURED_INVOCATIONS.get(profile.vendor) or DEFAULT_INVOCATIONS
+    """Invocations a work group of the row kernels (minirt/ops/normalization.py): `forced`, the device table's figure
+    or 64, raised to one whole subgroup (the kernels give each subgroup a row)."""
+    n = forced or profile.tuning.small_pass_invocations or DEFAULT_INVOCATIONS
     return max(n, profile.subgroup_size, 1)
 
 
-# Vendors whose shared memory returns a 16-byte load to a subgroup in fewer passes when lanes n and n ^ 1 (or n ^ 2)
-# read the same address (NVIDIA: 2 passes instead of 4). linear.comp and attention.glslh's PAIR_LANES then give
-# invocations 2i and 2i + 1 the same columns in two row groups, which only moves work between invocations.
-PAIRED_LANE_VENDORS = ("nvidia",)
-
-
-def paired_lanes(profile: DeviceProfile, options: dict) -> bool:
-    """PAIR_LANES of linear.comp and attention.glslh: on for PAIRED_LANE_VENDORS; Session(options={"pair_lanes":
-    True | False}) forces it."""
-    from .options import option_on
-    return option_on(options, "pair_lanes", profile.vendor in PAIRED_LANE_VENDORS)
+def paired_lanes(profile: DeviceProfile, options) -> bool:
+    """PAIR_LANES of linear.comp and attention.glslh: where the device table says (NVIDIA, whose shared memory returns
+    a 16-byte load to a subgroup in 2 passes instead of 4 when lanes n and n ^ 1 read the same address: invocations 2i
+    and 2i + 1 then take the same columns in two row groups, which only moves work between invocations); the option
+    pair_lanes forces it."""
+    return profile.tuning.paired_lanes if options.pair_lanes is None else options.pair_lanes
 
 
 def head_rows_shape(head_vec4: int, profile: DeviceProfile):
     """Local size of the attention combine pass for heads of `head_vec4` vec4 columns (x: one head's columns, the
     lanes sharing a row's (m, l) pairs; y: rows), or None (the planner's elementwise rule)."""
-    n = MEASURED_INVOCATIONS.get(profile.vendor)
+    n = profile.tuning.small_pass_invocations
     if not n or n > profile.max_invocations or n % head_vec4 or head_vec4 > profile.max_local_size[0] \
             or n // head_vec4 > profile.max_local_size[1]:
         return None
@@ -266,12 +264,11 @@ def _im2col(g, profile: DeviceProfile) -> tuple[int, int, int]:
     # Only 1-D cases are reshaped (to n x 1 or 1 x n, clean on Adreno); any
     # 2-D case keeps 16x4 so we never produce 8x8 or 4x16.
     need, budget = _need(g, profile), _budget(profile)
-    if g[0] > 1 and g[1] > 1 and profile.vendor in DESKTOP_VENDORS and g[0] >= 4:
-        # x = 4 columns of 4 channels by y = 16 output positions: a warp's loads are 4 runs of consecutive positions
-        # (whole cache sectors) and its stores 8 rows of 64 contiguous bytes; 16x4 spreads both over 32 lines
-        return _clamp(IM2COL_DESKTOP, profile)
     if g[0] > 1 and g[1] > 1:
-        return _clamp(IM2COL_SHAPE, profile)
+        # the device table's shape: 16x4 (ExecuTorch's), or on desktop GPUs 4x16: x = 4 columns of 4 channels by
+        # y = 16 output positions, so a warp's loads are 4 runs of consecutive positions (whole cache sectors) and its
+        # stores 8 rows of 64 contiguous bytes, where 16x4 spreads both over 32 lines
+        return _clamp(profile.tuning.im2col_shape if g[0] >= 4 else (16, 4, 1), profile)
     if g[0] > 1:
         return (min(need[0], budget), 1, 1)
     if g[1] > 1:
@@ -308,12 +305,12 @@ _PICKERS = {     # (gemm: _gemm, which also takes the kernel's shared memory)
 }
 
 
-def forced_local_size(family: str, options: dict):
+def forced_local_size(family: str, options):
     """The local size options["local_size"] forces on a dispatch of `family`, or None: only families in
     options["local_size_families"] (default: every forceable one); reduction, cooperative-matrix and attention
     kernels size their work from their local size, so a forced size never applies to them."""
-    forced = options.get("local_size")
-    if forced and family in options.get("local_size_families", FORCEABLE) and family not in UNFORCEABLE:
+    forced = options.local_size
+    if forced and family in options.local_size_families and family not in UNFORCEABLE:
         return forced
     return None
 
@@ -344,21 +341,21 @@ def describe_rule(family: str, profile: DeviceProfile) -> str:
     _check_family(family)
     b = _budget(profile)
     if family == "gemm":
-        if profile.vendor == "adreno":
+        if profile.tuning.gemm_groups == "adreno":
             return ("gemm on Adreno: fixed 16x4x1 (8x8x1 and 4x16x1 corrupt tiled-GEMM "
                     "work groups on Adreno 840)")
-        if profile.vendor in DESKTOP_VENDORS and profile.compute_units:
+        if profile.tuning.gemm_groups == "desktop" and profile.compute_units:
             return (f"gemm on {profile.vendor} with {profile.compute_units} multiprocessors: of "
                     f"{', '.join(f'{x}x{y}' for x, y in WAVE_SHAPES)}, the fewest waves x (x + y), a wave being the "
                     f"groups that run at once (as many a multiprocessor as the kernel's shared memory allows, where "
                     f"it declares it); K-split GEMMs the shape whose splits fill the most of one wave; small GEMMs "
                     f"as without a count; z=1")
-        if profile.vendor in DESKTOP_VENDORS:
+        if profile.tuning.gemm_groups == "desktop":
             return (f"gemm on {profile.vendor}: 16x16x1 when that makes at least {DESKTOP_MIN_GROUPS} groups, else "
                     f"16x8x1 when that does, else 8x8x1; shrunk to the x/y extent, spare share to the other axis; z=1")
         return f"gemm: 8x8x1 shrunk to the x/y extent, spare share to the other axis, up to {b} invocations; z=1"
     if family == "im2col":
-        if profile.vendor in DESKTOP_VENDORS:
+        if profile.tuning.im2col_shape == (4, 16, 1):
             return (f"im2col on {profile.vendor}: 4x16x1 (coalesced position runs); 1-D dispatches become n x 1 or "
                     f"1 x n")
         return "im2col: 16x4x1 as ExecuTorch; 1-D dispatches become n x 1 or 1 x n"

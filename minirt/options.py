@@ -26,6 +26,7 @@ OPTIONAL_PASSES = ("conv_output_nlc", "conv_input_nlc", "fuse_linear", "merge_si
 # kernel families a forced local size may apply to (the others size their work from their local size)
 FORCEABLE_FAMILIES = ("gemm", "im2col", "elementwise", "conv", "copy")
 GEMM_TILES = ("t44", "t44k32")
+CM_TILES = ("m64n64k32s1", "m64n128k32s1", "r64n64", "r32n64")
 CONV_ROUTES = ("im2col", "pointwise", "depthwise", "direct")
 
 _OFF = ("", "0", "false", "off", "no")
@@ -56,6 +57,13 @@ def _number(v):
     return x
 
 
+def _coopmat(v):
+    """coopmat: "auto", "off" or "emulate" (True and False read as auto and off)."""
+    if isinstance(v, bool) or (isinstance(v, str) and v.strip().lower() in _OFF + _ON):
+        return "auto" if _flag(v) else "off"
+    return _choice(COOPMAT_MODES)(v)
+
+
 def _choice(choices):
     def conv(v):
         if v not in choices:
@@ -80,6 +88,14 @@ def _local_size(v):
     return t + (1,) * (3 - len(t))
 
 
+def parse_local_size(v) -> tuple:
+    """(x, y, z) from a tuple or text such as "16,4,1" or "16x4x1"."""
+    try:
+        return _local_size(v)
+    except (TypeError, ValueError):
+        raise MinirtError(f"a local size is 1 to 3 positive integers such as 16,4,1; got {v!r}") from None
+
+
 def _names(choices):
     def conv(v):
         t = tuple(s for s in (v.replace(",", "+").split("+") if isinstance(v, str) else v) if s)
@@ -98,7 +114,7 @@ def _optional(conv):
 
 def _stream(v):
     """attention_stream: True (the device's rule), False (off) or a group count >= 2."""
-    if isinstance(v, bool) or (isinstance(v, str) and v.strip().lower() in _OFF + _ON):
+    if isinstance(v, bool) or (isinstance(v, str) and v.strip().lower() in _OFF + _ON) or v == 0:
         return _flag(v)
     n = _count(v)
     if n == 1:
@@ -128,7 +144,7 @@ class Options:
                                     "(MINIRT_LOCAL_SIZE); checked against the device's limits")
     local_size_families: tuple = _opt(FORCEABLE_FAMILIES, _names(FORCEABLE_FAMILIES),
                                       "the kernel families local_size applies to")
-    coopmat: str = _opt("auto", _choice(COOPMAT_MODES),
+    coopmat: str = _opt("auto", _coopmat,
                         "cooperative-matrix kernels at fp16: auto (where the device has them), off, or emulate "
                         "(their logic in plain code, on any device with subgroups: for tests)",
                         "devices with VK_KHR_cooperative_matrix")
@@ -153,6 +169,9 @@ class Options:
     gemm_tile: str | None = _opt(None, _optional(_choice(GEMM_TILES)),
                                  "linear.comp tile: t44 (16-deep slices) or t44k32 (32-deep; discrete GPUs' default)")
     gemm_splitk: int | None = _opt(None, _optional(_count), "split every eligible GEMM's K this many ways")
+    cm_tile: str | None = _opt(None, _optional(_choice(CM_TILES)),
+                               "tensor-core GEMM tile: m64n64k32s1 (default), m64n128k32s1 (where the default takes "
+                               "more than one wave), r64n64 or r32n64 (register-fed)", "cooperative-matrix devices")
     cm_regfed: bool = _opt(True, _flag, "the register-fed tensor-core GEMM where it applies",
                            "devices whose cooperative matrices have the 'mma' layout")
     pair_lanes: bool | None = _opt(None, _optional(_flag), "paired lanes in linear.comp and the attention "
@@ -203,6 +222,12 @@ class Options:
 
     def pass_on(self, name: str) -> bool:
         return name not in self.passes_off
+
+    @property
+    def planned_storage(self) -> str:
+        """The storage passes plan for: make_plan resolves "auto" for the device first; a pass run on its own (tests)
+        plans for buffers."""
+        return "buffer" if self.storage == "auto" else self.storage
 
 
 def option_table() -> list[tuple[str, str, str, str]]:

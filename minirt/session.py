@@ -1,7 +1,6 @@
 """Session: load -> plan -> execute, with an onnxruntime-like face."""
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -11,6 +10,7 @@ import numpy as np
 from .errors import InputError, MinirtError
 from .infer import bind_inputs, prepare
 from .loaders import load
+from .options import Options
 from .timing import Phases
 
 _devices: dict = {}
@@ -29,20 +29,6 @@ def get_device(index=None):
         return _devices[key]
 
 
-def parse_local_size(v) -> tuple:
-    """(x, y, z) from a tuple or a string such as "16,4,1" or "16x4x1"."""
-    try:
-        if isinstance(v, str):
-            v = v.replace("x", ",").split(",")
-        t = tuple(int(a) for a in v)
-        t = t + (1,) * (3 - len(t))
-        if len(t) != 3 or min(t) < 1:
-            raise ValueError
-        return t
-    except (TypeError, ValueError):
-        raise MinirtError(f"a local size is 1 to 3 positive integers such as 16,4,1; got {v!r}") from None
-
-
 @dataclass(frozen=True)
 class IOInfo:
     name: str
@@ -58,6 +44,8 @@ class Session:
     (tensor cores through VK_KHR_cooperative_matrix where the device has them); inputs and outputs stay float32.
     A device without 16-bit storage buffers refuses fp16 with an UnsupportedError.
     device: a device index as listed by `minirt devices` (default: MINIRT_DEVICE or the best GPU).
+    options: a dict of Options fields (minirt/options.py, README "Options"); storage, precision, local_size and
+    conv1d_rewrite given as keywords win over the dict. `session.options` is the resulting Options.
     profile: True: a timestamp after every dispatch (profile_records()); "span": one before the first dispatch and
     one after the last (gpu_span_ms()), the run's GPU time with nothing between its dispatches.
     progress: called with a short label ("loading", "planning", "uploading weights", ...) as each
@@ -66,8 +54,8 @@ class Session:
     record (the executor's, for the first planned shape) and first_run (the first run's execution).
     """
 
-    def __init__(self, model, *, storage="auto", device=None, weights=None, options=None, profile=False,
-                 local_size=None, conv1d_rewrite=True, precision="fp32", progress=None):
+    def __init__(self, model, *, storage=None, device=None, weights=None, options=None, profile=False,
+                 local_size=None, conv1d_rewrite=None, precision=None, progress=None):
         self._lock = threading.Lock()
         if profile not in (False, True, "span"):
             raise MinirtError(f"profile must be False, True or 'span', got {profile!r}")
@@ -75,21 +63,13 @@ class Session:
         self._last = None
         self._execs = {}
         self._progress = progress
+        given = dict(storage=storage, local_size=local_size, conv1d_rewrite=conv1d_rewrite, precision=precision)
+        self.options = Options.make(options, **{k: v for k, v in given.items() if v is not None})
         self.startup_ms = {}
         phase = Phases(self.startup_ms, progress)
         phase("load", "loading")
         self.graph = load(model, weights=weights)
         phase("check", "checking")
-        self.options = dict(options or {})
-        if not conv1d_rewrite:
-            self.options["conv1d_rewrite"] = False
-        self.options.setdefault("precision", precision)
-        forced = local_size or self.options.get("local_size") or os.environ.get("MINIRT_LOCAL_SIZE") or None
-        if forced:
-            self.options["local_size"] = parse_local_size(forced)
-        fams = self.options.get("local_size_families")
-        if isinstance(fams, str):   # "gemm" or "gemm+im2col", as the tools' option strings give it
-            self.options["local_size_families"] = tuple(f for f in fams.replace(",", "+").split("+") if f)
         static = all(self.graph.tensor(n).is_static for n in self.graph.inputs)
         # Validate the whole model (supported ops, shapes) before any GPU work. Symbolic dims are tried
         # at 1: shape arithmetic on them only folds once a run binds real shapes.
@@ -101,8 +81,8 @@ class Session:
         phase(None)
         from .planner import resolve_precision
         from .planner.storage_layout import resolve_storage
-        self.storage = resolve_storage(storage, self.device.profile)
-        self.precision = resolve_precision(self.options["precision"], self.device.profile)
+        self.storage = resolve_storage(self.options.storage, self.device.profile)
+        self.precision = resolve_precision(self.options.precision, self.device.profile)
         self.inputs = [IOInfo(n, self.graph.tensor(n).shape, self.graph.tensor(n).dtype or "float32")
                        for n in self.graph.inputs]
         self.outputs = [IOInfo(n, self._prepared.tensor(n).shape if static else self.graph.tensor(n).shape,
@@ -126,7 +106,8 @@ class Session:
             phase("plan", "planning")
             plan = self.plan_for(shapes)
             phase(None)
-            ex = Executor(self.device, plan, profile=self.profiling, progress=self._progress)
+            ex = Executor(self.device, plan, profile=self.profiling, progress=self._progress,
+                          timeout_s=self.options.timeout_s)
             self._execs[key] = ex
             if "record" not in self.startup_ms:      # the first executor is the start-up cost
                 self.startup_ms.update(times)

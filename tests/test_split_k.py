@@ -18,9 +18,8 @@ from minirt.ops import gemm
 from minirt.planner import make_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-sys.path.append(str(Path(__file__).resolve().parents[1] / "tools"))   # after the stdlib: tools/profile.py
 import whisper_encoder as we  # noqa: E402
-from cm_bench import linear_case  # noqa: E402
+from oracle import linear_case  # noqa: E402
 
 H200 = KNOWN_PROFILES["nvidia-h200"]
 _erf = np.vectorize(math.erf, otypes=[np.float64])
@@ -78,7 +77,7 @@ def test_bad_split_option(bad):
 @pytest.mark.parametrize("m, n, k, act, residual, S", [(100, 64, 1536, True, True, 2), (37, 20, 520, False, True, 3),
                                                         (130, 384, 384, True, False, 4), (9, 8, 64, False, False, 5)])
 def test_split_gemm_matches_float64(m, n, k, act, residual, S):
-    model, feeds = linear_case(m, n, k, act, residual)     # tools/cm_bench.py: seeded weights and inputs
+    model, feeds = linear_case(m, n, k, act, residual)     # seeded weights and inputs
     init = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     w, b = init["w"], init["b"]
     with Session(model, storage="buffer", options={"gemm_splitk": S, "poison": True}) as s:
@@ -113,7 +112,7 @@ def test_split_gemm_at_fp16_matches_float64():
 def test_wave_splits_rule():
     """The one split-count rule (GEMM K slices, attention keys): the most splits whose groups fit one wave, each
     keeping min_units; never past `most`; 1 where no split fits."""
-    from minirt.ops._util import wave_splits
+    from minirt.lwg import wave_splits
     assert wave_splits(144, 528, 48, 16, 4) == 3      # tiny fc2 on the H200: 432 groups fit, 4 would not keep 16
     assert wave_splits(192, 528, 64, 16, 4) == 2      # base fc2: 576 groups would not fit
     assert wave_splits(144, 528, 12, 16, 4) == 1      # too few slices

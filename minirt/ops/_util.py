@@ -50,8 +50,3 @@ def same(node, ins, i=0):
     """Output like input i."""
     return [(ins[i].shape, ins[i].dtype)]
 
-
-def wave_splits(groups: int, slots: int, units: int, min_units: int, most: int) -> int:
-    """Splits S (1 .. most) of a dispatch's work across work groups: the most whose groups * S still run in one wave
-    of `slots` resident groups, each split keeping at least min_units of its `units` (K slices, keys); 1 if none."""
-    return max((S for S in range(2, most + 1) if groups * S <= slots and units // S >= min_units), default=1)

@@ -11,7 +11,6 @@ from ..errors import MinirtError, ModelError, UnsupportedError
 from ..lwg import head_rows_shape, paired_lanes
 from ..planner.plan import Push
 from . import Op, attr, register
-from ..options import option_count, option_on
 
 MAX_HEAD_DIM = 128
 # (threads, column groups KG, rows per thread RT, keys per thread NK) in order of preference; the first whose KG divides
@@ -68,13 +67,13 @@ STREAM_MAX_ITEMS = 2 ** 31 - 1
 def stream_groups(ctx, groups, tk, bk, shared) -> int:
     """G work groups for a stream split of an attention of `groups` groups over `tk` keys in blocks of `bk`, or 0
     (then the plain splits of the rule above)."""
-    opt = ctx.options.get("attention_stream")
-    if not option_on(ctx.options, "attention_stream", True):
+    opt = ctx.options.attention_stream
+    if opt is False:
         return 0
     p = ctx.profile
-    if opt is not None and str(opt).strip().lower() not in ("1", "true", "on", "yes"):   # (True: the rule)
-        G = option_count(ctx.options, "attention_stream")
-    elif ctx.options.get("attention_splits") is not None or p.device_type != "discrete" or not p.compute_units:
+    if opt is not True:
+        G = opt
+    elif ctx.options.attention_splits is not None or not (p.tuning.split_work and p.compute_units):
         return 0
     else:
         G = p.wave_slots(shared)
@@ -85,12 +84,11 @@ def stream_groups(ctx, groups, tk, bk, shared) -> int:
     return G if 1 < G and groups * nb * (G + 1) <= STREAM_MAX_ITEMS else 0
 
 
-def splits(profile, groups, tk, options=None):
+def splits(profile, groups, tk, options):
     """Key splits S for an attention of `groups` work groups over `tk` keys (see the rule above)."""
-    forced = option_count(options or {}, "attention_splits")
-    if forced is not None:
-        return forced
-    if profile.device_type != "discrete":
+    if options.attention_splits is not None:
+        return options.attention_splits
+    if not profile.tuning.split_work:
         return 1
     most = max(1, min(tk // SPLIT_MIN_KEYS, MAX_SPLITS))
     cu = profile.compute_units
@@ -185,11 +183,11 @@ class Attention(Op):
         B, Tq, D = q.shape
         Tk = k.shape[1]
         dh = D // heads
-        forced = ctx.options.get("attention_tile")
+        forced = ctx.options.attention_tile
         p = ctx.profile
         paired = paired_lanes(p, ctx.options)
         tile = (forced_tile(forced, dh, p) if forced is not None else
-                tiles(dh, p.max_shared_memory, p.device_type == "cpu", paired))
+                tiles(dh, p.max_shared_memory, p.tuning.attention_cpu_tiles, paired))
         if tile is None:
             raise UnsupportedError(f"{node}: head dim {dh} needs more shared memory than this device's "
                                    f"{ctx.profile.max_shared_memory} bytes")
@@ -197,21 +195,22 @@ class Attention(Op):
         qblocks = -(-Tq // (rt * threads // kg))
         S = splits(ctx.profile, qblocks * B * heads, Tk, ctx.options)
         push = Push().ivec4(Tq, Tk, heads, D // 4).vec4(scale * math.log2(math.e))
-        # row maxima by subgroup shuffles (buffers; subgroups holding whole column-group clusters); option
-        # attention_shuffle=False keeps the shared-memory reduction
+        # row maxima by subgroup shuffles (buffers; subgroups holding whole column-group clusters)
         # invocations paired on a column group (attention.glslh PAIR_LANES): a row's KG threads then span 2 KG lanes,
         # which the shuffles need in one subgroup
         pair = paired and (threads // kg) % 2 == 0
         lanes = 2 * kg if pair else kg
         shuffle = (ctx.storage == "buffer" and p.subgroup_shuffle and p.subgroup_size >= lanes
-                   and p.subgroup_size % lanes == 0 and option_on(ctx.options, "attention_shuffle", True))
+                   and p.subgroup_size % lanes == 0)
         sfx = "_shuffle" if shuffle else ""
         # K and V staged through registers one phase ahead (attention.glslh PREFETCH): on an H200 228 -> 186 us
         # (tiny, (128, 16, 5)), 193 -> 163 ((128, 8, 5)). Off on CPU drivers, where there is no latency to hide, and
         # where an invocation would carry more than MAX_PREFETCH vec4 (small groups, big heads), which would spill.
         carried = -(-nk * kg * (dh // 4) // threads)
-        prefetch = ctx.profile.device_type != "cpu" and carried <= MAX_PREFETCH
-        spec = ((dh, kg, rt, option_on(ctx.options, "attention_prefetch", prefetch), nk)   # constant_ids 3 .. 7 (8: pair)
+        prefetch = p.tuning.attention_prefetch and carried <= MAX_PREFETCH
+        if ctx.options.attention_prefetch is not None:
+            prefetch = ctx.options.attention_prefetch
+        spec = ((dh, kg, rt, prefetch, nk)   # constant_ids 3 .. 7 (8: pair)
                 + ((True,) if pair else ()))
         flops = 4 * B * heads * Tq * Tk * dh
         bk = nk * kg

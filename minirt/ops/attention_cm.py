@@ -2,8 +2,8 @@
 VK_KHR_cooperative_matrix (f16 x f16 -> f32, 16 x 16 x 16, subgroups of 32), buffers only. Same semantics as
 glsl/attention.comp; Attention.lower hands over when `usable` says so.
 
-Session / plan options:
-  coopmat=False        never take this path (the fp32-arithmetic attention kernel runs instead)
+Options (minirt/options.py):
+  coopmat="off"        never take this path (the fp32-arithmetic attention kernel runs instead)
   coopmat="emulate"    take it even without cooperative matrices, running the kernel's impl=emu variant: the same
                        code with the matrix operations emulated by plain shared-memory code (slow; tests use it to
                        check the kernel's logic on devices such as lavapipe)
@@ -16,7 +16,7 @@ import math
 from ..errors import UnsupportedError
 from ..planner.plan import Push
 from . import attr
-from ._util import wave_splits
+from ..lwg import wave_splits
 
 SHAPE = (16, 16, 16, "f16", "f16", "f32", "f32")
 MAX_HEAD_DIM = 128
@@ -67,15 +67,15 @@ SPLIT_TILE = (4, 1, 16)
 
 
 def pick_tile(ctx, dh, option="coopmat_tile", tiles=TILES, problem=None, what="(NR, KS, BK)"):
-    """The tile for head dim dh on ctx's device: the one forced by options[option] (a tuple, or "AxBxC"), else the
+    """The tile for head dim dh on ctx's device: the one forced by the option named `option` (a tuple), else the
     first of `tiles` that fits, or None. problem(dh, tile, shared, emulate) says why a tile cannot run (default: this
     kernel's tile_problem). lower puts SPLIT_TILE first where it splits; attention_cmr.py picks its tiles here too."""
     problem = problem or tile_problem
-    emulate = ctx.options.get("coopmat") == "emulate"
+    emulate = ctx.options.coopmat == "emulate"
     shared = ctx.profile.max_shared_memory
-    forced = ctx.options.get(option)
+    forced = getattr(ctx.options, option)
     if forced is not None:
-        tile = tuple(int(x) for x in (forced.split("x") if isinstance(forced, str) else forced))
+        tile = tuple(forced)
         why = problem(dh, tile, shared, emulate) if len(tile) == len(what.split(",")) else f"want {what}"
         if why:
             raise UnsupportedError(f"{option} {forced!r} for head dim {dh}: {why}")
@@ -85,8 +85,8 @@ def pick_tile(ctx, dh, option="coopmat_tile", tiles=TILES, problem=None, what="(
 
 def usable(ctx, dh):
     """Whether Attention with head dim dh runs on this path in ctx's plan."""
-    opt = ctx.options.get("coopmat")
-    if opt is False or not ctx.half or ctx.storage != "buffer" or dh % 16 or not 16 <= dh <= MAX_HEAD_DIM:
+    opt = ctx.options.coopmat
+    if opt == "off" or not ctx.half or ctx.storage != "buffer" or dh % 16 or not 16 <= dh <= MAX_HEAD_DIM:
         return False
     if opt != "emulate":
         p = ctx.profile
@@ -102,10 +102,10 @@ def splits(ctx, shared, groups, tk, most=None):
     split at least attention.SPLIT_MIN_KEYS keys; 1 where the multiprocessor count is unknown or on other than discrete
     GPUs. Session(options={"attention_splits": S}) forces S."""
     from . import attention
-    if ctx.options.get("attention_splits") is not None:
+    if ctx.options.attention_splits is not None:
         return attention.splits(ctx.profile, groups, tk, ctx.options)
     p = ctx.profile
-    if not p.compute_units or p.device_type != "discrete":
+    if not (p.compute_units and p.tuning.split_work):
         return 1
     slots = p.wave_slots(shared, most)
     return wave_splits(groups, slots, tk, attention.SPLIT_MIN_KEYS, attention.MAX_SPLITS)
@@ -115,14 +115,14 @@ def sizes(node, ctx):
     """(B, Tq, Tk, heads, head dim, emulated) of an Attention node in ctx's plan."""
     q, k = ctx.t(node.inputs[0]), ctx.t(node.inputs[1])
     heads = attr(node, "heads", 1)
-    return q.shape[0], q.shape[1], k.shape[1], heads, q.shape[2] // heads, ctx.options.get("coopmat") == "emulate"
+    return q.shape[0], q.shape[1], k.shape[1], heads, q.shape[2] // heads, ctx.options.coopmat == "emulate"
 
 
 def lower(node, ctx):
     B, Tq, Tk, heads, dh, emulate = sizes(node, ctx)
     kernel = "attention_cm_emu" if emulate else "attention_cm_khr"
     tile, S = pick_tile(ctx, dh), None
-    if ctx.options.get("coopmat_tile") is None \
+    if ctx.options.coopmat_tile is None \
             and tile_problem(dh, SPLIT_TILE, ctx.profile.max_shared_memory, emulate) is None:
         s = splits(ctx, shared_bytes(dh, *SPLIT_TILE, emulate), -(-Tq // (16 * SPLIT_TILE[0])) * B * heads, Tk)
         if s > 1:    # SPLIT_TILE first where it splits

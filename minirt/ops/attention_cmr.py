@@ -3,16 +3,14 @@ Attention op where the device keeps 16 x 16 matrix elements in the layout that k
 coopmat_layout == "mma", probed at start-up on devices with VK_KHR_cooperative_matrix), buffers only. Elsewhere
 attention_cm.py's kernel, which moves S and P through shared memory, runs instead.
 
-Session / plan options:
+Options (minirt/options.py):
   attention_cm_reg=False   keep attention_cm.comp even where this kernel could run
   coopmat="emulate"        the impl=emu variant (matrix operations and shuffles by plain code in the same layout), on
                            any fp16 device: how tests check the kernel's logic on lavapipe
   cmr_tile=(NR, BK)        force NR teams of 16 query rows and blocks of BK keys
-  attention_splits=S       force S key splits across work groups (1: none), merged by glsl/attention_combine.comp
-  cmr_vec8=False           fetch K and V in 8-byte loads, not 16-byte ones (VEC8)"""
+  attention_splits=S       force S key splits across work groups (1: none), merged by glsl/attention_combine.comp"""
 from __future__ import annotations
 
-from ..options import option_on
 from . import attention_cm
 from .attention_cm import MAX_HEAD_DIM, SHAPE, SUBGROUP, emit
 
@@ -59,8 +57,8 @@ def pick_tile(ctx, dh):
 
 def usable(ctx, dh):
     """Whether Attention with head dim dh runs on this kernel in ctx's plan."""
-    opt = ctx.options.get("coopmat")
-    if opt is False or not option_on(ctx.options, "attention_cm_reg", True):
+    opt = ctx.options.coopmat
+    if opt == "off" or not ctx.options.attention_cm_reg:
         return False
     if not ctx.half or ctx.storage != "buffer" or dh % 16 or not 16 <= dh <= MAX_HEAD_DIM:
         return False
@@ -76,12 +74,13 @@ def lower(node, ctx):
     B, Tq, Tk, heads, dh, emulate = attention_cm.sizes(node, ctx)
     nr, bk = pick_tile(ctx, dh)
     qblocks = -(-Tq // (16 * nr))
-    most = max(1, 65536 // (REGISTERS_PER_INVOCATION * SUBGROUP * nr))     # groups a multiprocessor's registers hold
+    # groups a multiprocessor's registers hold
+    most = max(1, ctx.profile.tuning.register_file // (REGISTERS_PER_INVOCATION * SUBGROUP * nr))
     S = attention_cm.splits(ctx, shared_bytes(dh, nr, bk, emulate), qblocks * B * heads, Tk, most)
     ctx.note(f"cooperative-matrix attention, softmax in registers{' (emulated)' if emulate else ''}: {16 * nr} query "
              f"rows per work group, blocks of {bk} keys" + (f", keys split {S} ways across groups" if S > 1 else ""))
     kernel = "attention_cmr_emu" if emulate else "attention_cmr_khr"
     # VEC8 (16-byte loads of K and V) where both start 16-byte aligned: D = heads x dh is a multiple of 8 halves
     k, v = ctx.t(node.inputs[1]), ctx.t(node.inputs[2])
-    vec8 = option_on(ctx.options, "cmr_vec8", True) and all(ctx.plan.byte_offset(t.name) % 16 == 0 for t in (k, v))
+    vec8 = all(ctx.plan.byte_offset(t.name) % 16 == 0 for t in (k, v))
     emit(ctx, kernel, node, lambda split: (dh, nr, bk, split) + ((True,) if vec8 else ()), SUBGROUP * nr, qblocks, S)

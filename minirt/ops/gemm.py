@@ -8,8 +8,7 @@ import numpy as np
 
 from ..errors import MinirtError
 from ..planner.plan import Push
-from ..options import option_count, option_on
-from ._util import wave_splits
+from ..lwg import wave_splits
 
 ACTS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
 
@@ -70,7 +69,7 @@ def gemm_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, a_mode=0, out_mode=0, act
 
 
 # glsl/linear.comp tile variants: (TM rows, TN4 vec4 columns) per invocation; t44k32 stages 32-deep slices
-LINEAR_TILES = {"t44": (4, 1), "t84": (8, 1), "t48": (4, 2), "t88": (8, 2), "t44k32": (4, 1)}
+LINEAR_TILES = {"t44": (4, 1), "t44k32": (4, 1)}
 
 
 def linear_shared_xy(tile) -> tuple[int, int]:
@@ -82,38 +81,29 @@ def linear_shared_xy(tile) -> tuple[int, int]:
 
 
 def linear_tile(ctx, m, n):
-    """Tile variant of glsl/linear.comp. Discrete GPUs: 4x4 outputs per invocation with 32-deep shared-memory
-    slices (on an H200 it beat 16-deep slices and 8x4 tiles on every Whisper GEMM: docs/benchmarks.md);
-    elsewhere 4x4 with 16-deep slices, which fits any shared-memory size. Session(options={"gemm_tile": ...})
-    overrides."""
-    forced = ctx.options.get("gemm_tile")
-    if forced:
-        if forced not in LINEAR_TILES:
-            raise MinirtError(f"option gemm_tile must be one of {', '.join(LINEAR_TILES)}, got {forced!r}")
-        return forced
-    return "t44k32" if ctx.profile.device_type == "discrete" else "t44"
+    """Tile variant of glsl/linear.comp: the device table's (DeviceProfile.tuning.linear_tile: 4x4 outputs per
+    invocation, 32-deep shared-memory slices on discrete GPUs, where on an H200 it beat 16-deep slices and 8x4 tiles
+    on every Whisper GEMM: docs/benchmarks.md; 16-deep elsewhere, which fits any shared-memory size), or the option
+    gemm_tile."""
+    return ctx.options.gemm_tile or ctx.profile.tuning.linear_tile
 
 
 def fast_gemm(storage, options, k=4) -> bool:
     """glsl/linear.comp reads A rows as vec4 from buffers: buffer storage and K a multiple of 4 (planner passes
     ask this before lowering, with the Session options)."""
-    return storage == "buffer" and k % 4 == 0 and not options.get("no_fast_gemm")
+    return storage == "buffer" and k % 4 == 0 and options.fast_gemm
 
 
 def linear_ok(ctx, k) -> bool:
     return fast_gemm(ctx.storage, ctx.options, k)
 
 
-# glsl/linear_cm.comp (tensor cores through VK_KHR_cooperative_matrix, fp16 only): tile -> (BM, BN, BK, subgroups)
-CM_TILES = {"m64n64k64": (64, 64, 64, 4), "m32n64k64": (32, 64, 64, 4), "m64n128k32": (64, 128, 32, 4),
-            "m32n32k64": (32, 32, 64, 4), "m16n64k64": (16, 64, 64, 4), "m32n64k32": (32, 64, 32, 4),
-            "m64n64k32": (64, 64, 32, 4), "m128n64k32": (128, 64, 32, 4), "m128n128k32": (128, 128, 32, 4),
-            "m64n64k32w8": (64, 64, 32, 8), "m64n128k32w8": (64, 128, 32, 8), "m128n64k32w8": (128, 64, 32, 8),
-            "m32n128k32w8": (32, 128, 32, 8), "m64n64k16": (64, 64, 16, 4), "m32n64k16": (32, 64, 16, 4),
-            "m64n128k16": (64, 128, 16, 4), "m64n64k32s1": (64, 64, 32, 4),
-            "m64n128k32s1": (64, 128, 32, 4),
+# glsl/linear_cm.comp (tensor cores through VK_KHR_cooperative_matrix, fp16 only): tile -> (BM, BN, BK, subgroups);
+# "s1": one shared stage
+CM_TILES = {"m64n64k32s1": (64, 64, 32, 4), "m64n128k32s1": (64, 128, 32, 4),
             # REGFED (glsl/linear_cmreg.comp): operands loaded straight into registers, no shared stages
             "r64n64": (64, 64, 32, 4), "r32n64": (32, 64, 32, 4)}
+DEFAULT_TILE = "m64n64k32s1"
 REG_TILES = ("r64n64", "r32n64")
 CM_SHAPE = (16, 16, 16, "f16", "f16", "f32", "f32")   # the one cooperative-matrix shape the kernel uses
 
@@ -124,8 +114,7 @@ def cm_shared_bytes(tile: str) -> int:
     bm, bn, bk, warps = CM_TILES[tile]
     if tile in REG_TILES:
         return warps * 16 * 20 * 4
-    stages = 1 if tile.endswith("s1") else 2
-    return max(stages * 2 * (bm * (bk + 8) + bk * (bn + 8)), warps * 16 * 20 * 4)
+    return max(2 * (bm * (bk + 8) + bk * (bn + 8)), warps * 16 * 20 * 4)
 
 
 def _cm_fits(ctx, tile: str) -> bool:
@@ -137,14 +126,14 @@ def _cm_fits(ctx, tile: str) -> bool:
 def cm_kernel(ctx, m, n):
     """(kernel, tile) of the cooperative-matrix GEMM for an M x N output, or None where it does not apply. It needs
     precision fp16 and a device reporting the 16x16x16 f16 x f16 -> f32 subgroup shape (with shaderFloat16);
-    Session(options={"coopmat": False}) turns it off, options["cm_tile"] forces a tile. Default: 64x64 blocks with
-    32-deep slices (measured best on an H200), smaller tiles where shared memory is short.
-    options["cm_emulate"] (tests): glsl/linear_cm_emu.comp, the same kernel with the matrix operations in plain
+    option coopmat="off" turns it off, option cm_tile forces a tile. Default: 64x64 blocks with 32-deep slices and one
+    shared stage (measured best on an H200), twice as wide where the grid takes more than one wave.
+    coopmat="emulate" (tests): glsl/linear_cm_emu.comp, the same kernel with the matrix operations in plain
     code, on any fp16 device with subgroups of 8, 16 or 32 lanes, cooperative matrices or not."""
     p = ctx.profile
-    if not (ctx.half and option_on(ctx.options, "coopmat", True)):
+    if not ctx.half or ctx.options.coopmat == "off":
         return None
-    if option_on(ctx.options, "cm_emulate", False):
+    if ctx.options.coopmat == "emulate":
         if not (p.fp16 and p.subgroup_size in (8, 16, 32)):
             return None
         base = "linear_cm_emu"
@@ -152,19 +141,15 @@ def cm_kernel(ctx, m, n):
         base = "linear_cm"
     else:
         return None
-    forced = ctx.options.get("cm_tile")
+    forced = ctx.options.cm_tile
     if forced in REG_TILES:    # cm_regfed takes it where REGFED applies; elsewhere the default linear_cm tile
         forced = None
-    if forced:
-        if forced not in CM_TILES:
-            raise MinirtError(f"unknown cm_tile {forced!r}; expected one of {', '.join(CM_TILES)}")
-        candidates = (forced,)
-    else:
-        # 64x64 blocks, 32-deep slices, one shared stage: fastest on an H200 for every Whisper GEMM but the merged QKV
-        # (tools/gemm_bench.py, docs/benchmarks.md); the others fit smaller shared memories
-        candidates = ("m64n64k32s1", "m64n64k32", "m32n64k32", "m32n32k64")
-    tile = next((t for t in candidates if _cm_fits(ctx, t)), None)
-    if tile == candidates[0] and not forced and _cm_fits(ctx, WIDE_TILE) and cm_waves(ctx, tile, m, n) > 1:
+    # 64x64 blocks, 32-deep slices, one shared stage: fastest on an H200 for every Whisper GEMM but the merged QKV
+    # (tools/dev/gemm_bench.py, docs/benchmarks.md); it needs the least shared memory of the tiles measured
+    tile = forced or DEFAULT_TILE
+    if not _cm_fits(ctx, tile):
+        return None
+    if not forced and _cm_fits(ctx, WIDE_TILE) and cm_waves(ctx, tile, m, n) > 1:
         tile = WIDE_TILE
     return None if tile is None else (f"{base}_{tile}", tile)
 
@@ -172,20 +157,19 @@ def cm_kernel(ctx, m, n):
 # A multiprocessor holds as many work groups at once as its shared memory and its registers allow. Shared memory:
 # DeviceProfile.wave_slots (48 KiB in all on an H200); the one-stage tiles keep their epilogue scratch over the dead
 # stages, so the default m64n64k32s1 needs 9.5 KiB. Registers: 64K a multiprocessor, and NVIDIA's driver gives these
-# kernels 116 (m64n64k32s1) and 185 (m64n128k32s1) per invocation (tools/occupancy.py stats), so 4 and 2 groups of 128
-# invocations; CM_REGISTER_GROUPS caps the count for devices that report their multiprocessors. Where the 64 x 64 grid
-# needs more than one wave, twice as wide blocks (WIDE_TILE) win on an H200 (tools/gemm_bench.py: fc1 1500 x 384 x 1536
+# kernels 116 (m64n64k32s1) and 185 (m64n128k32s1) per invocation (tools/dev/occupancy.py stats), so 4 and 2 groups of
+# 128 invocations: the device table's cm_register_groups. Where the 64 x 64 grid needs more than one wave, twice as wide
+# blocks (WIDE_TILE) win on an H200 (tools/dev/gemm_bench.py: fc1 1500 x 384 x 1536
 # 27.7 -> 23.7 us, base's QKV 1500 x 512 x 1536 32.1 -> 26.5); where it fits one wave they lose (tiny's QKV, 432
 # groups: 16.1 against 18.6).
 WIDE_TILE = "m64n128k32s1"
 # (cm_regfed's small-grid rule counts r64n64's places as the 64 x 64 tile's 4 a multiprocessor, though its 83 registers
 # and 5 KiB would fit 6: the rule was measured so.)
-CM_REGISTER_GROUPS = {"m64n64k32s1": 4, "m64n128k32s1": 2, "r64n64": 4}
 
 
 def cm_slots(ctx, tile) -> int:
     """Work groups of a linear_cm tile that run at once (0 where the multiprocessor count is unknown)."""
-    return ctx.profile.wave_slots(cm_shared_bytes(tile), CM_REGISTER_GROUPS.get(tile))
+    return ctx.profile.wave_slots(cm_shared_bytes(tile), dict(ctx.profile.tuning.cm_register_groups).get(tile))
 
 
 def cm_waves(ctx, tile, m, n) -> int:
@@ -250,8 +234,8 @@ def cm_regfed(ctx, kernel, a, m, n, k, lda4, a_win, split):
     off; options["cm_tile"] = a REG_TILES tile forces that one where REGFED applies, a linear_cm tile forces linear_cm.
     Its A loads are 16 bytes: K, A's row stride and window offsets are whole 8-half groups and A starts 16-byte
     aligned."""
-    forced = ctx.options.get("cm_tile")
-    if not option_on(ctx.options, "cm_regfed", True) or (forced and forced not in REG_TILES):
+    forced = ctx.options.cm_tile
+    if not ctx.options.cm_regfed or (forced and forced not in REG_TILES):
         return None
     if not ("_emu_" in kernel or ctx.profile.coopmat_layout == "mma"):
         return None
@@ -299,18 +283,17 @@ def _linear_tail(ctx, a_win):
 
 def _cm_epi8(ctx, out, residual, n, out_mode, part_n) -> bool:
     """EPI8 of linear_cm.glslh: 8-column (16-byte) epilogue stores for row-major and part-major outputs whose rows (or
-    parts) are whole groups of 8 and whose output and residual start 16-byte aligned. Option cm_epi8=False: off."""
+    parts) are whole groups of 8 and whose output and residual start 16-byte aligned."""
     width = n if out_mode == OUT_ROWS else part_n if out_mode == OUT_PARTS else 0
-    return (option_on(ctx.options, "cm_epi8", True) and width > 0 and width % 8 == 0 and n % 8 == 0
+    return (width > 0 and width % 8 == 0 and n % 8 == 0
             and all(ctx.plan.byte_offset(t.name) % 16 == 0 for t in (out, residual) if t is not None))
 
 
 def _cm_tail(ctx, a, k, n, lda4, a_win, epi8=False):
     """linear_cm.glslh's specialization constants after REG_EPI: A_WIN, VEC8 (16-byte loads of A and B) and EPI8
     (_cm_epi8), left out from the last one on that is off. VEC8 needs whole 8-half groups everywhere (K, N, A's row
-    stride and window) and A 16-byte aligned in its buffer (weights and arena tensors are).
-    Session(options={"cm_vec8": False}) turns it off."""
-    vec8 = (option_on(ctx.options, "cm_vec8", True) and k % 8 == 0 and n % 8 == 0 and lda4 % 2 == 0
+    stride and window) and A 16-byte aligned in its buffer (weights and arena tensors are)."""
+    vec8 = (k % 8 == 0 and n % 8 == 0 and lda4 % 2 == 0
             and (a_win is None or (a_win[0] % 2 == 0 and a_win[1] % 2 == 0))
             and ctx.plan.byte_offset(a.name) % 16 == 0)
     if epi8:
@@ -323,9 +306,8 @@ def cm_reg_epilogue(ctx, kernel, split) -> bool:
     needs the element layout cm_layout.glslh assumes: probed on the device (DeviceProfile.coopmat_layout), always
     true of the emulated kernels. By default only for split K's fp32 partials: on an H200 (tools/gemm_bench.py,
     docs/benchmarks.md) it saves about 1 us there, and costs 3-7 us where it writes the fp16 output, whose column
-    pairs from 8 rows a store coalesce worse than the scratch path's vec4 rows. Session(options={"cm_reg_epilogue":
-    True | False}) forces it on or off."""
-    if not option_on(ctx.options, "cm_reg_epilogue", split):
+    pairs from 8 rows a store coalesce worse than the scratch path's vec4 rows."""
+    if not split:
         return False
     return "_emu_" in kernel or ctx.profile.coopmat_layout == "mma"
 
@@ -353,14 +335,14 @@ CM_SPLIT_MIN_SLICES = 16
 def cm_split_k(ctx, tile, m, n, k, ln_next=False) -> int:
     """K splits of a row-major tensor-core GEMM (1: none). Session(options={"gemm_splitk": S}) forces S;
     ln_next (before_ln): a LayerNorm reads the output, so LN_SPLIT_MIN_SLICES applies."""
-    forced = option_count(ctx.options, "gemm_splitk")
+    forced = ctx.options.gemm_splitk
     if forced is not None and forced > 1 and tile not in CM_SPLIT_TILES:
         raise MinirtError(f"option gemm_splitk={forced} on tensor cores needs cm_tile {' or '.join(CM_SPLIT_TILES)}, "
                           f"not {tile}")
     if forced is not None:
         return forced
     p = ctx.profile
-    if tile not in CM_SPLIT_TILES or not p.compute_units or p.device_type != "discrete":
+    if tile not in CM_SPLIT_TILES or not (p.compute_units and p.tuning.split_work):
         return 1
     bm, bn, bk, _ = CM_TILES[tile]
     return wave_splits(-(-m // bm) * -(-n // bn), cm_slots(ctx, tile), -(-k // bk),
@@ -371,8 +353,7 @@ def cm_split_k(ctx, tile, m, n, k, ln_next=False) -> int:
 # (planner/fuse_reduce_layer_norm.py), so the split costs no dispatch of its own and saves the LayerNorm's. Whisper's
 # out-projections (K = d_model: 12 or 16 slices, too few for the rules above) feed the MLP's LayerNorm. H200, Whisper-tiny
 # (tools/dispatch_ab.py, docs/benchmarks.md): out-projection + LayerNorm 77.6 -> 72.5 us over 4 layers at fp16 (3 splits;
-# 2 splits 74.3), 121.9 -> 115.6 at fp32 (2 splits; 3 splits 121.8). Session(options={"split_before_ln": False}) keeps
-# these GEMMs on the plain rules.
+# 2 splits 74.3), 121.9 -> 115.6 at fp32 (2 splits; 3 splits 121.8).
 LN_SPLIT_MIN_SLICES = 4
 
 
@@ -380,8 +361,7 @@ def before_ln(ctx, out, n) -> bool:
     """Whether a LayerNorm reads `out` and fuse_reduce_layer_norm could take it into a split GEMM's reduce pass
     (buffers, rows of at most REG x subgroup-size vec4, as that pass checks)."""
     from ..planner.fuse_reduce_layer_norm import REG
-    return (option_on(ctx.options, "split_before_ln", True) and option_on(ctx.options, "fuse_reduce_layer_norm", True)
-            and ctx.storage == "buffer"
+    return (ctx.options.pass_on("fuse_reduce_layer_norm") and ctx.storage == "buffer"
             and -(-n // 4) <= REG * ctx.profile.subgroup_size and ctx.read_by_op(out.name, "LayerNormalization"))
 
 
@@ -399,11 +379,11 @@ def split_k(ctx, tile, m, n4, k, ln_next=False):
     Session(options={"gemm_splitk": S}) forces S; ln_next: as cm_split_k. The shape whose splits fill the most of one
     wave (minirt/lwg.py gemm_split_shape) is taken with its splits where it keeps more of the places busy than the
     picker's unsplit shape does over its waves (Whisper's 1500 x 384 outputs: 384 of 396 places against 282 of 528)."""
-    forced = option_count(ctx.options, "gemm_splitk")
+    forced = ctx.options.gemm_splitk
     if forced is not None:
         return forced, None
     p = ctx.profile
-    if ctx.half or not p.compute_units or p.device_type != "discrete" or tile != "t44k32":
+    if ctx.half or not (p.compute_units and p.tuning.split_work) or tile != "t44k32":
         return 1, None
     from ..lwg import check_local_size, forced_local_size, gemm_split_shape, wave_places
     tm, tn4 = LINEAR_TILES[tile]

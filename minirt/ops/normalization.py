@@ -6,7 +6,6 @@ import numpy as np
 
 from ..errors import ModelError
 from ..lwg import row_invocations
-from ..options import option_count
 from ..planner.plan import Push
 from . import Op, attr, register
 from ._util import norm_axis, same
@@ -74,7 +73,7 @@ class LayerNormalization(Op):
         rank = len(x.shape)
         k = rank - norm_axis(node, attr(node, "axis", -1), rank)   # normalised dims: WHCN 0..k-1
         consts = [ctx.graph.tensor(n).data for n in node.inputs[1:3] if n]
-        if k == 1 and x.shape[-1] % 4 == 0 and ctx.storage == "buffer" and ctx.profile.vendor in FAST_ROWS_VENDORS:
+        if k == 1 and x.shape[-1] % 4 == 0 and ctx.storage == "buffer" and ctx.profile.tuning.subgroup_rows:
             return _lower_rows(node, ctx, x, out, consts)
         affine = np.concatenate([_per_texel(a, x.shape[rank - k:], x.packed_dim) for a in consts])
         w = ctx.weight(f"{node.name}/scale_bias", affine)
@@ -82,17 +81,13 @@ class LayerNormalization(Op):
                      [attr(node, "epsilon", 1e-5)], (len(consts) > 1,), flops_per=8, io="out32")
 
 
-# Subgroup arithmetic is required by the row kernel; these drivers have it (and buffers are their storage).
-FAST_ROWS_VENDORS = ("nvidia", "amd", "intel", "llvmpipe")
-
-
 def _lower_rows(node, ctx, x, out, consts):
     """LayerNorm over a last dim that is a multiple of 4, in buffers: one subgroup per row."""
     from ..planner.plan import Push
     length = x.shape[-1]
     rows = int(np.prod(x.shape[:-1]))
-    # invocations a work group (minirt.lwg: 256 on NVIDIA, else 64; option rows_invocations), one row a subgroup
-    inv = row_invocations(ctx.profile, option_count(ctx.options, "rows_invocations"))
+    # invocations a work group (minirt.lwg: the device table's, else 64; option rows_invocations), one row a subgroup
+    inv = row_invocations(ctx.profile, ctx.options.rows_invocations)
     per = inv // max(ctx.profile.subgroup_size, 1)     # rows a work group (the kernel loops if it gets fewer)
     aff = np.concatenate([np.broadcast_to(np.asarray(a, np.float32), (length,)) for a in consts])
     w = ctx.weight(f"{node.name}/scale_bias", aff)

@@ -17,30 +17,25 @@ Pass order (each pass is one module of this package):
                                             LayerNorm that reads its output
  12. local sizes      (minirt.lwg)          one deterministic local size per dispatch
  13. memory plan      (memory_plan.py)      lifetimes for memory reuse (option memory_reuse=False: none)
-The planner never imports vulkan: everything it decides is plain data in the Plan. Passes see the Session
-options plus "_storage" (the resolved storage) and "_profile" (the DeviceProfile), set by make_plan."""
+The planner never imports vulkan: everything it decides is plain data in the Plan. Each graph pass is
+fn(graph, options, profile): the Session's Options (storage resolved for the device) and the DeviceProfile."""
 from __future__ import annotations
 
-import os
-
 from ..errors import MinirtError, UnsupportedError
-from ..options import option_on
+from ..options import PRECISIONS, Options
 from ..lwg import check_local_size, forced_local_size, pick_local_size
 from . import (conv1d_as_conv2d, conv_input_nlc, conv_output_nlc, conv_routing, fuse_activation, fuse_attention, fuse_gelu,
                fuse_linear, fuse_reduce_layer_norm, memory_plan, merge_siblings)
 from .lower import lower
-from .plan import Plan
+from .plan import INPUT, OUTPUT, Plan
 from .storage_layout import check_limits, resolve_storage
 
-# (name, function(graph, options) -> graph), run in this order
+# (name, function(graph, options, profile) -> graph), run in this order
 GRAPH_PASSES = [("conv1d_as_conv2d", conv1d_as_conv2d.rewrite), ("conv_routing", conv_routing.annotate),
                 ("fuse_gelu", fuse_gelu.rewrite), ("fuse_activation", fuse_activation.rewrite),
                 ("conv_output_nlc", conv_output_nlc.rewrite), ("conv_input_nlc", conv_input_nlc.rewrite),
                 ("fuse_linear", fuse_linear.rewrite),
                 ("merge_siblings", merge_siblings.rewrite), ("fuse_attention", fuse_attention.rewrite)]
-
-
-PRECISIONS = ("fp32", "fp16")
 
 
 def resolve_precision(precision, profile) -> str:
@@ -53,21 +48,19 @@ def resolve_precision(precision, profile) -> str:
     return precision
 
 
-def make_plan(graph, profile, storage="auto", options=None) -> Plan:
-    """options["precision"]: "fp32" (default) or "fp16" (16-bit storage, fp32 arithmetic)."""
-    options = dict(options or {})
-    precision = resolve_precision(options.get("precision", "fp32"), profile)
-    if os.environ.get(conv1d_as_conv2d.ENV, "") not in ("", "0"):
-        options.setdefault("conv1d_rewrite", False)
-    storage = resolve_storage(storage, profile)
-    options["_storage"], options["_profile"] = storage, profile    # what passes may need to know of the target
+def make_plan(graph, profile, storage=None, options=None) -> Plan:
+    """The Plan of `graph` on `profile`. options: Options or a dict of them (Options.make); storage, where given,
+    overrides options.storage."""
+    options = Options.of(options)
+    precision = resolve_precision(options.precision, profile)
+    options = options.replace(storage=resolve_storage(storage or options.storage, profile))
     g = graph.copy()
     for _name, fn in GRAPH_PASSES:
-        g = fn(g, options)
-    plan = lower(g, storage, profile, options, precision)
+        g = fn(g, options, profile)
+    plan = lower(g, options.storage, profile, options, precision)
     plan = fuse_reduce_layer_norm.rewrite(plan, profile, options)
     check_limits(plan, profile)
-    forced = options.get("local_size")
+    forced = options.local_size
     if forced:
         try:
             check_local_size(forced, profile)
@@ -87,7 +80,18 @@ def make_plan(graph, profile, storage="auto", options=None) -> Plan:
             raise UnsupportedError(f"tensor '{t.name}' {list(t.shape)} is {t.nbytes / 2**20:.0f} MiB, beyond the "
                                    f"device's maxStorageBufferRange ({profile.max_storage_buffer_range / 2**20:.0f} MiB)")
     plan.lifetimes = memory_plan.lifetimes(plan)
-    if not option_on(options, "memory_reuse", True):   # every tensor its own bytes (to rule out aliasing, or measure it)
+    if not options.memory_reuse:   # every tensor its own bytes (to rule out aliasing, or measure it)
         plan.lifetimes = {k: (-1, len(plan.dispatches)) for k in plan.lifetimes}
-    plan.poison = bool(options.get("poison"))
+    plan.poison = options.poison
+    _run_settings(plan, options, profile)
     return plan
+
+
+def _run_settings(plan, options, profile) -> None:
+    """How the run moves data. Direct I/O (buffers only): graph inputs and/or outputs in host memory that the kernels
+    read and write over the bus instead of staging copies. Zero-copy outputs: buffers only (the executor also needs
+    the driver's host-memory import). The fence spin: the device table's, unless the options say."""
+    roles = {"in": (INPUT,), "out": (OUTPUT,), "both": (INPUT, OUTPUT)}.get(options.direct_io, ())
+    plan.direct_io = roles if plan.storage == "buffer" else ()
+    plan.zero_copy = options.zero_copy and plan.storage == "buffer" and OUTPUT not in plan.direct_io
+    plan.spin_ms = profile.tuning.spin_ms if options.spin_ms is None else options.spin_ms

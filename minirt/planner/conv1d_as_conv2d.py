@@ -14,7 +14,6 @@ import numpy as np
 from ..graph import Node, Tensor
 from .conv_routing import IM2COL_MIN_COUT
 
-ENV = "MINIRT_NO_CONV1D_REWRITE"
 
 
 def why_not(node, graph, consumers) -> str | None:
@@ -42,8 +41,8 @@ def why_not(node, graph, consumers) -> str | None:
     return None
 
 
-def rewrite(graph, options):
-    if options.get("conv1d_rewrite") is False:
+def rewrite(graph, options, profile=None):
+    if not options.conv1d_rewrite:
         for n in graph.nodes:
             if n.op == "Conv" and graph.tensor(n.inputs[0]).shape and len(graph.tensor(n.inputs[0]).shape) == 3:
                 graph.note(n.name, "conv1d rewrite: off (option)")

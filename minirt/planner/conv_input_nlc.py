@@ -21,12 +21,11 @@ these attributes. Session option conv_input_nlc=False turns the pass off."""
 from __future__ import annotations
 
 from ..graph import Tensor
-from ..options import option_on
 from .conv_output_nlc import RESHAPES
 
 
-def rewrite(graph, options):
-    if not option_on(options, "conv_input_nlc", True):
+def rewrite(graph, options, profile=None):
+    if not options.pass_on("conv_input_nlc"):
         return graph
     cons, prod = graph.consumers(), graph.producers()
     drop = set()
@@ -77,9 +76,8 @@ def _why_not(a, b, graph, options) -> str | None:
     n, c = x.shape[:2]
     if y.shape != x.shape:
         return f"the reshapes change {list(y.shape)} into {list(x.shape)}"
-    storage = options.get("_storage", "buffer")
-    if not fast_gemm(storage, options, c):
-        return f"the buffer GEMM does not run here ({storage} storage, {c} channels)"
+    if not fast_gemm(options.planned_storage, options, c):
+        return f"the buffer GEMM does not run here ({options.planned_storage} storage, {c} channels)"
     if n != 1:
         return f"batch {n} != 1 (the GEMM's rows are one image's positions)"
     nd = len(x.shape) - 2

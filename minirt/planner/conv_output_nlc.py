@@ -24,13 +24,12 @@ row-major output with a residual; batch > 1: the im2col GEMM's rows are one imag
 sends batch > 1 to the direct kernel anyway). Session option conv_output_nlc=False turns the pass off."""
 from __future__ import annotations
 
-from ..options import option_on
 
 RESHAPES = ("Reshape", "Squeeze", "Unsqueeze", "Flatten")   # row-major relabelings (ops.shape_ops.ReshapeLike)
 
 
-def rewrite(graph, options):
-    if not option_on(options, "conv_output_nlc", True):
+def rewrite(graph, options, profile=None):
+    if not options.pass_on("conv_output_nlc"):
         return graph
     cons = graph.consumers()
     replace, drop = {}, set()
@@ -87,10 +86,9 @@ def _to_transpose(conv, graph, sole):
 
 def _why_not(conv, graph, options) -> str | None:
     from ..ops.gemm import fast_gemm   # here, not at import: the ops package imports the planner
-    storage = options.get("_storage", "buffer")
-    if not fast_gemm(storage, options):
-        return (f"only the buffer GEMM writes rows with a residual ({storage} storage"
-                f"{', no_fast_gemm' if options.get('no_fast_gemm') else ''})")
+    if not fast_gemm(options.planned_storage, options):
+        return (f"only the buffer GEMM writes rows with a residual ({options.planned_storage} storage"
+                f"{', fast_gemm off' if not options.fast_gemm else ''})")
     batch = graph.tensor(conv.outputs[0]).shape[0]
     if batch != 1:
         return f"batch {batch} != 1 (the GEMM's rows are one image's positions)"

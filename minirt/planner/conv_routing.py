@@ -37,12 +37,12 @@ def route(node, graph) -> tuple[str, str]:
     return "im2col", "im2col + tiled GEMM"
 
 
-def annotate(graph, options):
+def annotate(graph, options, profile=None):
     """Record each Conv's route in its attrs (minirt-private key) and the reason in the notes."""
     for node in graph.nodes:
         if node.op == "Conv":
             r, why = route(node, graph)
-            forced = options.get("conv_route")
+            forced = options.conv_route
             if forced:
                 r, why = forced, f"forced by option conv_route={forced}"
             node.attrs["_route"] = r

@@ -8,7 +8,7 @@ ACTS = {"Relu": "relu", "Gelu": "gelu"}
 EPILOGUE_ROUTES = ("im2col", "pointwise", "depthwise")
 
 
-def rewrite(graph, options):
+def rewrite(graph, options, profile=None):
     cons = graph.consumers()
     drop = set()
 

@@ -158,8 +158,8 @@ def _match(graph, prod, cons, sm):
     return nodes, roots, cur, H, scale
 
 
-def rewrite(graph, options):
-    if options.get("fuse_attention") is False:
+def rewrite(graph, options, profile=None):
+    if not options.pass_on("fuse_attention"):
         return graph
     prod, cons = graph.producers(), graph.consumers()
     drop, new = set(), {}

@@ -18,7 +18,7 @@ def _other(node, name):
     return b if a == name else a if b == name else None
 
 
-def rewrite(graph, options):
+def rewrite(graph, options, profile=None):
     prod, cons = graph.producers(), graph.consumers()
     drop, new = set(), {}
 

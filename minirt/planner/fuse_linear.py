@@ -11,8 +11,8 @@ from ..graph import Node
 ACTS = {"Relu": "relu"}
 
 
-def rewrite(graph, options):
-    if options.get("fuse_linear") is False:
+def rewrite(graph, options, profile=None):
+    if not options.pass_on("fuse_linear"):
         return graph
     cons = graph.consumers()
     drop, new = set(), {}

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import struct
 
-from ..options import option_on
 from .plan import Dispatch, Plan
 
 REDUCE, LAYER_NORM, FUSED = "linear_reduce", "layer_norm_rows", "linear_reduce_ln"
@@ -40,7 +39,7 @@ def _fuse(red: Dispatch, ln: Dispatch) -> Dispatch:
 
 
 def rewrite(plan: Plan, profile, options) -> Plan:
-    if not option_on(options, "fuse_reduce_layer_norm", True):
+    if not options.pass_on("fuse_reduce_layer_norm"):
         return plan
     kept, pending = [], {}      # pending: tensor root -> index in kept of the plain reduce that wrote it last
     for d in plan.dispatches:

@@ -25,7 +25,7 @@ class LowerCtx:
         self.graph = graph
         self.storage = storage
         self.profile = profile
-        self.options = options or {}
+        self.options = options
         self.half = precision == "fp16"
         self.dtype = "float16" if self.half else "float32"    # of every tensor an op makes
         self.plan = Plan(storage=storage, inputs=list(graph.inputs), outputs=list(graph.outputs),

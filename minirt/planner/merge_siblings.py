@@ -14,15 +14,14 @@ minStorageBufferOffsetAlignment: groups whose part size (M * N elements) is not 
 
 Left alone as well, with a note: texture storage (an image cannot be viewed at an offset, and its GEMM has no
 part-major output: merging would need a copy per part), the general GEMM fallback (K not a multiple of 4, or
-Session option no_fast_gemm), and parts of different widths. Session option merge_siblings=False turns the
-pass off. make_plan tells the pass the storage and device (options "_storage", "_profile"); without them it
+Session option fast_gemm off), and parts of different widths. Option passes_off=("merge_siblings",) turns the
+pass off. make_plan gives the pass the resolved storage (in the options) and the device; without them it
 assumes buffer storage and the largest alignment Vulkan allows (256 bytes)."""
 from __future__ import annotations
 
 import numpy as np
 
 from ..graph import Node, Tensor
-from ..options import option_on
 
 MAX_ALIGNMENT = 256    # the largest minStorageBufferOffsetAlignment Vulkan allows
 
@@ -57,13 +56,12 @@ def _merged_name(names, taken):
     return name
 
 
-def rewrite(graph, options):
-    if not option_on(options, "merge_siblings", True):
+def rewrite(graph, options, profile=None):
+    if not options.pass_on("merge_siblings"):
         return graph
-    storage = options.get("_storage", "buffer")
-    profile = options.get("_profile")
+    storage = options.planned_storage
     align = profile.min_storage_buffer_offset_alignment if profile is not None else MAX_ALIGNMENT
-    itemsize = 2 if options.get("precision", "fp32") == "fp16" else 4
+    itemsize = 2 if options.precision == "fp16" else 4
 
     groups: dict[tuple, list[Node]] = {}
     for node in graph.nodes:
@@ -81,8 +79,8 @@ def rewrite(graph, options):
         if storage != "buffer":
             why = (f"{storage} storage: an image cannot be viewed at an offset, so the parts would need copies "
                    f"(the separate GEMMs are cheaper)")
-        elif k % 4 or options.get("no_fast_gemm"):
-            why = "the Linears run on the general GEMM (K not a multiple of 4, or no_fast_gemm), which has no part-major output"
+        elif k % 4 or not options.fast_gemm:
+            why = "the Linears run on the general GEMM (K not a multiple of 4, or fast_gemm off), which has no part-major output"
         elif (m_rows * n * itemsize) % max(align, 1):
             why = (f"a part is {m_rows * n * itemsize} bytes, not a multiple of the device's storage-buffer offset "
                    f"alignment ({align}), so the parts cannot be views")

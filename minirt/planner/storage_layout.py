@@ -6,16 +6,14 @@ else (matrices, sequences) width-packed; buffers are dense row-major, packed alo
 from __future__ import annotations
 
 from ..errors import MinirtError, UnsupportedError
-
-STORAGES = ("auto", "texture", "buffer")
+from ..options import STORAGES
 
 
 def resolve_storage(storage: str, profile) -> str:
+    """"auto" becomes the device table's storage (DeviceProfile.tuning)."""
     if storage not in STORAGES:
         raise MinirtError(f"storage must be one of {', '.join(STORAGES)}, got {storage!r}")
-    if storage == "auto":
-        return "texture" if profile.is_mobile else "buffer"
-    return storage
+    return profile.tuning.storage if storage == "auto" else storage
 
 
 def packed_dim_for(shape, storage: str) -> int:

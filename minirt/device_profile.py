@@ -106,7 +106,7 @@ class DeviceProfile:
     def wave_slots(self, shared_bytes: int, most: int | None = None) -> int:
         """Work groups declaring `shared_bytes` of shared memory that run at once (one wave), or 0 where the
         multiprocessor count is unknown. A multiprocessor holds as many as its shared memory allows; NVIDIA's Vulkan
-        driver gives it the same 48 KiB one group may declare (tools/occupancy.py probe on an H200: 4 groups of 12 KiB,
+        driver gives it the same 48 KiB one group may declare (tools/dev/occupancy.py probe on an H200: 4 groups of 12 KiB,
         3 of 13-16, 2 of 17-24, 1 above), so the per-group limit stands in for it. `most`: a kernel's own cap per
         multiprocessor, where its registers allow fewer groups than its shared memory."""
         per_unit = max(1, self.max_shared_memory // max(1, shared_bytes))

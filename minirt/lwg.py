@@ -38,7 +38,7 @@ DESKTOP_MIN_GROUPS = 256   # "desktop" GEMM groups (DeviceProfile.tuning.gemm_gr
 # among these shapes (ties keep this order). A wave is as many groups as run at once: where the dispatch declares its
 # shared memory per local x and y (Dispatch.shared_xy), the groups that memory lets share a multiprocessor
 # (DeviceProfile.wave_slots), else one a multiprocessor. On an H200 (132 SMs, 48 KiB a multiprocessor;
-# tools/dispatch_ab.py, docs/benchmarks.md) for glsl/linear.comp's 32-deep slices (512 bytes per x and per y) it takes
+# tools/dev/dispatch_ab.py, docs/benchmarks.md) for glsl/linear.comp's 32-deep slices (512 bytes per x and per y) it takes
 # 16x12 (14 KiB, 3 a multiprocessor) for Whisper's 3000 x 384 conv1 (26.9 us against 29.0 in 24x12) and 1500 x 1536
 # fc1, 16x8 (4 a multiprocessor) for the 1500 x 1152 QKV GEMM (51.9 against 54.9). 12x12 and 8x16 were slower on
 # every Whisper GEMM (docs/benchmarks.md, third session) and are not offered.

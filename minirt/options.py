@@ -4,7 +4,7 @@ Options is frozen and built once per Session (Options.make): a key it does not k
 an error that lists the valid keys. Values may come as text (a command line's KEY=VALUE) and are converted by the
 field's type. Environment variables are read here and nowhere else (Environment).
 
-Fields after `passes_off` force a path the planner would otherwise choose by device: tests use them to run on
+Fields after the pass switches force a path the planner would otherwise choose by device: tests use them to run on
 lavapipe the plans another device (an H200) gets by default, and a tuner may use them to compare choices.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ PRECISIONS = ("fp32", "fp16")
 STORAGES = ("auto", "texture", "buffer")
 COOPMAT_MODES = ("auto", "off", "emulate")
 DIRECT_IO = ("off", "in", "out", "both")
-# planner passes that `passes_off` may name (minirt/planner/__init__.py runs them)
+# planner passes an option may turn off (minirt/planner/__init__.py runs them)
 OPTIONAL_PASSES = ("conv_output_nlc", "conv_input_nlc", "fuse_linear", "merge_siblings", "fuse_attention",
                    "fuse_reduce_layer_norm")
 # kernel families a forced local size may apply to (the others size their work from their local size)
@@ -44,14 +44,20 @@ def _flag(v):
 
 
 def _count(v):
-    n = int(v) if not isinstance(v, bool) else 0
+    try:
+        n = int(v) if not isinstance(v, bool) else 0
+    except (TypeError, ValueError):
+        n = 0
     if isinstance(v, float) and v != n or n < 1:
         raise ValueError("an integer >= 1")
     return n
 
 
 def _number(v):
-    x = float(v)
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        x = -1.0
     if not x >= 0 or x == float("inf"):
         raise ValueError("a finite number >= 0")
     return x
@@ -74,11 +80,18 @@ def _choice(choices):
 
 def _ints(n=None, low=1):
     """A tuple of positive ints, from a tuple or text such as "16,4,1" or "16x4x1"."""
+    counts = n if isinstance(n, tuple) else (n,)
+    want = f"{' to '.join(map(str, (counts[0], counts[-1]))) if len(counts) > 1 else n} integers >= {low} " \
+           f"such as {'x'.join(['16', '4', '1', '2'][:counts[-1]])}"
+
     def conv(v):
-        parts = v.replace("x", ",").split(",") if isinstance(v, str) else list(v)
-        t = tuple(int(p) for p in parts)
-        if (n is not None and len(t) not in (n if isinstance(n, tuple) else (n,))) or min(t, default=0) < low:
-            raise ValueError(f"{'/'.join(map(str, n)) if isinstance(n, tuple) else n or 'some'} integers >= {low}")
+        try:
+            parts = v.replace("x", ",").split(",") if isinstance(v, str) else list(v)
+            t = tuple(int(p) for p in parts)
+        except (TypeError, ValueError):
+            raise ValueError(want) from None
+        if len(t) not in counts or min(t, default=0) < low:
+            raise ValueError(want)
         return t
     return conv
 
@@ -92,12 +105,14 @@ def parse_local_size(v) -> tuple:
     """(x, y, z) from a tuple or text such as "16,4,1" or "16x4x1"."""
     try:
         return _local_size(v)
-    except (TypeError, ValueError):
+    except ValueError:
         raise MinirtError(f"a local size is 1 to 3 positive integers such as 16,4,1; got {v!r}") from None
 
 
 def _names(choices):
     def conv(v):
+        if not isinstance(v, (str, tuple, list)):
+            raise ValueError(f"names from {', '.join(choices)}")
         t = tuple(s for s in (v.replace(",", "+").split("+") if isinstance(v, str) else v) if s)
         bad = [s for s in t if s not in choices]
         if bad:
@@ -162,7 +177,13 @@ class Options:
     spin_ms: float | None = _opt(None, _optional(_number),
                                  "milliseconds to poll a run's fence before a sleeping wait (MINIRT_SPIN_MS); "
                                  "default: the device table's")
-    passes_off: tuple = _opt((), _names(OPTIONAL_PASSES), "optional planner passes to skip")
+    # planner passes that may be turned off (debugging, measuring what a pass gains)
+    conv_output_nlc: bool = _opt(True, _flag, "pass: an im2col conv + channels-last Transpose (+ Add) -> one GEMM")
+    conv_input_nlc: bool = _opt(True, _flag, "pass: a 1-D im2col conv reading another's output reads it as rows")
+    fuse_linear: bool = _opt(True, _flag, "pass: MatMul + bias + scale + activation + residual -> one Linear")
+    merge_siblings: bool = _opt(True, _flag, "pass: Linears reading the same input -> one GEMM")
+    fuse_attention: bool = _opt(True, _flag, "pass: head splits + MatMul + Softmax + MatMul -> one Attention")
+    fuse_reduce_layer_norm: bool = _opt(True, _flag, "pass: a split GEMM's reduce pass also does the next LayerNorm")
     # -- forcing a path (tests, tuning) ---------------------------------------------------------------------------
     conv_route: str | None = _opt(None, _optional(_choice(CONV_ROUTES)), "force every Conv onto one route")
     fast_gemm: bool = _opt(True, _flag, "off: the generic GEMM (glsl/gemm.comp) where glsl/linear.comp would run")
@@ -184,6 +205,8 @@ class Options:
     attention_tile: tuple | None = _opt(None, _optional(_ints((3, 4))),
                                         "the fp32 attention tile THREADSxKGxRT[xNK]")
     attention_prefetch: bool | None = _opt(None, _optional(_flag), "the fp32 attention's K/V prefetch")
+    attention_shuffle: bool = _opt(True, _flag, "off: the fp32 attention's row maxima through shared memory, as on "
+                                   "devices without subgroup shuffles")
     attention_cm_reg: bool = _opt(True, _flag, "the tensor-core attention with its softmax in registers",
                                   "devices whose cooperative matrices have the 'mma' layout")
     coopmat_tile: tuple | None = _opt(None, _optional(_ints(3)), "the tensor-core attention tile NRxKSxBK")
@@ -203,9 +226,8 @@ class Options:
         for k, v in values.items():
             try:
                 out[k] = fields[k].metadata["conv"](v)
-            except (TypeError, ValueError) as e:
-                why = e.args[0] if isinstance(e, ValueError) and e.args and " " in str(e.args[0]) else "of another type"
-                raise MinirtError(f"option {k} must be {why}, got {v!r}") from None
+            except ValueError as e:     # every converter says what it wants
+                raise MinirtError(f"option {k} must be {e}, got {v!r}") from None
         return cls(**out)
 
     @classmethod
@@ -221,7 +243,8 @@ class Options:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) != f.default}
 
     def pass_on(self, name: str) -> bool:
-        return name not in self.passes_off
+        """Whether optional planner pass `name` (OPTIONAL_PASSES) runs."""
+        return getattr(self, name)
 
     @property
     def planned_storage(self) -> str:

@@ -1,6 +1,6 @@
 """Per-dispatch GPU timing from a Vulkan timestamp query pool, and its reports.
 
-One implementation behind `minirt profile`, `tools/profile.py` and Session.profile_records().
+One implementation behind `minirt profile`, `tools/profile` and Session.profile_records().
 Dispatch i's time is the gap between the timestamp written after dispatch i-1 finished and the
 one after dispatch i finished (both at the bottom of the pipe), so the times add up to the GPU
 time of the whole run; a dispatch that overlaps its predecessor is charged only its tail."""

@@ -19,6 +19,25 @@ def make_model(nodes, inputs: dict, outputs, initializers=None, opset=17):
     return m
 
 
+def linear_case(m, n, k, act, residual, seed=0):
+    """A Linear layer as an exporter writes it: x [1, m, k] @ w [k, n] + b, then Gelu if act, then + r [1, m, n] if
+    residual (opset 20); seeded weights. Returns (model, feeds)."""
+    rng = np.random.default_rng(seed)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"])]
+    cur, inputs = "hb", {"x": (1, m, k)}
+    if act:
+        nodes.append(helper.make_node("Gelu", [cur], ["ha"]))
+        cur = "ha"
+    if residual:
+        nodes.append(helper.make_node("Add", [cur, "r"], ["y"]))
+        inputs["r"] = (1, m, n)
+    else:
+        nodes.append(helper.make_node("Identity", [cur], ["y"]))
+    model = make_model(nodes, inputs, ["y"], {"w": (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32),
+                                              "b": rng.standard_normal(n).astype(np.float32)}, opset=20)
+    return model, {name: rng.standard_normal(shape).astype(np.float32) for name, shape in inputs.items()}
+
+
 def onnxruntime_run(model, feeds):
     import onnxruntime as ort
     so = ort.SessionOptions()
@@ -65,11 +84,12 @@ def graph_after(model, shapes, upto, **options):
     from minirt.device_profile import KNOWN_PROFILES
     from minirt.infer import bind_inputs, prepare
     from minirt.loaders import load
+    from minirt.options import Options
     from minirt.planner import GRAPH_PASSES
     g = prepare(bind_inputs(load(model), shapes))
-    opts = {"_storage": "buffer", "_profile": KNOWN_PROFILES["lavapipe"], **options}
+    opts = Options.make({"storage": "buffer", **options})
     for name, fn in GRAPH_PASSES:
-        g = fn(g, opts)
+        g = fn(g, opts, KNOWN_PROFILES["lavapipe"])
         if name == upto:
             break
     return g

@@ -13,6 +13,7 @@ import minirt.ops.attention as attention
 from minirt import Session
 from minirt.device_profile import KNOWN_PROFILES
 from minirt.errors import MinirtError
+from minirt.options import Options
 from minirt.infer import prepare
 from minirt.loaders import load
 from minirt.planner import make_plan
@@ -171,7 +172,7 @@ def test_auto_rule_without_a_multiprocessor_count():
 @pytest.mark.parametrize("bad", [0, -1, "x", 2.5, True])
 def test_bad_split_option(bad):
     with pytest.raises(MinirtError, match="attention_splits"):
-        attention.splits(H200, 228, 1500, {"attention_splits": bad})
+        attention.splits(H200, 228, 1500, Options.make({"attention_splits": bad}))
 
 
 @pytest.mark.parametrize("forced", [None, False])

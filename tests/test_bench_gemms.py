@@ -13,10 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "models"))
 import whisper_encoder as we  # noqa: E402
 
-_saved = list(sys.path)
-sys.path.append(str(ROOT / "tools"))
-import bench  # noqa: E402  (it rewrites sys.path[0] for its own use; restored below)
-sys.path[:] = _saved
+sys.path.append(str(ROOT / "tools"))   # last, so nothing in tools/ can shadow an installed module
+import bench  # noqa: E402
 
 
 @pytest.mark.parametrize("options", [{}, {"gemm_splitk": 2}], ids=["default", "split2"])

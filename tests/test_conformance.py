@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.append(str(ROOT / "tools"))   # last, so nothing in tools/ can shadow an installed module
 import conformance  # noqa: E402
 
 from minirt import ops  # noqa: E402

@@ -2,6 +2,7 @@
 import pytest
 from onnx import helper
 
+from minirt.options import Options
 from minirt.infer import prepare
 from minirt.loaders import load
 from minirt.planner import conv1d_as_conv2d, conv_routing
@@ -26,7 +27,7 @@ def conv_graph(cin=80, cout=384, k=3, L=40, batch=1, group=1, dilation=1, stride
 
 
 def test_rewrite_fires_on_eligible_conv():
-    g = conv1d_as_conv2d.rewrite(conv_graph(stride=2, pads=(1, 2)), {})
+    g = conv1d_as_conv2d.rewrite(conv_graph(stride=2, pads=(1, 2)), Options())
     ops = [n.op for n in g.nodes]
     assert ops == ["Reshape", "Conv", "Reshape"]
     pre, conv, post = g.nodes
@@ -36,7 +37,7 @@ def test_rewrite_fires_on_eligible_conv():
     assert pre.outputs[0] == conv.inputs[0] and post.inputs[0] == conv.outputs[0] and post.outputs[0] == "y"
     assert g.tensor(post.inputs[1]).data.tolist() == [1, 384, 21]
     assert "conv1d rewrite: yes" in g.notes["conv"][0]
-    conv_routing.annotate(g, {})
+    conv_routing.annotate(g, Options())
     assert conv.attrs["_route"] == "im2col"
 
 
@@ -48,14 +49,14 @@ def test_rewrite_fires_on_eligible_conv():
 def test_rewrite_does_not_fire(kw, reason):
     g = conv_graph(**kw)
     before = [(n.op, list(n.inputs)) for n in g.nodes]
-    g = conv1d_as_conv2d.rewrite(g, {})
+    g = conv1d_as_conv2d.rewrite(g, Options())
     assert [(n.op, list(n.inputs)) for n in g.nodes] == before
     assert all(len(g.tensor(n.inputs[0]).shape) == 3 for n in g.nodes if n.op == "Conv")
     assert any(reason in note for note in g.notes["conv"]), g.notes
 
 
 def test_option_turns_rewrite_off():
-    g = conv1d_as_conv2d.rewrite(conv_graph(), {"conv1d_rewrite": False})
+    g = conv1d_as_conv2d.rewrite(conv_graph(), Options(conv1d_rewrite=False))
     assert [n.op for n in g.nodes] == ["Conv"]
     assert "off" in g.notes["conv"][0]
 
@@ -64,5 +65,5 @@ def test_option_turns_rewrite_off():
     (dict(), "direct"), (dict(cin=384, group=384), "depthwise"), (dict(k=1, pads=(0, 0)), "pointwise"),
     (dict(group=4), "direct"), (dict(cout=64), "direct")])
 def test_routing_of_1d_convs_left_alone(kw, route):
-    g = conv_routing.annotate(conv_graph(**kw), {})
+    g = conv_routing.annotate(conv_graph(**kw), Options())
     assert g.nodes[-1].attrs["_route"] == route

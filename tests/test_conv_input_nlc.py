@@ -127,8 +127,8 @@ def test_whisper_front_end_drops_conv2s_im2col():
     ("first conv's result read twice", dict(extra="mid"), {}),
     ("option off", dict(), {"conv_input_nlc": False}),
     ("option off (string)", dict(), {"conv_input_nlc": "0"}),
-    ("texture storage", dict(), {"_storage": "texture"}),
-    ("general GEMM", dict(), {"no_fast_gemm": True}),
+    ("texture storage", dict(), {"storage": "texture"}),
+    ("general GEMM", dict(), {"fast_gemm": False}),
 ])
 def test_ineligible_graphs_are_unchanged(why, kw, options):
     m = chain_model(**kw)
@@ -191,7 +191,7 @@ def test_fp32_split_k_matches_onnxruntime(kw):
         compare(s.run(None, fd)[0], onnxruntime_run(m, fd)[0], 1e-4, f"fp32 split {kw}")
 
 
-@pytest.mark.parametrize("options", [{}, {"cm_emulate": True}, {"cm_emulate": True, "cm_regfed": False}],
+@pytest.mark.parametrize("options", [{}, {"coopmat": "emulate"}, {"coopmat": "emulate", "cm_regfed": False}],
                          ids=["device", "cmreg_emu", "cm_emu"])
 @pytest.mark.parametrize("kw", [dict(), dict(stride2=3, pads2=(0, 2), k2=4), dict(t=70, mid=32, cout=64)] + WIDE)
 def test_fp16_matches_onnxruntime(kw, options):
@@ -200,7 +200,7 @@ def test_fp16_matches_onnxruntime(kw, options):
 
 @pytest.mark.parametrize("kw", WIDE)
 def test_fp16_split_k_matches_onnxruntime(kw):
-    _fp16(kw, {"cm_emulate": True, "cm_tile": "m64n64k32s1", "gemm_splitk": 2})
+    _fp16(kw, {"coopmat": "emulate", "cm_tile": "m64n64k32s1", "gemm_splitk": 2})
 
 
 def _fp16(kw, options):

@@ -159,8 +159,8 @@ def test_a_residual_computed_later_moves_the_conv_after_it():
     ("no conv1d rewrite", dict(), {"conv1d_rewrite": False}),
     ("option off", dict(), {"conv_output_nlc": False}),
     ("option off (string)", dict(), {"conv_output_nlc": "0"}),
-    ("texture storage", dict(), {"_storage": "texture"}),
-    ("general GEMM", dict(), {"no_fast_gemm": True}),
+    ("texture storage", dict(), {"storage": "texture"}),
+    ("general GEMM", dict(), {"fast_gemm": False}),
     ("batch 2", dict(batch=2), {}),
 ])
 def test_ineligible_graphs_are_unchanged(why, kw, options):
@@ -177,7 +177,7 @@ def test_refusals_are_noted_and_off_is_silent():
 
     assert "stays channels-first before Transpose 'transpose'" in notes(_storage="texture")
     assert "texture storage" in notes(_storage="texture")
-    assert "no_fast_gemm" in notes(no_fast_gemm=True)
+    assert "fast_gemm off" in notes(fast_gemm=False)
     assert "channels" not in notes(conv_output_nlc=False)
 
 
@@ -273,7 +273,7 @@ def test_fp16(case, cm_emulate, monkeypatch):
     monkeypatch.setattr(conv_op, "IM2COL_SCRATCH_BUDGET", 16 * 48 * 4)
     fd = feeds_for(m)
     ref = onnxruntime_run(m, fd)[0]
-    with Session(m, storage="buffer", precision="fp16", options={"poison": True, "cm_emulate": cm_emulate}) as s:
+    with Session(m, storage="buffer", precision="fp16", options={"poison": True, "coopmat": "emulate" if cm_emulate else "auto"}) as s:
         gemms = [d for d in s.plan.dispatches if d.kernel.startswith("linear")]
         p = s.device.profile
         want = "linear_cmreg_emu_" if cm_emulate else ("linear_cmreg_" if p.coopmat_layout == "mma" else "linear_cm_m") \

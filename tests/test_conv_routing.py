@@ -1,25 +1,69 @@
-"""The routing and correctness matrix of issue 3 (at a short length on lavapipe), and 2-D conv stacks."""
-import sys
-from pathlib import Path
-
+"""The 1-D conv routing and correctness matrix (at a short length on lavapipe), and 2-D conv stacks."""
 import numpy as np
 import pytest
-from onnx import helper
+from onnx import TensorProto, helper, numpy_helper
 
 from minirt import Session
 from oracle import check_model, compare, make_model, rand
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import conv_matrix  # noqa: E402
+# The matrix: tools/dev/conv_matrix.py prints it as a table, at Whisper's length by default.
+# (label, C_in, C_out, kernel, attrs, expected route)
+CASES = [
+    ("80->384 k3", 80, 384, 3, dict(pads=[1, 1]), "im2col"),
+    ("384->384 k3 s2", 384, 384, 3, dict(pads=[1, 1], strides=[2]), "im2col"),
+    ("128->256 k5 p0", 128, 256, 5, dict(pads=[0, 0]), "im2col"),
+    ("64->64 k3", 64, 64, 3, dict(pads=[1, 1]), "direct"),
+    ("256->256 k1", 256, 256, 1, dict(), "pointwise"),
+    ("256->256 k3 depthwise", 256, 256, 3, dict(pads=[1, 1], group=256), "depthwise"),
+    ("128->256 k3 dilation 2", 128, 256, 3, dict(pads=[2, 2], dilations=[2]), "direct"),
+    ("256->256 k3 groups 4", 256, 256, 3, dict(pads=[1, 1], group=4), "direct"),
+]
+KERNEL_OF = {"im2col": ("im2col", "gemm"), "pointwise": ("gemm",), "depthwise": ("conv_dw",), "direct": ("conv",)}
+
+
+def case_model(cin, cout, k, attrs, length, seed=0):
+    rng = np.random.default_rng(seed)
+    g = attrs.get("group", 1)
+    w = (rng.standard_normal((cout, cin // g, k)) / np.sqrt(cin // g * k)).astype(np.float32)
+    b = (0.1 * rng.standard_normal(cout)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv", **attrs)], "conv",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, length])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def run_matrix(length=3000, storages=("buffer", "texture"), seed=0):
+    import onnxruntime as ort
+    rows = []
+    for label, cin, cout, k, attrs, expect in CASES:
+        m = case_model(cin, cout, k, attrs, length, seed)
+        x = np.random.default_rng(seed + 1).standard_normal((1, cin, length)).astype(np.float32)
+        ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        for st in storages:
+            with Session(m, storage=st, options={"poison": True}) as s:
+                y = s.run(x)
+                plan = s.plan
+            notes = " ".join(plan.notes.get("conv", []))
+            kernels = sorted({d.kernel for d in plan.dispatches if d.node == "conv"})
+            route = next((r for r in KERNEL_OF if f"route: {r}" in notes), "?")
+            a, b_ = y.astype(np.float64).ravel(), ref.astype(np.float64).ravel()
+            rows.append(dict(case=label, storage=st, route=route, expected=expect, kernels=kernels,
+                             rewritten="conv1d rewrite: yes" in notes,
+                             cosine=float(a @ b_ / np.linalg.norm(a) / np.linalg.norm(b_)),
+                             max_abs_diff=float(np.abs(y - ref).max()), max_ref=float(np.abs(ref).max())))
+    return rows
 
 
 @pytest.mark.parametrize("storage", ["buffer", "texture"])
 def test_routing_matrix(storage):
-    rows = conv_matrix.run_matrix(length=123, storages=(storage,), seed=np.random.SeedSequence().entropy % 2**31)
+    rows = run_matrix(length=123, storages=(storage,), seed=np.random.SeedSequence().entropy % 2**31)
     for r in rows:
         assert r["route"] == r["expected"], r
         assert r["rewritten"] == (r["expected"] == "im2col"), r
-        want = set(conv_matrix.KERNEL_OF[r["route"]])
+        want = set(KERNEL_OF[r["route"]])
         # linear_* is the fast buffer GEMM, gemm_* the general one: both are the tiled GEMM
         got = {"conv_dw" if k.startswith("conv_dw") else {"linear": "gemm"}.get(k.split("_")[0], k.split("_")[0])
                for k in r["kernels"]}
@@ -32,7 +76,7 @@ def test_im2col_splits_scratch_by_output_rows(monkeypatch):
     """With a tiny budget the conv runs as several im2col + GEMM pairs sharing one scratch."""
     import minirt.ops.conv as conv
     monkeypatch.setattr(conv, "IM2COL_SCRATCH_BUDGET", 4096)
-    m = conv_matrix.case_model(80, 128, 3, dict(pads=[1, 1]), 200)
+    m = case_model(80, 128, 3, dict(pads=[1, 1]), 200)
     x = rand(1, 80, 200)
     check_model(m, {"x": x})
     with Session(m) as s:
@@ -51,7 +95,7 @@ def test_nchw_gemm_output_aligned_and_not(monkeypatch, length, budget):
     import minirt.ops.conv as conv
     if budget:
         monkeypatch.setattr(conv, "IM2COL_SCRATCH_BUDGET", budget)
-    m = conv_matrix.case_model(96, 132, 3, dict(pads=[1, 1]), length)
+    m = case_model(96, 132, 3, dict(pads=[1, 1]), length)
     check_model(m, {"x": rand(1, 96, length)})
     with Session(m, precision="fp16") as s:     # the fp16 variant's 8-byte stores
         ref = Session(m)
@@ -60,7 +104,7 @@ def test_nchw_gemm_output_aligned_and_not(monkeypatch, length, budget):
 
 
 def test_conv1d_rewrite_can_be_turned_off():
-    m = conv_matrix.case_model(80, 384, 3, dict(pads=[1, 1]), 64)
+    m = case_model(80, 384, 3, dict(pads=[1, 1]), 64)
     with Session(m, conv1d_rewrite=False) as s:
         assert {d.kernel for d in s.plan.dispatches} == {"conv_buffer"}
         assert any("off" in n for n in s.plan.notes["conv"])

@@ -87,7 +87,7 @@ def test_where_linear_cm_stays():
     # K not a multiple of 8: A's 16-byte loads would straddle rows
     assert [d.kernel for d in _gemms(_plan(_linear_model(100, 64, 12)[0]))] == ["linear_cm_m64n64k32s1_half"]
     # a forced linear_cm tile is linear_cm; a forced REGFED tile is that tile
-    assert [d.kernel for d in _gemms(_plan(m, cm_tile="m64n64k64"))] == ["linear_cm_m64n64k64_half"]
+    assert [d.kernel for d in _gemms(_plan(m, cm_tile="m64n128k32s1"))] == ["linear_cm_m64n128k32s1_half"]
     assert [d.kernel for d in _gemms(_plan(m, cm_tile="r32n64"))] == ["linear_cmreg_r32n64_half"]
     # fp32 and devices without cooperative matrices: linear.comp
     assert [d.kernel for d in _gemms(_plan(m, coopmat=False))][0].startswith("linear_t")
@@ -108,7 +108,7 @@ def _device_mma_or_skip(mode):
 
 
 def _run(model, feeds, mode, **options):
-    opts = {"poison": True, **({"cm_emulate": True} if mode == "emulated" else {}), **options}
+    opts = {"poison": True, **({"coopmat": "emulate"} if mode == "emulated" else {}), **options}
     with Session(model, storage="buffer", precision="fp16", options=opts) as s:
         gemms = [d.kernel for d in _gemms(s.plan)]
         assert gemms and all(k.startswith("linear_cmreg_emu_" if mode == "emulated" else "linear_cmreg_")
@@ -138,7 +138,7 @@ CASES = [  # M, N, K, act, residual, options
     (64, 64, 1024, None, False, {}),                # 32 slices in one group
     (70, 48, 256, None, True, {"gemm_splitk": 3}),  # K split, fp32 partials through linear_reduce
     (96, 40, 512, "gelu", False, {"gemm_splitk": 2, "cm_tile": "r32n64"}),
-    (80, 72, 40, None, True, {"cm_reg_epilogue": True}),
+    (80, 72, 40, None, True, {"gemm_splitk": 2}),
     (1500, 384, 384, None, True, {}),
     (1500, 1536, 384, "gelu", False, {}),
     (1500, 384, 1536, None, True, {}),

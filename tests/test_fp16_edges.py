@@ -231,7 +231,7 @@ def test_direct_io_zero_copy_and_failed_runs(monkeypatch, direct):
     with Session(model, storage="buffer", precision="fp16", options={"poison": True, "coopmat": False}) as s:
         im2col, gemm = _kernels(s.plan)    # the GEMM's tile depends on the device (t44, or t44k32 on discrete GPUs)
         assert im2col == "im2col_buffer_half_in32" and gemm.startswith("linear_t44") and gemm.endswith("_half_out32")
-        assert all(ex.direct_io == (direct == "1") for ex in s._execs.values())
+        assert all(bool(ex.res.direct) == (direct == "1") for ex in s._execs.values())
         held = s.run(xs[0])
         with pytest.raises(InputError):
             s.run(xs[1][:, :4])

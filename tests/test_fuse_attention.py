@@ -11,6 +11,7 @@ import pytest
 from onnx import helper
 
 import minirt.ops.attention as attention
+from minirt.options import Options
 from minirt import Session
 from minirt.graph import Node
 from minirt.infer import bind_inputs, prepare
@@ -61,7 +62,7 @@ def feeds(B, Tq, Tk, D, seed=0):
 
 
 def fused(model, options=None):
-    return fuse_attention.rewrite(prepare(load(model)), options or {})
+    return fuse_attention.rewrite(prepare(load(model)), Options.make(options))
 
 
 def ops_of(g):
@@ -106,9 +107,9 @@ def test_fires_on_the_whisper_layer(opset):
 @pytest.mark.parametrize("path", ["/tmp/hf-whisper-tiny.onnx", "/tmp/hf-whisper-tiny-dynamo.onnx"])
 def test_fires_on_hugging_face_exports(path):
     if not os.path.exists(path):
-        pytest.skip(f"{path} absent (tools/export_hf_whisper.py makes it)")
+        pytest.skip(f"{path} absent (tools/dev/export_hf_whisper.py makes it)")
     m = onnx.load(path)
-    g = fuse_attention.rewrite(prepare(bind_inputs(load(m), {"input_features": (1, 80, 3000)})), {})
+    g = fuse_attention.rewrite(prepare(bind_inputs(load(m), {"input_features": (1, 80, 3000)})), Options())
     assert ops_of(g).count("Attention") == 4 and "Softmax" not in ops_of(g)
 
 

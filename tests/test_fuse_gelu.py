@@ -4,6 +4,7 @@ import math
 import pytest
 from onnx import helper
 
+from minirt.options import Options
 from minirt.infer import prepare
 from minirt.loaders import load
 from minirt.planner import fuse_gelu
@@ -30,7 +31,7 @@ def gelu_nodes(variant):
 @pytest.mark.parametrize("variant", ["torch", "half_first"])
 def test_pattern_becomes_one_gelu(variant):
     m = make_model(gelu_nodes(variant), {"x": (3, 17)}, ["y"])
-    g = fuse_gelu.rewrite(prepare(load(m)), {})
+    g = fuse_gelu.rewrite(prepare(load(m)), Options())
     assert [n.op for n in g.nodes] == ["Gelu"]
     assert g.nodes[0].inputs == ["x"] and g.nodes[0].outputs == ["y"]
     check_model(m, {"x": rand(3, 17, low=-4, high=4)})
@@ -38,12 +39,12 @@ def test_pattern_becomes_one_gelu(variant):
 
 def test_near_miss_is_left_alone():
     m = make_model(gelu_nodes("wrong_constant"), {"x": (3, 17)}, ["y"])
-    g = fuse_gelu.rewrite(prepare(load(m)), {})
+    g = fuse_gelu.rewrite(prepare(load(m)), Options())
     assert "Gelu" not in [n.op for n in g.nodes] and "Erf" in [n.op for n in g.nodes]
 
 
 def test_intermediate_with_another_reader_blocks_fusion():
     nodes = gelu_nodes("torch") + [helper.make_node("Relu", ["e"], ["z"])]
     m = make_model(nodes, {"x": (3, 17)}, ["y", "z"])
-    g = fuse_gelu.rewrite(prepare(load(m)), {})
+    g = fuse_gelu.rewrite(prepare(load(m)), Options())
     assert "Erf" in [n.op for n in g.nodes]

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
+from minirt.options import Options
 from minirt import MinirtError, Session
 from minirt.ops.gemm import LINEAR_TILES
 from minirt.infer import prepare
@@ -19,7 +20,7 @@ import whisper_encoder as we  # noqa: E402
 
 def test_whisper_layer_linears_fuse():
     m = we.build_whisper_encoder("tiny", layers=1, n_frames=64, seed=2)
-    g = fuse_linear.rewrite(fuse_gelu.rewrite(prepare(load(m)), {}), {})
+    g = fuse_linear.rewrite(fuse_gelu.rewrite(prepare(load(m)), Options()), Options())
     lin = {n.name.split("/")[-2]: n for n in g.nodes if n.op == "Linear"}
     assert set(lin) == {"q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"}, list(lin)
     assert lin["q_proj"].attrs["scale"] == pytest.approx(0.125) and lin["q_proj"].inputs[2]
@@ -82,8 +83,8 @@ def test_local_size_options_as_strings():
     feeds = {"x": rand(1, 37, 64), "r": rand(1, 37, 48)}
     check_model(m, feeds, storages=("buffer",), options={"local_size": "8x4", "local_size_families": "gemm"})
     with Session(m, storage="buffer", options={"local_size": "8x4", "local_size_families": "gemm+im2col"}) as s:
-        assert s.options["local_size_families"] == ("gemm", "im2col")
+        assert s.options.local_size_families == ("gemm", "im2col")
         gemms = [d for d in s.plan.dispatches if d.family == "gemm"]
         assert gemms and all(d.local_size == (8, 4, 1) for d in gemms)
-    with pytest.raises(MinirtError, match="a local size is 1 to 3 positive integers"):
+    with pytest.raises(MinirtError, match="option local_size must be 1 to 3 integers"):
         Session(m, options={"local_size": "8xq"})

@@ -59,8 +59,8 @@ def test_memory_reuse_off_gives_every_tensor_its_own_bytes():
             plan, ex = s.plan, next(iter(s._execs.values()))
             y = s.run(x)
             np.testing.assert_allclose(y, ref, rtol=1e-6, atol=1e-6)
-            spans = sorted(ex.ranges[t] for t in plan.lifetimes if t in ex.ranges)
+            spans = sorted(ex.res.ranges[t] for t in plan.lifetimes if t in ex.res.ranges)
             overlaps = any(b[0] < a[1] for a, b in zip(spans, spans[1:]))
             assert overlaps == reuse, (reuse, spans)     # the chain reuses bytes; without reuse nothing overlaps
-            bytes_[reuse] = ex.arena_bytes
+            bytes_[reuse] = ex.res.arena_bytes
     assert bytes_[False] > bytes_[True]

@@ -14,6 +14,7 @@ from onnx import helper
 from minirt import Session
 from minirt.device_profile import KNOWN_PROFILES
 from minirt.graph import Graph, Node, Tensor
+from minirt.options import Options
 from minirt.infer import bind_inputs, prepare
 from minirt.loaders import load
 from minirt.ops.linear import SplitParts
@@ -181,7 +182,7 @@ def _linear_graph(specs, t=37, align_profile=None):
 
 
 def _merged(g, **options):
-    g = merge_siblings.rewrite(g, {"_storage": "buffer", "_profile": LAVAPIPE, **options})
+    g = merge_siblings.rewrite(g, Options.make({"storage": "buffer", **options}), LAVAPIPE)
     return [n for n in g.nodes if n.attrs.get("parts", 1) > 1], g
 
 
@@ -238,7 +239,7 @@ def test_unaligned_part_offsets_do_not_merge():
 def test_texture_and_general_gemm_do_not_merge():
     merged, g = _merged(_linear_graph([{}, {}]), _storage="texture")
     assert not merged and "texture storage" in g.notes["lin0"][0]
-    merged, g = _merged(_linear_graph([{}, {}]), no_fast_gemm=True)
+    merged, g = _merged(_linear_graph([{}, {}]), fast_gemm=False)
     assert not merged and "general GEMM" in g.notes["lin0"][0]
     merged, g = _merged(_linear_graph([{"k": 30}, {"k": 30}]))
     assert not merged and "general GEMM" in g.notes["lin0"][0]
@@ -367,7 +368,7 @@ def test_whisper_fp16_close_to_fp32(cm_emulate, fuse_attention):
     with Session(model, storage="buffer", options={**opts, "merge_siblings": False}) as s:
         ref = s.run(x)
     with Session(model, storage="buffer", precision="fp16",
-                 options={"poison": True, "cm_emulate": cm_emulate, **opts}) as s:
+                 options={"poison": True, "coopmat": "emulate" if cm_emulate else "auto", **opts}) as s:
         kernels = {d.kernel for d in s.plan.dispatches if d.node.endswith("q_proj+k_proj+v_proj")}
         assert len(kernels) == 1
         p = s.device.profile      # the H200: tensor cores without emulation, their operands from registers (REGFED)
@@ -380,17 +381,15 @@ def test_whisper_fp16_close_to_fp32(cm_emulate, fuse_attention):
 
 
 @pytest.mark.parametrize("regfed", [True, False], ids=["linear_cmreg", "linear_cm"])
-@pytest.mark.parametrize("reg", [False, True], ids=["scratch_epilogue", "reg_epilogue"])
 @pytest.mark.parametrize("case", [dict(), dict(t=40, n=22, act="Gelu"), dict(t=70, n=80, consume=False)])
-def test_fp16_tensor_core_epilogue_parts(case, reg, regfed):
-    """The emulated cooperative-matrix kernels' part-major epilogues (the shared scratch, and column pairs from
-    registers) on small shapes whose 64-column blocks straddle parts, against minirt fp32."""
+def test_fp16_tensor_core_epilogue_parts(case, regfed):
+    """The emulated cooperative-matrix kernels' part-major epilogues on small shapes whose 64-column blocks straddle parts, against minirt fp32."""
     m = qkv_model(**case)
     fd = qkv_feeds(case.get("t", 37))
     with Session(m, storage="buffer") as s:
         ref = s.run(None, fd)
     with Session(m, storage="buffer", precision="fp16",
-                 options={"cm_emulate": True, "poison": True, "cm_reg_epilogue": reg, "cm_regfed": regfed}) as s:
+                 options={"coopmat": "emulate", "poison": True, "cm_regfed": regfed}) as s:
         gemms = [d.kernel for d in s.plan.dispatches if d.op == "Linear"]
         assert len(gemms) == 1 and gemms[0].startswith("linear_cmreg_emu_" if regfed else "linear_cm_emu_"), gemms
         out = s.run(None, fd)

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from minirt import Session, cache
+from minirt import Session
+from minirt.options import environment
+from minirt.vk import pipeline_cache as cache
 from oracle import make_model, rand
 
 
@@ -19,8 +21,8 @@ def _model():
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
     d = tmp_path / "cache"
-    monkeypatch.setenv(cache.ENV_DIR, str(d))
-    monkeypatch.delenv(cache.ENV_OFF, raising=False)
+    monkeypatch.setenv("MINIRT_CACHE_DIR", str(d))
+    monkeypatch.delenv("MINIRT_NO_PIPELINE_CACHE", raising=False)
     return d
 
 
@@ -35,20 +37,24 @@ def _open(check=True):
         pc = _kernels(s).cache
         if check:
             np.testing.assert_allclose(s.run(x), np.tanh(x) * x, rtol=1e-5, atol=1e-6)
-        path = cache.cache_dir() / cache.device_key(s.device).filename()
+        folder = environment().cache_dir          # None when the cache is off
+        path = folder / cache.device_key(s.device).filename() if folder else None
     return pc, path
 
 
 def test_cache_dir_resolution(monkeypatch, tmp_path):
-    monkeypatch.delenv(cache.ENV_DIR, raising=False)
+    monkeypatch.delenv("MINIRT_CACHE_DIR", raising=False)
+    monkeypatch.delenv("MINIRT_NO_PIPELINE_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert cache.cache_dir() == tmp_path / "xdg" / "minirt"
+    assert environment().cache_dir == tmp_path / "xdg" / "minirt"
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/path")          # the XDG spec: ignore relative paths
-    assert cache.cache_dir() == Path.home() / ".cache" / "minirt"
+    assert environment().cache_dir == Path.home() / ".cache" / "minirt"
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert cache.cache_dir() == Path.home() / ".cache" / "minirt"
-    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path / "mine"))
-    assert cache.cache_dir() == tmp_path / "mine"
+    assert environment().cache_dir == Path.home() / ".cache" / "minirt"
+    monkeypatch.setenv("MINIRT_CACHE_DIR", str(tmp_path / "mine"))
+    assert environment().cache_dir == tmp_path / "mine"
+    monkeypatch.setenv("MINIRT_NO_PIPELINE_CACHE", "1")
+    assert environment().cache_dir is None
 
 
 def test_key_names_device_driver_and_version():
@@ -152,14 +158,14 @@ def test_writes_are_atomic(cache_dir, monkeypatch):
 def test_unwritable_cache_dir_is_harmless(tmp_path, monkeypatch):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    monkeypatch.setenv(cache.ENV_DIR, str(blocker / "minirt"))
-    monkeypatch.delenv(cache.ENV_OFF, raising=False)
+    monkeypatch.setenv("MINIRT_CACHE_DIR", str(blocker / "minirt"))
+    monkeypatch.delenv("MINIRT_NO_PIPELINE_CACHE", raising=False)
     pc, _ = _open()
     assert not pc.saved
 
 
 def test_switched_off(cache_dir, monkeypatch):
-    monkeypatch.setenv(cache.ENV_OFF, "1")
+    monkeypatch.setenv("MINIRT_NO_PIPELINE_CACHE", "1")
     pc, _ = _open()
     assert pc.status == "off" and pc.handle is None and not pc.saved
     assert not cache_dir.exists()

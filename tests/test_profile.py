@@ -47,8 +47,8 @@ def test_profile_report_and_trace(tmp_path):
 
 
 def test_many_dispatches_span_several_query_pools(monkeypatch):
-    import minirt.vk.executor as ex
-    monkeypatch.setattr(ex, "QUERIES_PER_POOL", 4)
+    import minirt.vk.recorder as recorder
+    monkeypatch.setattr(recorder, "QUERIES_PER_POOL", 4)
     with Session(_model(), profile=True) as s:
         s.run(rand(96, 130))
         assert len(next(iter(s._execs.values())).query_pools) == 2

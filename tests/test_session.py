@@ -64,7 +64,7 @@ def test_intermediates_reuse_memory(storage):
         ex = next(iter(s._execs.values()))
         one = plan.tensors["h0"].nbytes
         # 7 intermediates + in + out, but never more than 3 alive at once
-        assert ex.arena_bytes <= 3 * (one + 4096)
+        assert ex.res.arena_bytes <= 3 * (one + 4096)
         spans = [plan.lifetimes[n] for n in plan.lifetimes]
         assert len(spans) == 9
 
@@ -89,7 +89,7 @@ def test_direct_io_matches_staged_io(monkeypatch, direct):
                    {"x": [2, 3, 8]}, ["y", "z"])
     check_model(m, {"x": rand(2, 3, 8, seed=np.random.SeedSequence().entropy % 2**31)}, storages=("buffer",))
     with Session(m, storage="buffer") as s:
-        assert s._execs and all(ex.direct_io == (direct != "0") for ex in s._execs.values())
+        assert s._execs and all(bool(ex.res.direct) == (direct != "0") for ex in s._execs.values())
 
 
 def _zero_copy_model():

@@ -13,7 +13,7 @@ fp16 accuracy is reported against minirt's own fp32 result (relative L2 error an
 Below each table, the encoder's GEMMs from the run with a stamp after every dispatch: each role's time a layer (the
 GEMM dispatch alone, then with the pass that adds its K splits, which also does the next LayerNorm where one follows)
 and TFLOP/s, beside PyTorch's F.linear with the same epilogue at the same shape (cuBLAS; TF32 off at fp32; timed as
-tools/gemm_bench.py --torch does), and the front end's convolutions (im2col, both GEMMs, their reduce pass) as
+tools/dev/gemm_bench.py --torch does), and the front end's convolutions (im2col, both GEMMs, their reduce pass) as
 effective TFLOP/s.
 
 Every figure is a median over --runs timed calls after --warmup untimed ones. Wall time is per call
@@ -31,9 +31,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[0] = str(ROOT)   # not tools/: tools/profile.py shadows the stdlib `profile` that torch imports
-sys.path.insert(1, str(ROOT / "models"))
-sys.path.append(str(ROOT / "tools"))   # after the stdlib: benchconfig
 
 
 def timed(fn, runs, warmup):
@@ -312,4 +309,5 @@ def print_table(r, precisions=("fp32",)):
 
 
 if __name__ == "__main__":
+    sys.path[:0] = [str(ROOT), str(ROOT / "models")]   # the checkout's minirt, models/whisper_encoder.py
     sys.exit(main())

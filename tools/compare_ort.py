@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path[0] = str(Path(__file__).resolve().parents[1])   # not tools/: tools/profile.py shadows the stdlib
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the checkout's minirt, installed or not
 
 
 def main(argv=None):

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import threading
 
 from ..device_profile import DeviceProfile, classify_vendor
 from ..errors import DeviceError
+from ..options import environment
 
 INSTALL_HINT = ("Install a Vulkan loader and driver: on Debian or Ubuntu "
                 "`apt-get install libvulkan1 mesa-vulkan-drivers` (Mesa's lavapipe runs on the CPU), "
@@ -38,7 +38,7 @@ DEBUG_UTILS = "VK_EXT_debug_utils"
 
 
 def validation_enabled() -> bool:
-    return os.environ.get("MINIRT_VALIDATION", "") not in ("", "0")
+    return environment().validation
 
 
 # Every validation message of warning or error severity, in order, as "SEVERITY [id] text", with a
@@ -241,8 +241,8 @@ def _coopmat_shapes(vk, pd) -> tuple:
 
 
 def choose(devices, env=None):
-    """Pick a device: MINIRT_DEVICE=<index> if set, else discrete > integrated > virtual > CPU."""
-    env = os.environ.get("MINIRT_DEVICE", "") if env is None else env
+    """Pick a device: `env` (an index as text; None: MINIRT_DEVICE) if set, else discrete > integrated > virtual > CPU."""
+    env = environment().device if env is None else env
     if env.strip():
         try:
             idx = int(env)
@@ -325,9 +325,9 @@ class Device:
             exts += [e for e in ("VK_KHR_shader_float16_int8",) if e in have]
             add("VkPhysicalDeviceShaderFloat16Int8Features*",
                 vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES, shaderFloat16=1)
-        if HOST_IMPORT in have:    # zero-copy outputs (minirt/vk/executor.py)
+        if HOST_IMPORT in have:    # zero-copy outputs (minirt/vk/zero_copy.py)
             exts += [e for e in ("VK_KHR_external_memory", HOST_IMPORT) if e in have]
-        if PIPELINE_STATS in have and os.environ.get("MINIRT_PIPELINE_STATS", "") not in ("", "0"):
+        if PIPELINE_STATS in have and environment().pipeline_stats:
             exts.append(PIPELINE_STATS)
             add("VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR*",
                 vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR,

@@ -1,6 +1,6 @@
 """SPIR-V kernels: shader modules from spirv/, descriptor layouts, and pipelines keyed by
 (variant, descriptor types, local size, specialization constants), each created once, through the
-on-disk pipeline cache (minirt/cache.py), which is written back when the Kernels are destroyed."""
+on-disk pipeline cache (minirt/vk/pipeline_cache.py), which is written back when the Kernels are destroyed."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,8 @@ import struct
 import time
 from pathlib import Path
 
-from ..cache import PipelineCache
 from ..errors import MinirtError
+from .pipeline_cache import PipelineCache
 
 SPIRV_DIRS = (Path(__file__).resolve().parents[2] / "spirv", Path(__file__).resolve().parents[1] / "spirv")
 

@@ -2,8 +2,8 @@
 """Attention kernel benchmark: one fused Attention (q, k, v [B, T, D] -> [B, T, D]) per shape under several
 planner configurations, GPU time of its dispatches from the timestamp query pool (median and min).
 
-  python tools/attn_bench.py                                     # Whisper tiny and base self-attention
-  python tools/attn_bench.py --config fp32 --config fp32:attention_splits=4 --config fp16 \\
+  python tools/dev/attn_bench.py                                     # Whisper tiny and base self-attention
+  python tools/dev/attn_bench.py --config fp32 --config fp32:attention_splits=4 --config fp16 \\
       --config "fp16:coopmat_tile=2x2x32"
 
 A config is PRECISION[:KEY=VALUE,...] with Session options (attention_splits, attention_tile=THREADSxKGxRTxNK,
@@ -18,10 +18,9 @@ import sys
 from pathlib import Path
 
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[0] = str(ROOT)   # not tools/: tools/profile.py shadows the stdlib `profile`
-sys.path.insert(1, str(ROOT / "tests"))
-sys.path.append(str(Path(__file__).resolve().parent))   # after the stdlib: benchconfig
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]   # the checkout's minirt; test_fuse_attention's model
+sys.path.append(str(ROOT / "tools"))   # benchconfig; last, so nothing in tools/ can shadow an installed module
 
 from benchconfig import parse_config, round_robin  # noqa: E402
 

@@ -2,7 +2,7 @@
 """Developer check of the Whisper path against the PyTorch implementations (not part of CI: needs torch
 and transformers, which minirt's tests never do). Run it with a Python that has both, e.g.
 
-    /tmp/torchenv/bin/python tools/check_whisper_torch.py [--wav models/speech-sample.wav]
+    /tmp/torchenv/bin/python tools/dev/check_whisper_torch.py [--wav models/speech-sample.wav]
 
 It compares, on the spoken sample:
   1. minirt.audio's log-mel with openai-whisper's own `whisper.audio.log_mel_spectrogram` (torch.stft,
@@ -24,9 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-# tools/ holds a profile.py that would shadow the standard library's (torch imports cProfile)
-sys.path[:] = [str(ROOT), str(ROOT / "tests")] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "tools"]
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]   # the checkout's minirt; tests/real_whisper.py
 
 
 def openai_whisper_audio(tmp):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """GPU time of Whisper's GEMMs (tiny/base widths) per linear_cm tile at precision fp16, beside the fp32 linear.comp.
 
-  python tools/cm_bench.py [--runs 50] [--d 384] [--tiles m64n64k64,m32n64k64,m64n128k32] [--json out.json]
+  python tools/dev/cm_bench.py [--runs 50] [--d 384] [--tiles m64n64k64,m32n64k64,m64n128k32] [--json out.json]
 
 Each row is one GEMM dispatch (a Linear layer, or the GEMM of an im2col conv, with its epilogue): median GPU
 microseconds over --runs (timestamp queries, minirt.Session(profile=True)) and TFLOP/s. "default" is the tile the
@@ -18,28 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[0] = str(ROOT)   # not tools/: tools/profile.py shadows the stdlib `profile`
-sys.path.insert(1, str(ROOT / "tests"))
-
-
-def linear_case(m, n, k, act, residual):
-    from onnx import helper
-    from oracle import make_model
-    rng = np.random.default_rng(0)
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"])]
-    cur, inputs = "hb", {"x": (1, m, k)}
-    if act:
-        nodes.append(helper.make_node("Gelu", [cur], ["ha"]))
-        cur = "ha"
-    if residual:
-        nodes.append(helper.make_node("Add", [cur, "r"], ["y"]))
-        inputs["r"] = (1, m, n)
-    else:
-        nodes.append(helper.make_node("Identity", [cur], ["y"]))
-    model = make_model(nodes, inputs, ["y"], {"w": (rng.standard_normal((k, n)) / math.sqrt(k)).astype(np.float32),
-                                              "b": rng.standard_normal(n).astype(np.float32)}, opset=20)
-    return model, {name: rng.standard_normal(shape).astype(np.float32) for name, shape in inputs.items()}
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]   # the checkout's minirt; tests/oracle.py
 
 
 def front_end_case(d, t=3000):
@@ -81,6 +61,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     from minirt import MinirtError
     from minirt.session import get_device
+    from oracle import linear_case
     dev = get_device().profile
     print(f"{dev.name}: cooperative matrices {dev.cooperative_matrix}, shapes {dev.coopmat_shapes}")
     d = a.d

@@ -3,8 +3,8 @@
 Session, and the Sessions run in turns (--rounds x --runs timed runs each), so a slow stretch of a shared GPU falls on
 all of them alike. Prints each set's total and each dispatch's median (timestamp query pool).
 
-  python tools/dispatch_ab.py --size tiny --precision fp16 "" "gemm_splitk=1"
-  python tools/dispatch_ab.py --size tiny --precision fp16 "" "fuse_reduce_layer_norm=0"
+  python tools/dev/dispatch_ab.py --size tiny --precision fp16 "" "gemm_splitk=1"
+  python tools/dev/dispatch_ab.py --size tiny --precision fp16 "" "fuse_reduce_layer_norm=0"
 
 An option set is KEY=VALUE[,KEY=VALUE...] ("" for the defaults)."""
 from __future__ import annotations
@@ -14,10 +14,9 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[0] = str(ROOT)   # not tools/: tools/profile.py shadows the stdlib `profile`
-sys.path.insert(1, str(ROOT / "models"))
-sys.path.append(str(Path(__file__).resolve().parent))   # after the stdlib: benchconfig
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "models")]   # the checkout's minirt, models/whisper_encoder.py
+sys.path.append(str(ROOT / "tools"))   # benchconfig; last, so nothing in tools/ can shadow an installed module
 
 
 def main(argv=None):

@@ -5,8 +5,8 @@ Softmax over it, N times), so the executor puts a barrier between every two. The
 price of a dispatch that does almost nothing: its launch, the barrier before it and the drain of the one before, the
 floor under every dispatch a fusion removes.
 
-  python tools/dispatch_cost.py --chains 8,32,64 --runs 50
-  python tools/dispatch_cost.py --torch      # beside the same chain in PyTorch CUDA, captured in one CUDA graph
+  python tools/dev/dispatch_cost.py --chains 8,32,64 --runs 50
+  python tools/dev/dispatch_cost.py --torch      # beside the same chain in PyTorch CUDA, captured in one CUDA graph
 
 --torch: x -> softmax(x + x) N times in PyTorch on the GPU, captured into one CUDA graph (one stream: each kernel waits
 for the one before, as the dispatches wait at their barriers), timed by CUDA events around a replay; the time over
@@ -18,9 +18,9 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[0] = str(ROOT)   # not tools/: tools/profile.py shadows the stdlib `profile`
-sys.path.append(str(Path(__file__).resolve().parent))   # after the stdlib: benchconfig
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))   # the checkout's minirt, installed or not
+sys.path.append(str(ROOT / "tools"))   # benchconfig; last, so nothing in tools/ can shadow an installed module
 
 
 def chain_model(n: int, width: int):

@@ -3,26 +3,22 @@
 torch.onnx, to check that minirt runs what the real exporter produces. Needs torch and transformers
 (a developer tool: CI does not run it).
 
-  python tools/export_hf_whisper.py -o /tmp/hf-whisper-tiny.onnx [--dynamo] [--opset 17]
+  python tools/dev/export_hf_whisper.py -o /tmp/hf-whisper-tiny.onnx [--dynamo] [--opset 17]
 """
 import argparse
-import sys
-from pathlib import Path
-
-sys.path[0] = str(Path(__file__).resolve().parents[1])   # tools/profile.py would shadow the stdlib `profile`
-import torch  # noqa: E402
-from transformers import WhisperConfig  # noqa: E402
-from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-o", "--output", required=True)
     ap.add_argument("--opset", type=int, default=17)
     ap.add_argument("--dynamo", action="store_true", help="use the torch.export-based exporter")
     ap.add_argument("--d-model", type=int, default=384)
     ap.add_argument("--layers", type=int, default=4)
     a = ap.parse_args()
+    import torch   # here, so that --help works without torch
+    from transformers import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
     torch.manual_seed(0)
     cfg = WhisperConfig(d_model=a.d_model, encoder_layers=a.layers, encoder_attention_heads=a.d_model // 64,
                         encoder_ffn_dim=4 * a.d_model, num_mel_bins=80, max_source_positions=1500)

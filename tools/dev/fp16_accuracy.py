@@ -2,8 +2,8 @@
 """precision fp16 against fp32 on one model and input: relative L2 error, cosine and max abs difference, for the
 default fp16 path (cooperative matrices where the device has them) and with coopmat=False (the scalar half kernels).
 
-  python tools/fp16_accuracy.py MODEL [INPUT.npy|INPUT.wav]      # default input: seeded random of the input shape
-  python tools/fp16_accuracy.py ~/.cache/minirt/whisper-tiny.en/model.safetensors models/speech-sample.wav
+  python tools/dev/fp16_accuracy.py MODEL [INPUT.npy|INPUT.wav]      # default input: seeded random of the input shape
+  python tools/dev/fp16_accuracy.py ~/.cache/minirt/whisper-tiny.en/model.safetensors models/speech-sample.wav
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path[0] = str(Path(__file__).resolve().parents[1])
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the checkout's minirt, installed or not
 
 
 def main(argv=None):

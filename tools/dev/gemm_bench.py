@@ -2,10 +2,10 @@
 """GEMM kernel benchmark: one Linear layer (MatMul + bias, optionally GELU or a residual) per shape, under
 several planner configurations, timed per dispatch from the timestamp query pool.
 
-  python tools/gemm_bench.py                                   # the Whisper-tiny shapes, default configs
-  python tools/gemm_bench.py --shapes 1500,384,1536 --config fp32 --config fp32:gemm_tile=t88,local_size=8x8
-  python tools/gemm_bench.py --config fp16 --config fp16:coopmat=0 --json gemm.json
-  python tools/gemm_bench.py --torch                            # with PyTorch CUDA (cuBLAS) at the same shapes
+  python tools/dev/gemm_bench.py                                   # the Whisper-tiny shapes, default configs
+  python tools/dev/gemm_bench.py --shapes 1500,384,1536 --config fp32 --config fp32:gemm_tile=t88,local_size=8x8
+  python tools/dev/gemm_bench.py --config fp16 --config fp16:coopmat=0 --json gemm.json
+  python tools/dev/gemm_bench.py --torch                            # with PyTorch CUDA (cuBLAS) at the same shapes
 
 A config is PRECISION[:KEY=VALUE,...] with Session options (gemm_tile, cm_tile, coopmat=0, local_size=XxY).
 Shapes and configs are measured round-robin (--rounds times --runs each), so a slow stretch of a shared GPU
@@ -26,8 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path[0] = str(Path(__file__).resolve().parents[1])   # not tools/: tools/profile.py shadows the stdlib
-sys.path.append(str(Path(__file__).resolve().parent))   # after the stdlib: benchconfig
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))   # the checkout's minirt, installed or not
+sys.path.append(str(ROOT / "tools"))   # benchconfig; last, so nothing in tools/ can shadow an installed module
 
 from benchconfig import cuda_kernels, parse_config, round_robin, torch_case, torch_time  # noqa: E402
 

@@ -4,8 +4,8 @@ runs, max deviation from a float64 reference, and GPU time. The table ExecuTorch
 built from, for any device.
 
 Examples:
-  python tools/lwg_sweep.py --gemm 1500,384,384 --runs 20
-  python tools/lwg_sweep.py models/whisper-tiny-encoder.onnx --family gemm --sizes 8x8,16x4,4x16,64x1
+  python tools/dev/lwg_sweep.py --gemm 1500,384,384 --runs 20
+  python tools/dev/lwg_sweep.py models/whisper-tiny-encoder.onnx --family gemm --sizes 8x8,16x4,4x16,64x1
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path[0] = str(Path(__file__).resolve().parents[1])   # not tools/: tools/profile.py shadows the stdlib
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the checkout's minirt, installed or not
 
 DEFAULT_SIZES = "8x8x1,4x16x1,16x4x1,32x2x1,64x1x1,2x32x1,1x64x1,16x16x1"
 
@@ -51,7 +51,7 @@ def main(argv=None):
     from minirt.lwg import FORCEABLE
     from minirt.reference import run_graph
     from minirt.loaders import load
-    from minirt.session import parse_local_size
+    from minirt.options import parse_local_size
     if a.gemm:
         m, k, n = (int(v) for v in a.gemm.split(","))
         model, label = gemm_model(m, k, n), f"MatMul+bias {m}x{k}x{n}"

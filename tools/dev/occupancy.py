@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """How many work groups share a multiprocessor, and what the driver says each kernel needs.
 
-  python tools/occupancy.py probe [--threads 128] [--shared-kib 1,16,24,32,40,48] [--waves 1,2,3,4,5,6]
-  python tools/occupancy.py stats MODEL [--precision fp32|fp16] [--storage buffer] [--option KEY=VALUE ...]
+  python tools/dev/occupancy.py probe [--threads 128] [--shared-kib 1,16,24,32,40,48] [--waves 1,2,3,4,5,6]
+  python tools/dev/occupancy.py stats MODEL [--precision fp32|fp16] [--storage buffer] [--option KEY=VALUE ...]
 
 probe: glsl/occupancy_probe.comp (a latency-bound pointer chase through shared memory) dispatched with
 multiprocessors x W groups for each W of --waves, per shared-memory size. While every group fits at once, the time
@@ -22,35 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[0] = str(ROOT)   # not tools/: tools/profile.py shadows the stdlib `profile`
-sys.path.append(str(Path(__file__).resolve().parent))   # after the stdlib: benchconfig
-
-
-def probe_plan(words, threads, group_counts, chain):
-    """A Plan of one probe dispatch per entry of group_counts, each writing output "out" (uint32 bits in float32
-    storage: out[g * threads + i] = where invocation i's chase ends); the executor puts a barrier between them."""
-    from minirt.planner.plan import OUTPUT, Dispatch, Plan, Push, TensorSpec
-    plan = Plan(storage="buffer")
-    plan.tensors["out"] = TensorSpec("out", (max(group_counts) * threads,), OUTPUT, "buffer", 0, dtype="float32")
-    plan.outputs = ["out"]
-    plan.lifetimes["out"] = (0, len(group_counts) - 1)
-    for g in group_counts:
-        plan.dispatches.append(Dispatch("occupancy_probe", f"groups{g}", "probe", [("out", "w")],
-                                        Push().ivec4(chain, 0, 0, 0).bytes(), (words,), (g * threads, 1, 1),
-                                        "probe", local_size=(threads, 1, 1)))
-    return plan
-
-
-def chase(words, threads, chain):
-    """Where each invocation's pointer chase ends (glsl/occupancy_probe.comp), by numpy: the oracle of the tests."""
-    at = np.arange(threads, dtype=np.int64) % words
-    for _ in range(chain):
-        at = (at + threads + 1) % words
-    return at.astype(np.uint32)
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))   # the checkout's minirt, installed or not
+sys.path.append(str(ROOT / "tools"))   # benchconfig; last, so nothing in tools/ can shadow an installed module
 
 
 def probe(args):
+    from minirt.occupancy import probe_plan
     from minirt.session import get_device
     from minirt.vk.executor import Executor
     dev = get_device()

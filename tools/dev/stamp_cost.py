@@ -4,7 +4,7 @@ profile="span" (two stamps around the run) and with profile=True (a stamp after 
 in turns, and the GPU times the two profiled ones report. If the stamps between dispatches cost the run time, the
 per-dispatch Session's wall time exceeds the others' by about the difference of the two GPU figures.
 
-  python tools/stamp_cost.py --size tiny --precision fp16 --runs 50 --rounds 3"""
+  python tools/dev/stamp_cost.py --size tiny --precision fp16 --runs 50 --rounds 3"""
 from __future__ import annotations
 
 import argparse
@@ -13,9 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[0] = str(ROOT)   # not tools/: tools/profile.py shadows the stdlib `profile`
-sys.path.insert(1, str(ROOT / "models"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "models")]   # the checkout's minirt, models/whisper_encoder.py
 
 
 def main(argv=None):

@@ -3,7 +3,7 @@
 submit + wait (which includes the GPU's input and output transfers and all dispatches), and the host copy of
 the output out of the readback buffer. Buffer storage only; medians over --runs.
 
-  python tools/wall_breakdown.py --size tiny --precision fp16
+  python tools/dev/wall_breakdown.py --size tiny --precision fp16
 """
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[0] = str(ROOT)
-sys.path.insert(1, str(ROOT / "models"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "models")]   # the checkout's minirt, models/whisper_encoder.py
 
 
 def main(argv=None):

@@ -1,9 +1,9 @@
 """The on-disk VkPipelineCache: compiled pipelines survive the process, so a second process starts faster.
 
-One file per (device, driver, minirt version) under the cache directory:
+One file per (device, driver, minirt version) under the cache directory (minirt.options.Environment.cache_dir:
+$MINIRT_CACHE_DIR, else $XDG_CACHE_HOME/minirt, else ~/.cache/minirt; none with MINIRT_NO_PIPELINE_CACHE=1):
 
-  $MINIRT_CACHE_DIR, else $XDG_CACHE_HOME/minirt, else ~/.cache/minirt
-  file: pipelines-<vendorID>-<deviceID>-<hash of pipelineCacheUUID, driver version, driver name, minirt version>.bin
+  pipelines-<vendorID>-<deviceID>-<hash of pipelineCacheUUID, driver version, driver name, minirt version>.bin
 
 Each Kernels (one per executor) opens a VkPipelineCache with the file's bytes as initial data, passes it
 to every vkCreateComputePipelines, and writes it back when it is destroyed (Session.close), only if it
@@ -11,8 +11,6 @@ created pipelines and the driver's data changed. Writes go to a temporary file i
 os.replace() it over the old one, so a reader never sees half a file. A file whose header does not
 match this device (too short, wrong header version, vendor, device or UUID) is ignored and replaced;
 Vulkan checks the header too, but a driver that trusts a foreign blob is a crash we can avoid.
-
-MINIRT_NO_PIPELINE_CACHE=1 turns the cache off (pipelines are compiled every time).
 
 This module imports no `vulkan` at import time; PipelineCache takes the executor's device."""
 from __future__ import annotations
@@ -24,30 +22,15 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-ENV_DIR = "MINIRT_CACHE_DIR"
-ENV_OFF = "MINIRT_NO_PIPELINE_CACHE"
+from ..options import environment
+
 HEADER = struct.Struct("<IIII16s")     # headerSize, headerVersion, vendorID, deviceID, pipelineCacheUUID
 HEADER_VERSION_ONE = 1                 # VK_PIPELINE_CACHE_HEADER_VERSION_ONE
 
 
-def cache_dir() -> Path:
-    """Where minirt keeps its caches: $MINIRT_CACHE_DIR, else $XDG_CACHE_HOME/minirt, else ~/.cache/minirt."""
-    env = os.environ.get(ENV_DIR, "").strip()
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
-    if xdg and os.path.isabs(xdg):     # the XDG spec says to ignore a relative path
-        return Path(xdg) / "minirt"
-    return Path.home() / ".cache" / "minirt"
-
-
-def enabled() -> bool:
-    return os.environ.get(ENV_OFF, "").strip() in ("", "0")
-
-
 def minirt_version() -> str:
     try:
-        from . import __version__
+        from .. import __version__
         return str(__version__)
     except Exception:   # pragma: no cover - a broken install still runs, uncached across versions
         return "unknown"
@@ -140,12 +123,13 @@ class PipelineCache:
     def __init__(self, dev, path: Path | None = None):
         self.dev, self.vk = dev, dev.vk
         self.handle, self.path, self.initial, self.saved = None, None, b"", False
-        if not enabled():
+        folder = environment().cache_dir     # read now: tests change the variables between Sessions
+        if folder is None:
             self.status = "off"
             return
         try:
             self.key = device_key(dev)
-            self.path = Path(path) if path else cache_dir() / self.key.filename()
+            self.path = Path(path) if path else folder / self.key.filename()
         except Exception as e:   # a cache is an optimisation: never fail a Session over it
             self.status = f"off ({e})"
             return

@@ -15,8 +15,11 @@ layout(push_constant) uniform Params {
   ivec4 in_sizes;
   ivec4 kern;   // KH, KW, stride h, stride w
   ivec4 pad;    // pad top, pad left, dilation h, dilation w
-  ivec4 pd;     // packed dims of out, in; activation
+  ivec4 pd;     // packed dims of out, in; activation (ACT_* of activation.glslh)
 } p;
+
+#define ACT p.pd.z
+#include "activation.glslh"
 
 void main() {
   ivec3 pos = ivec3(gl_GlobalInvocationID);
@@ -38,7 +41,7 @@ void main() {
         s += float(w[(c * p.kern.x + kh) * p.kern.y + kw]) * LOAD(t_in, ivec4(iw, ih, c, i.w), p.in_sizes, p.pd.y);
       }
     }
-    r[l] = p.pd.z == 1 ? relu_f(s) : p.pd.z == 2 ? 0.5 * s * (1.0 + erf_f(s * 0.70710678118654752)) : s;
+    r[l] = activate(s);
   }
   STORE4(t_out, o, p.out_sizes, p.pd.x, r);
 }

@@ -17,7 +17,7 @@ layout(constant_id = 4) const int TN4 = 1;       // vec4 column groups per invoc
 layout(constant_id = 5) const int BK = 16;       // k depth of a shared-memory stage
 layout(constant_id = 6) const int A_MODE = 0;
 layout(constant_id = 7) const int OUT_MODE = 0;
-layout(constant_id = 8) const int ACT = 0;       // 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh)
+layout(constant_id = 8) const int ACT = 0;       // ACT_* of activation.glslh
 
 TENSOR_OUT(t_out, 0)
 #if defined(A_SCRATCH)
@@ -54,12 +54,7 @@ float a_at(int m, int k) {
 #endif
 }
 
-float activate(float x) {
-  if (ACT == 1) return relu_f(x);
-  if (ACT == 2) return 0.5 * x * (1.0 + erf_f(x * 0.70710678118654752));
-  if (ACT == 3) return 0.5 * x * (1.0 + tanh_f(0.7978845608028654 * (x + 0.044715 * x * x * x)));
-  return x;
-}
+#include "activation.glslh"
 
 void store(int m, int n4, vec4 v) {
   int n = n4 * 4;

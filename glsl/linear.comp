@@ -1,7 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
-// variants: tile=t44,t84,t48,t88,t44k32 dtype=float,half io=elem,out32
+// variants: tile=t44,t44k32 dtype=float,half io=elem,out32
 // exclude: dtype=float io=out32
 // Fast fp32 GEMM for buffers: out = act(A[M, K] @ B[K, N] + bias) (+ residual), A row-major with K a
 // multiple of 4 (rows read as vec4), B a weight prepacked as [K][N4] vec4. A work group computes a
@@ -22,36 +22,26 @@
 //   partials in order and applies bias, activation and residual. More, shorter groups where one per output block
 //   would leave multiprocessors with one group each.
 // io=out32 (fp16): the output is a float32 graph output, written as it is.
-// The epilogue has no `continue` or `break`: with 8 x 8 tiles they made NVIDIA's compiler keep the 16 vec4 accumulators
-// in local memory (docs/benchmarks.md, twelfth session), and written as if-blocks the 4 x 4 tiles' unsplit epilogues
-// run 0.3-0.8 us faster a GEMM on the H200 (fifteenth session; glslc now unrolls those loops itself, so the SPIR-V is
-// larger). Write such loops with if-blocks.
+// The epilogue has no `continue` or `break`: written as if-blocks, the unsplit epilogues run 0.3-0.8 us faster a GEMM
+// on the H200 (docs/benchmarks.md; glslc unrolls those loops itself, so the SPIR-V is larger), and in bigger tiles
+// the jumps made NVIDIA's compiler keep the accumulators in local memory. Write such loops with if-blocks.
 #include "common.glslh"
 
 #if defined(TILE_T44)
 #define TM 4
 #define TN4 1
+#define BK 16
 #elif defined(TILE_T44K32)
 #define TM 4
 #define TN4 1
 #define BK 32
-#elif defined(TILE_T84)
-#define TM 8
-#define TN4 1
-#elif defined(TILE_T48)
-#define TM 4
-#define TN4 2
 #else
-#define TM 8
-#define TN4 2
-#endif
-#ifndef BK
-#define BK 16
+#error "unknown tile"
 #endif
 #define TMG (TM / 4)
 
 layout(constant_id = 3) const int OUT_MODE = 0;
-layout(constant_id = 4) const int ACT = 0;          // 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh)
+layout(constant_id = 4) const int ACT = 0;          // ACT_* of activation.glslh
 layout(constant_id = 5) const bool HAS_RES = false; // + residual[m, n] (OUT_MODE 0)
 // A_WIN: A's rows overlap in one buffer (a 1-D convolution read channels-last, planner/conv_input_nlc.py): row m starts
 // at vec4 m * LDA4 - win.x, and what lies outside vec4 [0, win.y) reads as zero (the convolution's padding).
@@ -98,12 +88,7 @@ const int B_LOADS = (BK * BN4 + NT - 1) / NT;
 shared vec4 a_sh[BM4 * 4 * (BK / 4)];  // [m][k4]: row-major, so staging is one conflict-free vec4 store
 shared vec4 b_sh[BK * BN4];      // [k][n4]
 
-float activate(float x) {
-  if (ACT == 1) return relu_f(x);
-  if (ACT == 2) return 0.5 * x * (1.0 + erf_f(x * 0.70710678118654752));
-  if (ACT == 3) return 0.5 * x * (1.0 + tanh_f(0.7978845608028654 * (x + 0.044715 * x * x * x)));
-  return x;
-}
+#include "activation.glslh"
 
 void main() {
   const int tid = int(gl_LocalInvocationIndex);   // staging (coalesced fetches) by the linear index

@@ -15,7 +15,7 @@
 // the GEMM's own output. Rows of up to REG x subgroup size vec4 (the pass checks).
 #include "common.glslh"
 
-layout(constant_id = 3) const int ACT = 0;          // 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh)
+layout(constant_id = 3) const int ACT = 0;          // ACT_* of activation.glslh
 layout(constant_id = 4) const bool HAS_RES = false; // + residual[m, n]
 
 layout(set = 0, binding = 0, std430) writeonly buffer o_buf { OUT_ELEM o[]; };
@@ -40,12 +40,7 @@ layout(push_constant) uniform Params {
 } p;
 #endif
 
-float activate(float x) {
-  if (ACT == 1) return relu_f(x);
-  if (ACT == 2) return 0.5 * x * (1.0 + erf_f(x * 0.70710678118654752));
-  if (ACT == 3) return 0.5 * x * (1.0 + tanh_f(0.7978845608028654 * (x + 0.044715 * x * x * x)));
-  return x;
-}
+#include "activation.glslh"
 
 #if defined(POST_LN)
 // Element group of the GEMM's output from its summed partials, bias and residual, as the plain variant computes it.

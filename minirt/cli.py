@@ -49,12 +49,12 @@ def main():
     """
 
 
-storage_opt = click.option("--storage", type=click.Choice(["auto", "texture", "buffer"]), default="auto",
-                           show_default=True, help="Where tensors live: auto = textures on mobile GPUs, else buffers.")
+storage_opt = click.option("--storage", type=click.Choice(["auto", "texture", "buffer"]), default=None,
+                           help="Where tensors live: auto (the default) = textures on mobile GPUs, else buffers.")
 device_opt = click.option("--device", type=int, default=None,
                           help="Device index from `minirt devices` (default: MINIRT_DEVICE or the best GPU).")
-precision_opt = click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
-                             help="fp16: weights and activations in 16-bit storage, fp32 arithmetic (tensor cores "
+precision_opt = click.option("--precision", type=click.Choice(["fp32", "fp16"]), default=None,
+                             help="fp32 (the default), or fp16: weights and activations in 16-bit storage, fp32 arithmetic (tensor cores "
                                   "where the device has VK_KHR_cooperative_matrix); inputs and outputs stay float32.")
 quiet_opt = click.option("-q", "--quiet", is_flag=True,
                          help="No progress display on stderr (there is none anyway when stderr is not a terminal).")
@@ -74,10 +74,29 @@ def _parse_local_size(ctx, param, value):
                                  ctx=ctx, param=param) from None
 
 
-local_size_opt = click.option("--local-size", default=None, metavar="X,Y,Z", envvar="MINIRT_LOCAL_SIZE",
-                              show_envvar=True, callback=_parse_local_size,
-                              help="Force one local work-group size on every kernel that takes one (experiments); "
-                                   "it must fit the device's limits.")
+local_size_opt = click.option("--local-size", default=None, metavar="X,Y,Z", callback=_parse_local_size,
+                              help="Force one local work-group size on every kernel that takes one (experiments; "
+                                   "also MINIRT_LOCAL_SIZE); it must fit the device's limits.")
+
+
+def _parse_options(ctx, param, value):
+    """--option KEY=VALUE pairs as a dict, checked by Options (an unknown key or bad value is a usage error)."""
+    from .options import Options
+    out = {}
+    for item in value:
+        key, sep, v = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", ctx=ctx, param=param)
+        out[key.strip()] = v.strip()
+    try:
+        Options.make(out)
+    except MinirtError as e:
+        raise click.BadParameter(str(e), ctx=ctx, param=param) from None
+    return out
+
+
+option_opt = click.option("--option", "options", multiple=True, metavar="KEY=VALUE", callback=_parse_options,
+                          help="A Session option (`minirt options` lists them); repeatable.")
 
 
 def _check_local_size(local, device):
@@ -103,8 +122,9 @@ def _check_local_size(local, device):
 @precision_opt
 @local_size_opt
 @rewrite_opt
+@option_opt
 @quiet_opt
-def run(model, input, output, storage, device, repeat, precision, local_size, no_conv1d_rewrite, quiet):
+def run(model, input, output, storage, device, repeat, precision, local_size, no_conv1d_rewrite, options, quiet):
     """Run MODEL on INPUT (.npy, or a 16 kHz .wav for Whisper encoders) and summarise the output.
 
     \b
@@ -120,8 +140,8 @@ def run(model, input, output, storage, device, repeat, precision, local_size, no
         _check_local_size(local_size, device)
         x = None if input.lower().endswith(".wav") else _load_input(input)
         with _Status(quiet) as status, Session(model, storage=storage, device=device, local_size=local_size,
-                                               conv1d_rewrite=not no_conv1d_rewrite, precision=precision,
-                                               progress=status) as s:
+                                               conv1d_rewrite=False if no_conv1d_rewrite else None, precision=precision,
+                                               options=options, progress=status) as s:
             if len(s.inputs) != 1:
                 raise InputError(f"{model} has {len(s.inputs)} inputs; `minirt run` feeds one")
             if x is None:
@@ -294,6 +314,26 @@ def devices():
     click.echo("(* = the device minirt picks; MINIRT_DEVICE=<index> overrides)")
 
 
+@main.command(name="options")
+@click.option("--markdown", is_flag=True, help="As a Markdown table (the README's).")
+def options_cmd(markdown):
+    """List the Session options: name, default, what it does, where it matters.
+
+    Set them with `--option KEY=VALUE` on run, plan and profile, or Session(model, options={...}) in Python.
+    """
+    from .options import option_table
+    rows = option_table()
+    if markdown:
+        click.echo("| option | default | what it does | matters on |\n| --- | --- | --- | --- |")
+        for name, default, doc, where in rows:
+            click.echo(f"| `{name}` | {default} | {doc} | {where} |")
+        return
+    nw = max(len(r[0]) for r in rows)
+    dw = max(len(r[1]) for r in rows)
+    for name, default, doc, where in rows:
+        click.echo(f"{name:<{nw}}  {default:<{dw}}  {doc}" + ("" if where == "any" else f" [{where}]"))
+
+
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @storage_opt
@@ -303,7 +343,8 @@ def devices():
 @precision_opt
 @local_size_opt
 @rewrite_opt
-def plan(model, storage, device, shapes, precision, local_size, no_conv1d_rewrite):
+@option_opt
+def plan(model, storage, device, shapes, precision, local_size, no_conv1d_rewrite, options):
     """Print the plan: per node its op, input and output shapes, the kernels it dispatches (with global
     and local sizes), then the planner's notes (conv1d rewrite, conv routing and why).
 
@@ -317,6 +358,7 @@ def plan(model, storage, device, shapes, precision, local_size, no_conv1d_rewrit
     """
     from .infer import bind_inputs, prepare
     from .loaders import load
+    from .options import Options
     from .planner import make_plan
     from .session import get_device
     try:
@@ -335,14 +377,16 @@ def plan(model, storage, device, shapes, precision, local_size, no_conv1d_rewrit
                     raise InputError(f"input '{n}' has symbolic shape {list(t.shape)}; pass --shape {n}=...")
                 given[n] = t.shape
         _check_local_size(local_size, device)
-        options = {"precision": precision}
-        if no_conv1d_rewrite:
-            options["conv1d_rewrite"] = False
-        if local_size:
-            options["local_size"] = local_size
+        given_opts = {k: v for k, v in dict(precision=precision, storage=storage, local_size=local_size,
+                                             conv1d_rewrite=False if no_conv1d_rewrite else None).items()
+                      if v is not None}
+        opts = Options.make(options, **given_opts)
         dev = get_device(device)
-        p = make_plan(prepare(bind_inputs(g, given)), dev.profile, storage, options)
+        p = make_plan(prepare(bind_inputs(g, given)), dev.profile, None, opts)
         click.echo(f"device {dev.profile.name}")
+        changed = opts.changed()
+        if changed:
+            click.echo("options " + ", ".join(f"{k}={v}" for k, v in changed.items()))
         click.echo(format_plan(p))
     except MinirtError as e:
         _fail(e)
@@ -364,9 +408,10 @@ def plan(model, storage, device, shapes, precision, local_size, no_conv1d_rewrit
 @precision_opt
 @local_size_opt
 @rewrite_opt
+@option_opt
 @quiet_opt
 def profile(model, input, storage, device, runs, warmup, top, json_path, csv_path, trace_path, precision, local_size,
-            no_conv1d_rewrite, quiet):
+            no_conv1d_rewrite, options, quiet):
     """Per-dispatch GPU time from a Vulkan timestamp query pool.
 
     INPUT is a .npy file (or a 16 kHz .wav for Whisper encoders); without it a seeded random input of
@@ -383,9 +428,9 @@ def profile(model, input, storage, device, runs, warmup, top, json_path, csv_pat
         _check_local_size(local_size, device)
         x = _load_input(input) if input and not input.lower().endswith(".wav") else None
         with _Status(quiet) as status, Session(model, storage=storage, device=device, profile=True,
-                                               local_size=local_size, conv1d_rewrite=not no_conv1d_rewrite,
-                                               precision=precision,
-                                               progress=status) as s:
+                                               local_size=local_size,
+                                               conv1d_rewrite=False if no_conv1d_rewrite else None,
+                                               precision=precision, options=options, progress=status) as s:
             if x is None:
                 x = _load_wav(input, s.inputs[0]) if input else prof.load_input(s, None)
             for i in range(warmup):
@@ -460,8 +505,11 @@ def format_plan(p) -> str:
     uw = min(max([7] + [len(r[3]) for r in rows]), 22)
     cw = max([4] + [len(r[4]) for r in rows]) if any(r[4] for r in rows) else -2   # no column without convs
     kw = max([6] + [len(d.kernel) for r in rows for d in r[5]])
+    io = "direct " + "+".join(p.direct_io) if p.direct_io else "staged"
     lines = [f"storage {p.storage}, precision {p.precision}; {len(p.dispatches)} dispatches from {len(rows)} nodes; "
              f"{sum(d.flops for d in p.dispatches) / 1e9:.3f} GFLOP",
+             f"run: inputs and outputs {io}, zero-copy outputs {'on' if p.zero_copy else 'off'}, "
+             f"fence spin {p.spin_ms:g} ms",
              f"{'node':<{nw}}  {'op':<{ow}}  {'inputs':<{iw}}  {'outputs':<{uw}}  "
              + (f"{'conv':<{cw}}  " if cw > 0 else "") + f"{'kernel':<{kw}}  {'global':<16} local"]
 

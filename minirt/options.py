@@ -255,7 +255,9 @@ class Options:
 
 def option_table() -> list[tuple[str, str, str, str]]:
     """(name, default, what it does, where it matters) for every option: README and `minirt options`."""
-    return [(f.name, repr(f.default), f.metadata["doc"], f.metadata["device"] or "any")
+    def text(v):
+        return "+".join(v) if isinstance(v, tuple) else str(v)
+    return [(f.name, text(f.default), f.metadata["doc"], f.metadata["device"] or "any")
             for f in dataclasses.fields(Options)]
 
 

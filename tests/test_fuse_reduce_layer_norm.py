@@ -54,6 +54,8 @@ def test_whisper_on_h200_folds_each_layer_norm_after_a_split(precision):
         m, n, n4, splits = struct.unpack_from("<4i", red.push)
         assert struct.unpack_from("<4i", d.push) == (m, n4, struct.unpack_from("<4i", ln.push)[2], splits)
         assert d.push[16:] == ln.push[16:32] and d.spec == red.spec + ln.spec
+        assert (d.stem, d.axes) == ("linear_reduce", {**ln.axes, "post": "ln"})
+        assert d.info["splits"] == red.info["splits"] == splits and red.info["n4"] == ln.info["n4"] == n4
         assert d.global_size == ln.global_size and d.family == "reduction" and d.node == red.node
         assert any("folded into the reduce pass" in n for n in on.notes[red.node])
     assert len([d for d in on.dispatches if d.kernel.startswith("layer_norm_rows")]) == 2   # after out_proj
@@ -76,7 +78,7 @@ def test_gemms_before_a_layer_norm_split_on_short_k(precision, S):
     assert [d.node.split("/")[-2] for d in fused] == ["conv2", "out_proj", "fc2", "out_proj", "fc2"]
     for d in fused:
         if "out_proj" in d.node:
-            assert struct.unpack_from("<4i", d.push)[3] == S
+            assert d.info["splits"] == S
     for p in (off, whisper_plan(precision=precision, fuse_reduce_layer_norm=False)):
         assert not any("out_proj" in d.node for d in p.dispatches if d.kernel.startswith("linear_reduce"))
 

@@ -226,7 +226,7 @@ def main(argv=None):
     ap.add_argument("--no-ort", action="store_true")
     ap.add_argument("--json", help="write all figures here")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                    help="a Session option for minirt (experiments), e.g. --option gemm_tile=t84")
+                    help="a Session option for minirt (`minirt options` lists them), e.g. --option gemm_tile=t44")
     a = ap.parse_args(argv)
     import whisper_encoder as we
     results = []

@@ -10,17 +10,6 @@ from ..errors import ModelError
 erf = np.vectorize(math.erf, otypes=[np.float64])   # the exact erf, elementwise, for references
 
 
-def activate(y, act):
-    """A fused epilogue activation ("", None, "relu", "gelu", "gelu_tanh") in numpy, for references."""
-    if act == "relu":
-        return np.maximum(y, 0)
-    if act == "gelu":
-        return 0.5 * y * (1 + erf(y / math.sqrt(2)))
-    if act == "gelu_tanh":
-        return 0.5 * y * (1 + np.tanh(math.sqrt(2 / math.pi) * (y + 0.044715 * y ** 3)))
-    return y
-
-
 def broadcast_shapes(node, *shapes):
     """numpy broadcasting over shapes whose dims may be symbolic strings."""
     rank = max(len(s) for s in shapes)

@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from ..errors import MinirtError, ModelError, UnsupportedError
+from ..kernels import spec
 from ..lwg import head_rows_shape, paired_lanes
 from ..planner.plan import Push
 from . import Op, attr, register
@@ -195,14 +196,15 @@ class Attention(Op):
         qblocks = -(-Tq // (rt * threads // kg))
         S = splits(ctx.profile, qblocks * B * heads, Tk, ctx.options)
         push = Push().ivec4(Tq, Tk, heads, D // 4).vec4(scale * math.log2(math.e))
-        # row maxima by subgroup shuffles (buffers; subgroups holding whole column-group clusters)
+        # row maxima by subgroup shuffles (buffers; subgroups holding whole column-group clusters); option
+        # attention_shuffle=False keeps the shared-memory reduction
         # invocations paired on a column group (attention.glslh PAIR_LANES): a row's KG threads then span 2 KG lanes,
         # which the shuffles need in one subgroup
         pair = paired and (threads // kg) % 2 == 0
         lanes = 2 * kg if pair else kg
         shuffle = (ctx.storage == "buffer" and p.subgroup_shuffle and p.subgroup_size >= lanes
-                   and p.subgroup_size % lanes == 0)
-        sfx = "_shuffle" if shuffle else ""
+                   and p.subgroup_size % lanes == 0 and ctx.options.attention_shuffle)
+        axes = {"storage": ctx.storage, "max": "shuffle" if shuffle else "smem"}
         # K and V staged through registers one phase ahead (attention.glslh PREFETCH): on an H200 228 -> 186 us
         # (tiny, (128, 16, 5)), 193 -> 163 ((128, 8, 5)). Off on CPU drivers, where there is no latency to hide, and
         # where an invocation would carry more than MAX_PREFETCH vec4 (small groups, big heads), which would spill.
@@ -210,16 +212,15 @@ class Attention(Op):
         prefetch = p.tuning.attention_prefetch and carried <= MAX_PREFETCH
         if ctx.options.attention_prefetch is not None:
             prefetch = ctx.options.attention_prefetch
-        spec = ((dh, kg, rt, prefetch, nk)   # constant_ids 3 .. 7 (8: pair)
-                + ((True,) if pair else ()))
+        consts = dict(DH=dh, KG=kg, RT=rt, PREFETCH=prefetch, NK=nk, PAIR_LANES=pair)   # attention.glslh's
         flops = 4 * B * heads * Tq * Tk * dh
         bk = nk * kg
         G = stream_groups(ctx, qblocks * B * heads, Tk, bk, shared_bytes(dh, threads, kg, rt, nk))
         # family "attention": the local x is exactly the global x given, so one work group = `threads` invocations
         if S == 1 and not G:
-            ctx.dispatch(ctx.variant("attention") + sfx, [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")],
-                         push, spec, (threads, qblocks, B * heads), "attention",
-                         flops=flops, nbytes=4 * (2 * q.numel + k.numel + v.numel))
+            ctx.dispatch("attention", [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")],
+                         push, spec("attention", trim_from="PAIR_LANES", **consts), (threads, qblocks, B * heads),
+                         "attention", flops=flops, nbytes=4 * (2 * q.numel + k.numel + v.numel), axes=axes)
             return
         # Partials, fp32 whatever the storage and precision: rows ((b * H + h) * S + s) * Tq + t of dh floats
         # (unnormalised O), then one (m, l) pair per row from float rows * dh on (layout in glsl/attention.glslh).
@@ -233,15 +234,16 @@ class Attention(Op):
         part = ctx.scratch("attention.partials", rows * (dh + 2))
         ml_base = rows * dh // 2          # in (m, l) pairs
         grid = (threads, 1, G) if G else (threads, qblocks, B * heads * S)
-        ctx.dispatch(ctx.variant("attention_split") + sfx, [(part.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")],
-                     push.ivec4(S, ml_base, B * heads, 1 if G else 0), spec, grid, "attention",
-                     flops=flops, nbytes=4 * (S * q.numel + k.numel + v.numel + rows * (dh + 2)))
+        ctx.dispatch("attention_split", [(part.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")],
+                     push.ivec4(S, ml_base, B * heads, 1 if G else 0),
+                     spec("attention_split", trim_from="PAIR_LANES", **consts), grid, "attention",
+                     flops=flops, nbytes=4 * (S * q.numel + k.numel + v.numel + rows * (dh + 2)), axes=axes)
         # one invocation per output vec4: S weighted vec4 adds (8 flops each) and S exp2 per row and column
-        ctx.dispatch(ctx.variant("attention_combine"), [(out.name, "w"), (part.name, "r")],
+        ctx.dispatch("attention_combine", [(out.name, "w"), (part.name, "r")],
                      Push().ivec4(Tq, heads, D // 4, S).ivec4(B, ml_base).ivec4(G, rt * threads // kg, -(-Tk // bk)),
-                     (dh,), (D // 4, Tq, B), "elementwise",
+                     spec("attention_combine", DH=dh), (D // 4, Tq, B), "elementwise",
                      flops=2 * S * out.numel + 2 * S * B * Tq * D // 4, nbytes=4 * (rows * (dh + 2) + out.numel),
-                     local_size=head_rows_shape(dh // 4, ctx.profile))
+                     local_size=head_rows_shape(dh // 4, ctx.profile), axes={"storage": ctx.storage})
         ctx.note(f"keys split {S} ways: {qblocks * B * heads} x {S} work groups, then a combine pass; "
                  f"partials {rows * (dh + 2) * 4 / 2**20:.1f} MiB" if not G else
                  f"(query block, key block) items in {G} equal ranges, one a work group (stream split), then a "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from ..errors import UnsupportedError
+from ..kernels import spec
 from ..planner.plan import Push
 from . import attr
 from ..lwg import wave_splits
@@ -120,7 +121,6 @@ def sizes(node, ctx):
 
 def lower(node, ctx):
     B, Tq, Tk, heads, dh, emulate = sizes(node, ctx)
-    kernel = "attention_cm_emu" if emulate else "attention_cm_khr"
     tile, S = pick_tile(ctx, dh), None
     if ctx.options.coopmat_tile is None \
             and tile_problem(dh, SPLIT_TILE, ctx.profile.max_shared_memory, emulate) is None:
@@ -133,13 +133,14 @@ def lower(node, ctx):
         S = splits(ctx, shared_bytes(dh, *tile, emulate), qblocks * B * heads, Tk)
     ctx.note(f"cooperative-matrix attention{' (emulated)' if emulate else ''}: {16 * nr} query rows per work group, "
              f"{ks} key split(s) in a group, blocks of {bk} keys" + (f", keys split {S} ways across groups" if S > 1 else ""))
-    emit(ctx, kernel, node, lambda split: (dh, nr, ks, bk, split), SUBGROUP * nr * ks, qblocks, S)
+    emit(ctx, "attention_cm", emulate, node, lambda split: spec("attention_cm", DH=dh, NR=nr, KS=ks, BK=bk, SPLIT=split),
+         SUBGROUP * nr * ks, qblocks, S)
 
 
-def emit(ctx, kernel, node, spec, local, qblocks, S):
+def emit(ctx, stem, emulate, node, consts, local, qblocks, S):
     """The attention dispatch of a cooperative-matrix kernel (attention_cm.comp, attention_cmr.comp: the same bindings
-    and push constants) with `local` invocations a work group, and where S > 1 its split partials and the combine
-    pass. spec(split) gives the kernel's specialization constants."""
+    and push constants; impl=emu where `emulate`) with `local` invocations a work group, and where S > 1 its split
+    partials and the combine pass. consts(split) gives the kernel's specialization constants."""
     out, q, k, v = ctx.t(node.outputs[0]), *(ctx.t(i) for i in node.inputs)
     heads, scale = attr(node, "heads", 1), float(attr(node, "scale", 1.0))
     B, Tq, D = q.shape
@@ -147,20 +148,23 @@ def emit(ctx, kernel, node, spec, local, qblocks, S):
     dh = D // heads
     push = Push().ivec4(Tq, Tk, heads, D // 4).vec4(scale * math.log2(math.e))
     flops = 4 * B * heads * Tq * Tk * dh
+    axes = {"impl": "emu" if emulate else "khr"}
     # family "attention": the local x is exactly the global x given, so one work group = `local` invocations
     if S == 1:
-        ctx.dispatch(kernel, [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")], push.ivec4(1, 0),
-                     spec(False), (local, qblocks, B * heads), "attention",
-                     flops=flops, nbytes=4 * (2 * q.numel + k.numel + v.numel))
+        ctx.dispatch(stem, [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")], push.ivec4(1, 0),
+                     consts(False), (local, qblocks, B * heads), "attention",
+                     flops=flops, nbytes=4 * (2 * q.numel + k.numel + v.numel), axes=axes)
         return
     # partials as attention.py's split kernel writes them (fp32): O rows ((b * H + h) * S + s) * Tq + t of dh floats,
     # then one (m, l) pair per row
     rows = B * heads * S * Tq
     part = ctx.scratch("attention.partials", rows * (dh + 2))
     ml_base = rows * dh // 2
-    ctx.dispatch(kernel, [(part.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")], push.ivec4(S, ml_base),
-                 spec(True), (local, qblocks, B * heads * S), "attention",
-                 flops=flops, nbytes=4 * (S * q.numel + k.numel + v.numel + rows * (dh + 2)))
-    ctx.dispatch(ctx.variant("attention_combine"), [(out.name, "w"), (part.name, "r")],
-                 Push().ivec4(Tq, heads, D // 4, S).ivec4(B, ml_base).ivec4(0), (dh,), (D // 4, Tq, B), "elementwise",
-                 flops=2 * S * out.numel + 2 * S * B * Tq * D // 4, nbytes=4 * (rows * (dh + 2) + out.numel))
+    ctx.dispatch(stem, [(part.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")], push.ivec4(S, ml_base),
+                 consts(True), (local, qblocks, B * heads * S), "attention",
+                 flops=flops, nbytes=4 * (S * q.numel + k.numel + v.numel + rows * (dh + 2)), axes=axes)
+    ctx.dispatch("attention_combine", [(out.name, "w"), (part.name, "r")],
+                 Push().ivec4(Tq, heads, D // 4, S).ivec4(B, ml_base).ivec4(0), spec("attention_combine", DH=dh),
+                 (D // 4, Tq, B), "elementwise",
+                 flops=2 * S * out.numel + 2 * S * B * Tq * D // 4, nbytes=4 * (rows * (dh + 2) + out.numel),
+                 axes={"storage": ctx.storage})

@@ -11,6 +11,7 @@ Options (minirt/options.py):
   attention_splits=S       force S key splits across work groups (1: none), merged by glsl/attention_combine.comp"""
 from __future__ import annotations
 
+from ..kernels import spec
 from . import attention_cm
 from .attention_cm import MAX_HEAD_DIM, SHAPE, SUBGROUP, emit
 
@@ -79,8 +80,9 @@ def lower(node, ctx):
     S = attention_cm.splits(ctx, shared_bytes(dh, nr, bk, emulate), qblocks * B * heads, Tk, most)
     ctx.note(f"cooperative-matrix attention, softmax in registers{' (emulated)' if emulate else ''}: {16 * nr} query "
              f"rows per work group, blocks of {bk} keys" + (f", keys split {S} ways across groups" if S > 1 else ""))
-    kernel = "attention_cmr_emu" if emulate else "attention_cmr_khr"
     # VEC8 (16-byte loads of K and V) where both start 16-byte aligned: D = heads x dh is a multiple of 8 halves
     k, v = ctx.t(node.inputs[1]), ctx.t(node.inputs[2])
     vec8 = all(ctx.plan.byte_offset(t.name) % 16 == 0 for t in (k, v))
-    emit(ctx, kernel, node, lambda split: (dh, nr, bk, split) + ((True,) if vec8 else ()), SUBGROUP * nr, qblocks, S)
+    emit(ctx, "attention_cmr", emulate, node,
+         lambda split: spec("attention_cmr", DH=dh, NR=nr, BK=bk, SPLIT=split, VEC8=vec8, trim_from="VEC8"),
+         SUBGROUP * nr, qblocks, S)

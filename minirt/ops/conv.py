@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ModelError, UnsupportedError
+from ..kernels import act_code, activate, spec
 from ..planner.plan import Push
 from . import Op, attr, register
-from ._util import activate
 
 
 def _nchw_shape(node, shape, nd):
@@ -190,8 +190,8 @@ def _lower_im2col(node, ctx):
         m0, r = t * rows, min(rows, m - t * rows)
         p = (Push().sizes(x).ivec4(kh, kw, strides[0], strides[1]).ivec4(pb[0], pb[1], dil[0], dil[1])
              .ivec4(c, kp, m0, r).ivec4(ow, x.packed_dim, k, 0))
-        ctx.dispatch(ctx.variant("im2col"), [(scratch.name, "w"), (x.name, "r")], p, (), (kp // 4, r, 1), "im2col",
-                     nbytes=4 * (r * kp * 2), io="in32")
+        ctx.dispatch("im2col", [(scratch.name, "w"), (x.name, "r")], p, (), (kp // 4, r, 1), "im2col",
+                     nbytes=4 * (r * kp * 2), io="in32", axes={"storage": ctx.storage})
         if linear_ok(ctx, kp):
             linear_dispatch(ctx, y, scratch, wt, bt, r, oc, kp, n4, out_mode=OUT_ROWS if nlc else OUT_NCHW, act=act,
                             m0=m0, lda4=kp // 4, m_total=m, residual=res)
@@ -220,11 +220,11 @@ def _lower_depthwise(node, ctx):
     x4, y4 = _as4d(ctx, x), _out4d(ctx, y)
     wt = ctx.weight(node.inputs[1], w.reshape(-1))
     bt = ctx.weight(f"{node.name}.bias", np.zeros(c, np.float32) if b is None else b)
-    act = {None: 0, "relu": 1, "gelu": 2}[node.attrs.get("_act")]
     p = (Push().sizes(y4).sizes(x4).ivec4(kh, kw, strides[0], strides[1]).ivec4(pb[0], pb[1], dil[0], dil[1])
-         .ivec4(y4.packed_dim, x4.packed_dim, act, 0))
-    ctx.dispatch(ctx.variant("conv_dw"), [(y4.name, "w"), (x4.name, "r"), (wt.name, "r"), (bt.name, "r")], p, (),
-                 y4.texel_extents, "conv", flops=2 * y4.numel * kh * kw, nbytes=4 * (x4.numel + y4.numel + w.size))
+         .ivec4(y4.packed_dim, x4.packed_dim, act_code(node.attrs.get("_act")), 0))
+    ctx.dispatch("conv_dw", [(y4.name, "w"), (x4.name, "r"), (wt.name, "r"), (bt.name, "r")], p, (),
+                 y4.texel_extents, "conv", flops=2 * y4.numel * kh * kw, nbytes=4 * (x4.numel + y4.numel + w.size),
+                 axes={"storage": ctx.storage})
     _from4d(ctx, y4, y)
 
 
@@ -247,6 +247,6 @@ def _lower_direct(node, ctx):
     p = (Push().sizes(y).sizes(x).ivec4(kh, kw, icg, oc // g).ivec4(strides[0], strides[1], dil[0], dil[1])
          .ivec4(pb[0], pb[1], x.packed_dim, y.packed_dim))
     macs = n * oc * oh * ow * icg * kh * kw
-    ctx.dispatch(ctx.variant("conv"), [(y.name, "w"), (x.name, "r"), (wt.name, "r"), (bt.name, "r")], p,
-                 (int(conv1d),), (-(-ow // 4), oh, ocb * n), "conv", flops=2 * macs,
-                 nbytes=4 * (x.numel + y.numel + wp.size + bp.size))
+    ctx.dispatch("conv", [(y.name, "w"), (x.name, "r"), (wt.name, "r"), (bt.name, "r")], p,
+                 spec("conv", CONV1D=conv1d), (-(-ow // 4), oh, ocb * n), "conv", flops=2 * macs,
+                 nbytes=4 * (x.numel + y.numel + wp.size + bp.size), axes={"storage": ctx.storage})

@@ -4,19 +4,27 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels import ACTIVATIONS, activate, activation_of, spec
 from ..planner.plan import Push
 from . import Op, attr, register
-from ._util import activate, broadcast_shapes, erf, same
+from ._util import broadcast_shapes, erf, same
 
 
 def elementwise_dispatch(ctx, kernel, code, out, ins, flops_per=1):
+    """out = f(ins) on glsl/<kernel>.comp ("unary" or "binary"), f its OP `code`."""
     p = Push().sizes(out)
     for t in ins:
         p.sizes(t)
     p.ivec4(out.packed_dim, *[t.packed_dim for t in ins])
-    ctx.dispatch(ctx.variant(kernel), [(out.name, "w")] + [(t.name, "r") for t in ins], p, (code,),
+    ctx.dispatch(kernel, [(out.name, "w")] + [(t.name, "r") for t in ins], p, spec(kernel, OP=code),
                  out.texel_extents, "elementwise", flops=flops_per * out.numel,
-                 nbytes=4 * (out.numel + sum(t.numel for t in ins)))
+                 nbytes=4 * (out.numel + sum(t.numel for t in ins)), axes={"storage": ctx.storage})
+
+
+def activation_dispatch(ctx, act, out, x):
+    """out = act(x) on the unary kernel, act an epilogue activation (minirt.kernels.ACTIVATIONS), for an epilogue no
+    kernel fuses."""
+    elementwise_dispatch(ctx, "unary", ACTIVATIONS[act].unary, out, [x], flops_per=8)
 
 
 def copy_dispatch(ctx, out, src):
@@ -138,18 +146,18 @@ class Gelu(Unary):
             return f"approximate={attr(node, 'approximate')!r} (expected 'none' or 'tanh')"
 
     def code_for(self, node):
-        return 4 if attr(node, "approximate", "none") == "tanh" else 3
+        return ACTIVATIONS[activation_of(node.op, node.attrs)].unary
 
     def fn(self, node, x):
-        return activate(x, "gelu_tanh" if attr(node, "approximate", "none") == "tanh" else "gelu")
+        return activate(x, activation_of(node.op, node.attrs))
 
 
 @register
 class Relu(Unary):
-    name, code = "Relu", 5
+    name, code = "Relu", ACTIVATIONS["relu"].unary
 
     def fn(self, node, x):
-        return np.maximum(x, 0)
+        return activate(x, "relu")
 
 
 @register

@@ -7,10 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import MinirtError
+from ..kernels import act_code, spec
 from ..planner.plan import Push
 from ..lwg import wave_splits
-
-ACTS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
 
 
 def tile_config(profile) -> tuple[int, int, int]:
@@ -62,21 +61,20 @@ def gemm_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, a_mode=0, out_mode=0, act
     tm, tn4, bk = tile_config(ctx.profile)
     p = (Push().sizes(out).sizes(a).ivec4(m, n, k, n4)
          .ivec4(m0, lda if lda is not None else k, a.packed_dim, 0))
-    kernel = f"gemm_{ctx.storage}_{'scratch' if scratch else 'act'}"
-    ctx.dispatch(kernel, [(out.name, "w"), (a.name, "r"), (wt.row_major(ctx).name, "r"), (bt.name, "r")], p,
-                 (tm, tn4, bk, a_mode, out_mode, ACTS[act]), (-(-n4 // tn4), -(-m // tm), 1), "gemm",
-                 flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n))
+    ctx.dispatch("gemm", [(out.name, "w"), (a.name, "r"), (wt.row_major(ctx).name, "r"), (bt.name, "r")], p,
+                 spec("gemm", TM=tm, TN4=tn4, BK=bk, A_MODE=a_mode, OUT_MODE=out_mode, ACT=act_code(act)),
+                 (-(-n4 // tn4), -(-m // tm), 1), "gemm", flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n),
+                 axes={"storage": ctx.storage, "a": "scratch" if scratch else "act"})
 
 
-# glsl/linear.comp tile variants: (TM rows, TN4 vec4 columns) per invocation; t44k32 stages 32-deep slices
-LINEAR_TILES = {"t44": (4, 1), "t44k32": (4, 1)}
+# glsl/linear.comp tile variants: (TM rows, TN4 vec4 columns) per invocation, BK-deep shared-memory slices
+LINEAR_TILES = {"t44": (4, 1, 16), "t44k32": (4, 1, 32)}
 
 
 def linear_shared_xy(tile) -> tuple[int, int]:
     """glsl/linear.comp's shared memory in bytes per local x and per local y: a BK-deep fp32 slice of B (4 TN4 columns
     an invocation of x) and of A (TM rows an invocation of y)."""
-    tm, tn4 = LINEAR_TILES[tile]
-    bk = 32 if tile.endswith("k32") else 16
+    tm, tn4, bk = LINEAR_TILES[tile]
     return (4 * bk * 4 * tn4, 4 * bk * tm)
 
 
@@ -123,8 +121,16 @@ def _cm_fits(ctx, tile: str) -> bool:
         p.max_invocations, p.max_local_size[0])
 
 
+# The tensor-core GEMM's sources (linear_cm.glslh, built with and without REGFED, CM_EMULATE and SPLIT_K):
+# (REGFED, emulated, split K) -> stem
+CM_SOURCES = {(False, False, False): "linear_cm", (False, True, False): "linear_cm_emu",
+              (False, False, True): "linear_cm_split", (False, True, True): "linear_cm_emu_split",
+              (True, False, False): "linear_cmreg", (True, True, False): "linear_cmreg_emu",
+              (True, False, True): "linear_cmreg_split", (True, True, True): "linear_cmreg_emu_split"}
+
+
 def cm_kernel(ctx, m, n):
-    """(kernel, tile) of the cooperative-matrix GEMM for an M x N output, or None where it does not apply. It needs
+    """(emulated, tile) of the cooperative-matrix GEMM for an M x N output, or None where it does not apply. It needs
     precision fp16 and a device reporting the 16x16x16 f16 x f16 -> f32 subgroup shape (with shaderFloat16);
     option coopmat="off" turns it off, option cm_tile forces a tile. Default: 64x64 blocks with 32-deep slices and one
     shared stage (measured best on an H200), twice as wide where the grid takes more than one wave.
@@ -136,9 +142,9 @@ def cm_kernel(ctx, m, n):
     if ctx.options.coopmat == "emulate":
         if not (p.fp16 and p.subgroup_size in (8, 16, 32)):
             return None
-        base = "linear_cm_emu"
+        emulate = True
     elif p.cooperative_matrix and p.fp16 and CM_SHAPE in p.coopmat_shapes:
-        base = "linear_cm"
+        emulate = False
     else:
         return None
     forced = ctx.options.cm_tile
@@ -151,7 +157,7 @@ def cm_kernel(ctx, m, n):
         return None
     if not forced and _cm_fits(ctx, WIDE_TILE) and cm_waves(ctx, tile, m, n) > 1:
         tile = WIDE_TILE
-    return None if tile is None else (f"{base}_{tile}", tile)
+    return emulate, tile
 
 
 # A multiprocessor holds as many work groups at once as its shared memory and its registers allow. Shared memory:
@@ -181,7 +187,7 @@ def cm_waves(ctx, tile, m, n) -> int:
     return -(-(-(-m // bm) * -(-n // bn)) // slots)
 
 
-def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mode, act, m0, lda4, m_total,
+def linear_cm_dispatch(ctx, emulate, tile, out, a, wt, bt, m, n, k, n4, *, out_mode, act, m0, lda4, m_total,
                        residual, part_n=0, a_win=None):
     """linear_dispatch on tensor cores: same bindings, push constants and specialization constants as linear.comp.
     Global size: x = the work group's invocations (whole subgroups, family "coopmat"), y = row blocks,
@@ -189,10 +195,9 @@ def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mo
     lda = lda4 if lda4 is not None else k // 4
     splittable = out_mode == OUT_ROWS and m0 == 0 and n % 4 == 0
     S = cm_split_k(ctx, tile, m, n, k, before_ln(ctx, out, n)) if splittable else 1
-    reg = cm_regfed(ctx, kernel, a, m, n, k, lda, a_win, S > 1)
+    reg = cm_regfed(ctx, emulate, a, m, n, k, lda, a_win, S > 1)
     if reg:
-        # same splits as the tile it replaces (REGFED's 64 x 64 tile keeps its rules)
-        kernel, tile = kernel.replace("linear_cm", "linear_cmreg", 1)[:-len(tile)] + reg, reg
+        tile = reg      # same splits as the tile it replaces (REGFED's 64 x 64 tile keeps its rules)
     wt = wt.regfed(ctx) if reg else wt.row_major(ctx)
     bm, bn, _bk, warps = CM_TILES[tile]
     res = residual if residual is not None else bt
@@ -200,20 +205,24 @@ def linear_cm_dispatch(ctx, kernel, tile, out, a, wt, bt, m, n, k, n4, *, out_mo
         # K split S ways (linear_cm_split.comp): fp32 partials [S][M][N], then linear_reduce adds them in split order
         # with bias, activation and residual; work group z = column block + column blocks * split
         part = ctx.scratch("linear.partials", S * m * n)
-        ctx.dispatch(f"{kernel[:-len(tile)]}split_{tile}",
-                     [(part.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (bt.name, "r")],
+        stem = CM_SOURCES[bool(reg), emulate, True]
+        ctx.dispatch(stem, [(part.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (bt.name, "r")],
                      Push().ivec4(m, n, k, n4).ivec4(0, lda, 0, S).ivec4(*_win(a_win)),
-                     (OUT_SPLIT, 0, False, cm_reg_epilogue(ctx, kernel, True)) + _cm_tail(ctx, a, k, n, lda, a_win),
+                     _cm_spec(ctx, stem, a, k, n, lda, a_win, out_mode=OUT_SPLIT, act=None, has_res=False,
+                              reg_epi=cm_reg_epilogue(ctx, emulate, True)),
                      (warps * ctx.profile.subgroup_size, -(-m // bm), -(-n // bn) * S),
-                     "coopmat", flops=2 * m * n * k, nbytes=4 * (m * k + k * n) + 16 * S * m * n)
+                     "coopmat", flops=2 * m * n * k, nbytes=4 * (m * k + k * n) + 16 * S * m * n, axes={"tile": tile})
         reduce_dispatch(ctx, out, part, bt, res, m, n, n4, S, act, residual is not None)
         return
+    stem = CM_SOURCES[bool(reg), emulate, False]
     p = Push().ivec4(m, n, k, n4).ivec4(m0, lda, m_total, part_n).ivec4(*_win(a_win))
-    ctx.dispatch(kernel, [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
-                 p, (out_mode, ACTS[act], residual is not None, cm_reg_epilogue(ctx, kernel, False))
-                 + _cm_tail(ctx, a, k, n, lda, a_win, _cm_epi8(ctx, out, residual, n, out_mode, part_n)),
+    ctx.dispatch(stem, [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
+                 p, _cm_spec(ctx, stem, a, k, n, lda, a_win, out_mode=out_mode, act=act, has_res=residual is not None,
+                             reg_epi=cm_reg_epilogue(ctx, emulate, False),
+                             epi8=_cm_epi8(ctx, out, residual, n, out_mode, part_n)),
                  (warps * ctx.profile.subgroup_size, -(-m // bm), -(-n // bn)), "coopmat",
-                 flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)))
+                 flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)),
+                 axes={"tile": tile})
 
 
 OUT_ROWS, OUT_NCHW, OUT_PARTS, OUT_SPLIT = 0, 1, 2, 3    # linear.comp / linear_cm.glslh OUT_MODE
@@ -229,7 +238,7 @@ OUT_ROWS, OUT_NCHW, OUT_PARTS, OUT_SPLIT = 0, 1, 2, 3    # linear.comp / linear_
 REGFED_SMALL_GRID = 0.6
 
 
-def cm_regfed(ctx, kernel, a, m, n, k, lda4, a_win, split):
+def cm_regfed(ctx, emulate, a, m, n, k, lda4, a_win, split):
     """The REGFED tile for this GEMM, or None (then linear_cm's tiles). Session(options={"cm_regfed": False}) turns it
     off; options["cm_tile"] = a REG_TILES tile forces that one where REGFED applies, a linear_cm tile forces linear_cm.
     Its A loads are 16 bytes: K, A's row stride and window offsets are whole 8-half groups and A starts 16-byte
@@ -237,7 +246,7 @@ def cm_regfed(ctx, kernel, a, m, n, k, lda4, a_win, split):
     forced = ctx.options.cm_tile
     if not ctx.options.cm_regfed or (forced and forced not in REG_TILES):
         return None
-    if not ("_emu_" in kernel or ctx.profile.coopmat_layout == "mma"):
+    if not (emulate or ctx.profile.coopmat_layout == "mma"):
         return None
     if k % 8 or lda4 % 2 or (a_win is not None and (a_win[0] % 2 or a_win[1] % 2)) \
             or ctx.plan.byte_offset(a.name) % 16:
@@ -267,18 +276,12 @@ def _win(a_win):
     return (*a_win, 0, 0) if a_win is not None else (0, 0, 0, 0)
 
 
-def _win_spec(a_win):
-    """A_WIN, the specialization constant after the others, only where it is on (plans stay as they were)."""
-    return (True,) if a_win is not None else ()
-
-
-def _linear_tail(ctx, a_win):
-    """linear.comp's specialization constants after HAS_RES: A_WIN, then PAIR_LANES (minirt.lwg.paired_lanes), left
+def _linear_spec(ctx, out_mode, act, has_res, a_win):
+    """linear.comp's specialization constants: after HAS_RES, A_WIN and PAIR_LANES (minirt.lwg.paired_lanes), left
     out from the last one on that is off."""
     from ..lwg import paired_lanes
-    if paired_lanes(ctx.profile, ctx.options):
-        return (a_win is not None, True)
-    return _win_spec(a_win)
+    return spec("linear", OUT_MODE=out_mode, ACT=act_code(act), HAS_RES=has_res, A_WIN=a_win is not None,
+                PAIR_LANES=paired_lanes(ctx.profile, ctx.options), trim_from="A_WIN")
 
 
 def _cm_epi8(ctx, out, residual, n, out_mode, part_n) -> bool:
@@ -289,19 +292,20 @@ def _cm_epi8(ctx, out, residual, n, out_mode, part_n) -> bool:
             and all(ctx.plan.byte_offset(t.name) % 16 == 0 for t in (out, residual) if t is not None))
 
 
-def _cm_tail(ctx, a, k, n, lda4, a_win, epi8=False):
-    """linear_cm.glslh's specialization constants after REG_EPI: A_WIN, VEC8 (16-byte loads of A and B) and EPI8
-    (_cm_epi8), left out from the last one on that is off. VEC8 needs whole 8-half groups everywhere (K, N, A's row
-    stride and window) and A 16-byte aligned in its buffer (weights and arena tensors are)."""
+def _cm_spec(ctx, stem, a, k, n, lda4, a_win, *, out_mode, act, has_res, reg_epi, epi8=False):
+    """linear_cm.glslh's specialization constants: after REG_EPI, A_WIN and VEC8 (16-byte loads of A and B) both where
+    either is on, and EPI8 (_cm_epi8) where it is on. VEC8 needs whole 8-half groups everywhere (K, N, A's row stride
+    and window) and A 16-byte aligned in its buffer (weights and arena tensors are)."""
     vec8 = (k % 8 == 0 and n % 8 == 0 and lda4 % 2 == 0
             and (a_win is None or (a_win[0] % 2 == 0 and a_win[1] % 2 == 0))
             and ctx.plan.byte_offset(a.name) % 16 == 0)
+    tail = {"A_WIN": a_win is not None, "VEC8": vec8} if a_win is not None or vec8 or epi8 else {}
     if epi8:
-        return (a_win is not None, vec8, True)
-    return (a_win is not None, vec8) if a_win is not None or vec8 else ()
+        tail["EPI8"] = True
+    return spec(stem, OUT_MODE=out_mode, ACT=act_code(act), HAS_RES=has_res, REG_EPI=reg_epi, **tail)
 
 
-def cm_reg_epilogue(ctx, kernel, split) -> bool:
+def cm_reg_epilogue(ctx, emulate, split) -> bool:
     """REG_EPI of linear_cm.glslh: the epilogue takes each lane's accumulator elements straight from registers, which
     needs the element layout cm_layout.glslh assumes: probed on the device (DeviceProfile.coopmat_layout), always
     true of the emulated kernels. By default only for split K's fp32 partials: on an H200 (tools/gemm_bench.py,
@@ -309,15 +313,16 @@ def cm_reg_epilogue(ctx, kernel, split) -> bool:
     pairs from 8 rows a store coalesce worse than the scratch path's vec4 rows."""
     if not split:
         return False
-    return "_emu_" in kernel or ctx.profile.coopmat_layout == "mma"
+    return emulate or ctx.profile.coopmat_layout == "mma"
 
 
 def reduce_dispatch(ctx, out, part, bt, res, m, n, n4, S, act, has_res):
     """The second half of a split-K GEMM: glsl/linear_reduce.comp adds the S fp32 partials in split order, then bias,
     activation and residual (its _half variants at fp16; out32 where out is a float32 graph output)."""
     ctx.dispatch("linear_reduce", [(out.name, "w"), (part.name, "r"), (bt.name, "r"), (res.name, "r")],
-                 Push().ivec4(m, n, n4, S), (ACTS[act], has_res), (n4, m, 1), "elementwise",
-                 flops=S * m * n, nbytes=4 * (S * m * n + m * n * (2 if has_res else 1)), io="out32")
+                 Push().ivec4(m, n, n4, S), spec("linear_reduce", ACT=act_code(act), HAS_RES=has_res), (n4, m, 1),
+                 "elementwise", flops=S * m * n, nbytes=4 * (S * m * n + m * n * (2 if has_res else 1)), io="out32",
+                 info={"rows": m, "n4": n4, "splits": S, "act": act or "", "has_res": has_res})
     ctx.note(f"K split {S} ways across work groups, then a reduce pass")
 
 
@@ -386,7 +391,7 @@ def split_k(ctx, tile, m, n4, k, ln_next=False):
     if ctx.half or not (p.compute_units and p.tuning.split_work) or tile != "t44k32":
         return 1, None
     from ..lwg import check_local_size, forced_local_size, gemm_split_shape, wave_places
-    tm, tn4 = LINEAR_TILES[tile]
+    tm, tn4, _bk = LINEAR_TILES[tile]
     g = (-(-n4 // tn4), -(-m // tm), 1)
     sxy, forced_local = linear_shared_xy(tile), forced_local_size("gemm", ctx.options)
     units, least = -(-k // 32), LN_SPLIT_MIN_SLICES if ln_next else SPLIT_K_MIN_SLICES
@@ -412,7 +417,7 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
                            m_total=m_total, residual=residual, part_n=part_n, a_win=a_win)
         return
     tile = linear_tile(ctx, m, n)
-    tm, tn4 = LINEAR_TILES[tile]
+    tm, tn4, _bk = LINEAR_TILES[tile]
     res = residual if residual is not None else bt
     wt = wt.row_major(ctx)
     S, local = split_k(ctx, tile, m, n4, k, before_ln(ctx, out, n)) if out_mode == OUT_ROWS and m0 == 0 else (1, None)
@@ -421,16 +426,17 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
         # K split S ways across work groups (linear.comp OUT_MODE 3): fp32 partials [S][M][N4] vec4, then
         # linear_reduce.comp adds them in order with bias, activation and residual
         part = ctx.scratch("linear.partials", S * m * n4 * 4)
-        ctx.dispatch(f"linear_{tile}", [(part.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (bt.name, "r")],
+        ctx.dispatch("linear", [(part.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (bt.name, "r")],
                      Push().ivec4(m, n, k, n4).ivec4(0, lda4 if lda4 is not None else k // 4, 0, S).ivec4(*_win(a_win)),
-                     (OUT_SPLIT, 0, False) + _linear_tail(ctx, a_win), (-(-n4 // tn4), -(-m // tm), S), "gemm",
-                     flops=2 * m * n * k, nbytes=4 * (m * k + k * n + S * m * n), shared_xy=sxy, local_size=local)
+                     _linear_spec(ctx, OUT_SPLIT, None, False, a_win), (-(-n4 // tn4), -(-m // tm), S), "gemm",
+                     flops=2 * m * n * k, nbytes=4 * (m * k + k * n + S * m * n), shared_xy=sxy, local_size=local,
+                     axes={"tile": tile})
         reduce_dispatch(ctx, out, part, bt, res, m, n, n4, S, act, residual is not None)
         return
     p = (Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
          .ivec4(*_win(a_win)))
-    ctx.dispatch(f"linear_{tile}", [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
-                 p, (out_mode, ACTS[act], residual is not None) + _linear_tail(ctx, a_win), (-(-n4 // tn4), -(-m // tm), 1),
+    ctx.dispatch("linear", [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
+                 p, _linear_spec(ctx, out_mode, act, residual is not None, a_win), (-(-n4 // tn4), -(-m // tm), 1),
                  "gemm",
                  flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)),
-                 io="out32", shared_xy=sxy)
+                 io="out32", shared_xy=sxy, axes={"tile": tile})

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ModelError, UnsupportedError
+from ..kernels import activate
 from . import Op, attr, register
-from ._util import activate
-from .elementwise import elementwise_dispatch
+from .elementwise import activation_dispatch, elementwise_dispatch
 from .gemm import OUT_PARTS, linear_dispatch, linear_ok, pack_bias, pack_weight
 from .shape_ops import affine_copy, view_or_copy
 
@@ -79,7 +79,6 @@ class Linear(Op):
             return
         # Other storages: the general matmul kernel with the bias fused, then the epilogue as separate ops.
         from .matmul import matmul_dispatch
-        codes = {"relu": 5, "gelu": 3, "gelu_tanh": 4}
         steps = ([act] if act else []) + (["res"] if res is not None else [])
         cur = y if not steps else ctx.temp(f"{y.name}@gemm", y.shape)
         matmul_dispatch(ctx, cur, x, w, bias=None if b is None else b.reshape(1, -1))
@@ -88,7 +87,7 @@ class Linear(Op):
             if s == "res":
                 elementwise_dispatch(ctx, "binary", 0, nxt, [cur, res])
             else:
-                elementwise_dispatch(ctx, "unary", codes[s], nxt, [cur], flops_per=8)
+                activation_dispatch(ctx, s, nxt, cur)
             cur = nxt
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ModelError
+from ..kernels import spec
 from ..planner.plan import CONSTANT, Push, whcn
 from . import Op, attr, register
 from ._util import broadcast_shapes
@@ -46,11 +47,12 @@ def matmul_dispatch(ctx, out, a, b, *, trans_a=False, trans_b=False, alpha=1.0, 
     push = (Push().sizes(out).sizes(a).ivec4(*b_sizes).ivec4(out.packed_dim, a.packed_dim, b_pd, K)
             .ivec4(0 if bias is None else bias.shape[0], (N + 3) // 4, (K + 3) // 4 * 4).vec4(alpha))
     batch = int(np.prod(full[:-2]))
-    ctx.dispatch(ctx.variant("matmul") + ("_const" if const else "_tensor"),
-                 [(out.name, "w"), (a.name, "r"), (b_spec.name, "r"), (bias_spec.name, "r")], push,
-                 (tile, trans_a, trans_b, bias is not None, squeeze_m), grid, "gemm",
+    ctx.dispatch("matmul", [(out.name, "w"), (a.name, "r"), (b_spec.name, "r"), (bias_spec.name, "r")], push,
+                 spec("matmul", TILE=tile, TRANS_A=trans_a, TRANS_B=trans_b, HAS_BIAS=bias is not None,
+                      SQUEEZE_M=squeeze_m), grid, "gemm",
                  flops=2 * M * N * K * batch,
-                 nbytes=4 * (out.numel + a.numel) + b_spec.nbytes + (bias_spec.nbytes if bias is not None else 0))
+                 nbytes=4 * (out.numel + a.numel) + b_spec.nbytes + (bias_spec.nbytes if bias is not None else 0),
+                 axes={"storage": ctx.storage, "b": "const" if const else "tensor"})
 
 
 @register

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ModelError
+from ..kernels import spec
 from ..lwg import row_invocations
 from ..planner.plan import Push
 from . import Op, attr, register
@@ -19,8 +20,9 @@ def _mask(dims):
     return sum(1 << d for d in dims)
 
 
-def row_dispatch(ctx, kernel, out, x, mask, extra_args=(), push_tail=(), spec=(), flops_per=4, io=None):
-    """One work group per texel row of x (see rows.glslh); mask = the reduced WHCN dims; io as in ctx.dispatch."""
+def row_dispatch(ctx, kernel, out, x, mask, extra_args=(), push_tail=(), consts=(), flops_per=4, io=None):
+    """One work group per texel row of x (see rows.glslh) on glsl/<kernel>.comp; mask = the reduced WHCN dims; consts:
+    its specialization constants (minirt.kernels.spec); io as in ctx.dispatch."""
     ts = list(x.whcn)
     ts[x.packed_dim] = (ts[x.packed_dim] + 3) // 4
     per_row = int(np.prod([ts[d] for d in range(4) if mask >> d & 1]))
@@ -30,9 +32,9 @@ def row_dispatch(ctx, kernel, out, x, mask, extra_args=(), push_tail=(), spec=()
     p = Push().sizes(x).ivec4(x.packed_dim, mask)
     for v in push_tail:
         p.vec4(v)
-    ctx.dispatch(ctx.variant(kernel), [(out.name, "w"), (x.name, "r"), *extra_args], p, spec,
+    ctx.dispatch(kernel, [(out.name, "w"), (x.name, "r"), *extra_args], p, consts,
                  (threads, gy, -(-rows // gy)), "reduction", flops=flops_per * x.numel,
-                 nbytes=16 * x.numel, io=io)   # x read 3 times, out written once
+                 nbytes=16 * x.numel, io=io, axes={"storage": ctx.storage})   # x read 3 times, out written once
 
 
 @register
@@ -78,7 +80,8 @@ class LayerNormalization(Op):
         affine = np.concatenate([_per_texel(a, x.shape[rank - k:], x.packed_dim) for a in consts])
         w = ctx.weight(f"{node.name}/scale_bias", affine)
         row_dispatch(ctx, "layer_norm", out, x, _mask(range(k)), [(w.name, "r")],
-                     [attr(node, "epsilon", 1e-5)], (len(consts) > 1,), flops_per=8, io="out32")
+                     [attr(node, "epsilon", 1e-5)], spec("layer_norm", HAS_BIAS=len(consts) > 1), flops_per=8,
+                     io="out32")
 
 
 def _lower_rows(node, ctx, x, out, consts):
@@ -91,9 +94,12 @@ def _lower_rows(node, ctx, x, out, consts):
     per = inv // max(ctx.profile.subgroup_size, 1)     # rows a work group (the kernel loops if it gets fewer)
     aff = np.concatenate([np.broadcast_to(np.asarray(a, np.float32), (length,)) for a in consts])
     w = ctx.weight(f"{node.name}/scale_bias", aff)
-    p = Push().ivec4(rows, length // 4, per).vec4(attr(node, "epsilon", 1e-5))
-    ctx.dispatch("layer_norm_rows", [(out.name, "w"), (x.name, "r"), (w.name, "r")], p, (len(consts) > 1,),
-                 (inv, -(-rows // per), 1), "reduction", flops=8 * x.numel, nbytes=8 * x.numel, io="out32")
+    eps, has_bias = attr(node, "epsilon", 1e-5), len(consts) > 1
+    p = Push().ivec4(rows, length // 4, per).vec4(eps)
+    ctx.dispatch("layer_norm_rows", [(out.name, "w"), (x.name, "r"), (w.name, "r")], p,
+                 spec("layer_norm_rows", HAS_BIAS=has_bias), (inv, -(-rows // per), 1), "reduction",
+                 flops=8 * x.numel, nbytes=8 * x.numel, io="out32",
+                 info={"rows": rows, "n4": length // 4, "rows_per_group": per, "eps": eps, "has_bias": has_bias})
 
 
 def _broadcasts_to(shape, target):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels import spec
 from ..planner.plan import Push
 from . import Op, attr, register
 from ._util import norm_axis
@@ -57,8 +58,9 @@ class Reduce(Op):
             return
         mask = sum(1 << (len(x.shape) - 1 - a) for a in axes)
         p = Push().sizes(out).sizes(x).ivec4(out.packed_dim, x.packed_dim, mask)
-        ctx.dispatch(ctx.variant("reduce"), [(out.name, "w"), (x.name, "r")], p, (self.code,),
-                     out.texel_extents, "elementwise", flops=x.numel, nbytes=4 * (x.numel + out.numel))
+        ctx.dispatch("reduce", [(out.name, "w"), (x.name, "r")], p, spec("reduce", OP=self.code),
+                     out.texel_extents, "elementwise", flops=x.numel, nbytes=4 * (x.numel + out.numel),
+                     axes={"storage": ctx.storage})
 
 
 @register

@@ -12,6 +12,7 @@ from collections import Counter
 import numpy as np
 
 from ..errors import ModelError
+from ..kernels import spec
 from ..planner.plan import Push
 from . import Op, attr, register
 from ._util import broadcast_shapes, norm_axis
@@ -52,8 +53,8 @@ def _axes(node, axes, rank):
 # -- lowering helpers -------------------------------------------------------------------------
 def _copy(ctx, out, src, mode, start=(0, 0, 0, 0), step=(0, 0, 0, 0), perm=(0, 1, 2, 3)):
     p = Push().sizes(out).sizes(src).ivec4(*start).ivec4(*step).ivec4(*perm).ivec4(out.packed_dim, src.packed_dim)
-    ctx.dispatch(ctx.variant("copy"), [(out.name, "w"), (src.name, "r")], p, (mode,), out.texel_extents, "copy",
-                 nbytes=8 * out.numel)
+    ctx.dispatch("copy", [(out.name, "w"), (src.name, "r")], p, spec("copy", MODE=mode), out.texel_extents, "copy",
+                 nbytes=8 * out.numel, axes={"storage": ctx.storage})
 
 
 def view_or_copy(ctx, out, src):
@@ -101,8 +102,8 @@ def concat(ctx, out, srcs, axis):
     for s in slots:
         p.sizes(s)
     p.ivec4(*[s.packed_dim for s in slots]).ivec4(out.packed_dim, len(out.shape) - 1 - axis, len(srcs))
-    ctx.dispatch(ctx.variant("concat"), [(out.name, "w")] + [(s.name, "r") for s in slots], p, (),
-                 out.texel_extents, "copy", nbytes=8 * out.numel)
+    ctx.dispatch("concat", [(out.name, "w")] + [(s.name, "r") for s in slots], p, (),
+                 out.texel_extents, "copy", nbytes=8 * out.numel, axes={"storage": ctx.storage})
 
 
 # -- ops ----------------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
-"""Fuse an activation (Relu, Gelu) into the epilogue of the conv that feeds it, also across the
-Reshape the conv1d rewrite inserts (activations are elementwise, so they commute with reshapes).
+"""Fuse an activation (Relu, Gelu: minirt.kernels.activation_of) into the epilogue of the conv that feeds it, also
+across the Reshape the conv1d rewrite inserts (activations are elementwise, so they commute with reshapes).
 Only convs whose route has an epilogue (im2col, pointwise, depthwise) take it; the output of the
 conv must have no other reader."""
 from __future__ import annotations
 
-ACTS = {"Relu": "relu", "Gelu": "gelu"}
+from ..kernels import activation_of
+
 EPILOGUE_ROUTES = ("im2col", "pointwise", "depthwise")
 
 
@@ -23,13 +24,9 @@ def rewrite(graph, options, profile=None):
         via = None
         if nxt is not None and nxt.op == "Reshape":
             via, nxt = nxt, sole(nxt.outputs[0])
-        if nxt is None or nxt.op not in ACTS:
+        act = activation_of(nxt.op, nxt.attrs) if nxt is not None else None
+        if act is None:
             continue
-        act = ACTS[nxt.op]
-        if nxt.op == "Gelu" and nxt.attrs.get("approximate", "none") != "none":
-            if node.attrs["_route"] == "depthwise":
-                continue
-            act = "gelu_tanh"
         node.attrs["_act"] = act
         # the activation's output is now produced by the conv (or by the reshape after it)
         last = via or node

@@ -7,8 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Node
-
-ACTS = {"Relu": "relu"}
+from ..kernels import activation_of
 
 
 def rewrite(graph, options, profile=None):
@@ -50,8 +49,8 @@ def rewrite(graph, options, profile=None):
                 chain.append(nxt)
                 cur = nxt.outputs[0]
                 nxt = sole(cur)
-        if nxt is not None and (nxt.op in ACTS or (nxt.op == "Gelu")):
-            act = ACTS.get(nxt.op) or ("gelu_tanh" if nxt.attrs.get("approximate", "none") == "tanh" else "gelu")
+        if nxt is not None and activation_of(nxt.op, nxt.attrs):
+            act = activation_of(nxt.op, nxt.attrs)
             chain.append(nxt)
             cur = nxt.outputs[0]
             nxt = sole(cur)

@@ -10,32 +10,31 @@ a float32 graph output through io=out32), and a row fits the registers of one su
 as in the kernel). Session option fuse_reduce_layer_norm=False turns the pass off."""
 from __future__ import annotations
 
-import struct
+from ..kernels import act_code, spec, variant
+from .plan import Dispatch, Plan, Push
 
-from .plan import Dispatch, Plan
-
-REDUCE, LAYER_NORM, FUSED = "linear_reduce", "layer_norm_rows", "linear_reduce_ln"
+REDUCE, LAYER_NORM = "linear_reduce", "layer_norm_rows"
 REG = 4     # vec4 of a row per lane (glsl/linear_reduce.comp, as layer_norm_rows.comp)
 
 
-def _dtype_suffix(kernel: str, base: str):
-    """'' or '_half' (and '_out32' for the LayerNorm) after the kernel's base name, or None if not that kernel."""
-    if not kernel.startswith(base):
-        return None
-    rest = kernel[len(base):]
-    return rest if rest in ("", "_half", "_half_out32") else None
+def _plain_reduce(d: Dispatch) -> bool:
+    """A linear_reduce that writes its output in the activation type (not post=ln, not io=out32)."""
+    return d.stem == REDUCE and d.axes.get("post", "none") == "none" and d.axes.get("io", "elem") == "elem"
 
 
 def _fuse(red: Dispatch, ln: Dispatch) -> Dispatch:
-    m, _n, n4, splits = struct.unpack_from("<4i", red.push)
+    """The post=ln reduce (in the LayerNorm's dtype and io variant) that writes the LayerNorm's output at binding 0 and
+    the GEMM's at binding 5."""
     (out, _), (part, _), (bias, _), (res, _) = red.args
     (z, _), _x, (w, _) = ln.args
-    act, has_res = red.spec
-    push = struct.pack("<4i", m, n4, struct.unpack_from("<4i", ln.push)[2], splits) + ln.push[16:32]
-    return Dispatch(kernel=FUSED + _dtype_suffix(ln.kernel, LAYER_NORM), node=red.node, op=red.op,
-                    args=[(z, "w"), (part, "r"), (bias, "r"), (res, "r"), (w, "r"), (out, "w")], push=push,
-                    spec=(act, has_res, *ln.spec), global_size=ln.global_size, family=ln.family,
-                    flops=red.flops + ln.flops, bytes=red.bytes + ln.bytes)
+    r, n = red.info, ln.info
+    axes = {**ln.axes, "post": "ln"}
+    return Dispatch(kernel=variant(REDUCE, **axes), node=red.node, op=red.op,
+                    args=[(z, "w"), (part, "r"), (bias, "r"), (res, "r"), (w, "r"), (out, "w")],
+                    push=Push().ivec4(r["rows"], r["n4"], n["rows_per_group"], r["splits"]).vec4(n["eps"]).bytes(),
+                    spec=spec(REDUCE, ACT=act_code(r["act"]), HAS_RES=r["has_res"], LN_BIAS=n["has_bias"]),
+                    global_size=ln.global_size, family=ln.family, flops=red.flops + ln.flops,
+                    bytes=red.bytes + ln.bytes, stem=REDUCE, axes=axes, info={**n, "splits": r["splits"]})
 
 
 def rewrite(plan: Plan, profile, options) -> Plan:
@@ -43,18 +42,18 @@ def rewrite(plan: Plan, profile, options) -> Plan:
         return plan
     kept, pending = [], {}      # pending: tensor root -> index in kept of the plain reduce that wrote it last
     for d in plan.dispatches:
-        if _dtype_suffix(d.kernel, LAYER_NORM) is not None and plan.root(d.args[1][0]) in pending:
+        if d.stem == LAYER_NORM and plan.root(d.args[1][0]) in pending:
             i = pending.pop(plan.root(d.args[1][0]))
             red = kept[i]
-            m, _n, n4, _s = struct.unpack_from("<4i", red.push)
-            rows, l4 = struct.unpack_from("<4i", d.push)[:2]
-            if (rows, l4) == (m, n4) and n4 <= REG * profile.subgroup_size and red.args[0][0] == d.args[1][0]:
+            rows, n4 = red.info["rows"], red.info["n4"]
+            if ((d.info["rows"], d.info["n4"]) == (rows, n4) and n4 <= REG * profile.subgroup_size
+                    and red.args[0][0] == d.args[1][0]):
                 kept[i] = _fuse(red, d)
                 plan.notes.setdefault(red.node, []).append(f"LayerNorm '{d.node}' folded into the reduce pass")
                 continue
         for name in d.writes:        # a later writer: the LayerNorm would no longer read what the reduce wrote
             pending.pop(plan.root(name), None)
-        if _dtype_suffix(d.kernel, REDUCE) in ("", "_half"):
+        if _plain_reduce(d):
             pending[plan.root(d.args[0][0])] = len(kept)
         kept.append(d)
     plan.dispatches = kept

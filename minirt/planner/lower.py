@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import ops
 from ..errors import UnsupportedError
+from ..kernels import variant
 from .plan import (CONSTANT, INPUT, INTERMEDIATE, OUTPUT, SCRATCH, WEIGHT, Dispatch, Plan, Push,
                    TensorSpec, as_dtype)
 from .storage_layout import packed_dim_for
@@ -128,26 +129,28 @@ class LowerCtx:
         dst.dtype = src.dtype      # what the memory holds: a view of a graph input is float32 at fp16 too
 
     # -- dispatches -------------------------------------------------------------------------
-    def variant(self, base: str) -> str:
-        return f"{base}_{self.storage}"
-
-    def dispatch(self, kernel, args, push=b"", spec=(), global_size=(1, 1, 1), family="elementwise",
-                 flops=0, nbytes=0, exact_kernel=False, io=None, shared_xy=(), local_size=None):
-        """Adds a dispatch of `kernel` (its `_half` variant at fp16, unless exact_kernel). `io` declares the kernel's
-        float32-edge variant (variant axis io, glsl/common.glslh): "in32" reads its first read argument as float32,
-        "out32" writes its first written argument as float32. At fp16 it runs where that argument is a graph input
-        or output; elsewhere a cast stands between (_edges). shared_xy: the kernel's shared memory per local x and y
-        (bytes), for the picker; local_size: chosen here (by minirt/lwg.py's rules) instead of by the planner."""
+    def dispatch(self, stem, args, push=b"", spec=(), global_size=(1, 1, 1), family="elementwise",
+                 flops=0, nbytes=0, exact_kernel=False, io=None, shared_xy=(), local_size=None, axes=None, info=None):
+        """Adds a dispatch of glsl/<stem>.comp's variant with these axes (minirt.kernels.variant), at fp16 its dtype=half
+        one unless exact_kernel (a kernel with no dtype axis). `io` declares the kernel's float32-edge variant (variant
+        axis io, glsl/common.glslh): "in32" reads its first read argument as float32, "out32" writes its first written
+        argument as float32. At fp16 it runs where that argument is a graph input or output; elsewhere a cast stands
+        between (_edges). spec: minirt.kernels.spec's tuple. shared_xy: the kernel's shared memory per local x and y
+        (bytes), for the picker; local_size: chosen here (by minirt/lwg.py's rules) instead of by the planner.
+        info: what a later plan pass reads about the work (Dispatch.info)."""
+        axes = dict(axes or {})
         if self.half and not exact_kernel:
-            args, io = self._edges(kernel, list(args), io)
-            kernel += "_half" + (f"_{io}" if io else "")
+            args, io = self._edges(stem, list(args), io)
+            axes["dtype"] = "half"
+            if io:
+                axes["io"] = io
             nbytes //= 2
         node = self.node
-        d = Dispatch(kernel=kernel, node=node.name if node else "", op=node.op if node else "",
+        d = Dispatch(kernel=variant(stem, **axes), node=node.name if node else "", op=node.op if node else "",
                      args=list(args), push=push.bytes() if isinstance(push, Push) else push,
                      spec=tuple(int(s) for s in spec), global_size=tuple(int(g) for g in global_size),
                      family=family, flops=int(flops), bytes=int(nbytes), shared_xy=tuple(shared_xy),
-                     local_size=tuple(local_size) if local_size else None)
+                     local_size=tuple(local_size) if local_size else None, stem=stem, axes=axes, info=dict(info or {}))
         self.plan.dispatches.append(d)
         return d
 
@@ -225,8 +228,8 @@ def _cast(ctx, src, dst, direction):
     belong to the graph's edges, not to the node whose lowering needed one."""
     node, ctx.node = ctx.node, None
     p = Push().sizes(dst).ivec4(dst.packed_dim)
-    ctx.dispatch(f"cast_{ctx.storage}_{direction}", [(dst.name, "w"), (src.name, "r")], p, (), dst.texel_extents,
-                 "elementwise", nbytes=6 * dst.numel, exact_kernel=True)
+    ctx.dispatch("cast", [(dst.name, "w"), (src.name, "r")], p, (), dst.texel_extents,
+                 "elementwise", nbytes=6 * dst.numel, exact_kernel=True, axes={"storage": ctx.storage, "dir": direction})
     ctx.node = node
     return dst
 

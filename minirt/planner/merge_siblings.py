@@ -14,7 +14,7 @@ minStorageBufferOffsetAlignment: groups whose part size (M * N elements) is not 
 
 Left alone as well, with a note: texture storage (an image cannot be viewed at an offset, and its GEMM has no
 part-major output: merging would need a copy per part), the general GEMM fallback (K not a multiple of 4, or
-Session option fast_gemm off), and parts of different widths. Option passes_off=("merge_siblings",) turns the
+Session option fast_gemm off), and parts of different widths. Option merge_siblings=False turns the
 pass off. make_plan gives the pass the resolved storage (in the options) and the device; without them it
 assumes buffer storage and the largest alignment Vulkan allows (256 bytes)."""
 from __future__ import annotations

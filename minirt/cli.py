@@ -458,7 +458,7 @@ def format_plan(p) -> str:
     kernel, global and local size; then the planner's notes per node (conv1d rewrite, conv route and the
     rule that decided it). Nodes that dispatch nothing (free reshapes, folded shape arithmetic) appear
     only through their notes, if any."""
-    from .planner.plan import CONSTANT, SCRATCH, WEIGHT
+    from .plan import CONSTANT, SCRATCH, WEIGHT
     by_node, order = {}, []
     for d in p.dispatches:
         if d.node not in by_node:

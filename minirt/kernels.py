@@ -15,6 +15,9 @@ from typing import Callable
 # Variant axes in the order their values appear in a name (whatever order a `// variants:` line lists them in).
 AXES = ("storage", "a", "b", "max", "post", "tile", "impl", "dir", "dtype", "io")
 DEFAULT_VALUES = {"dtype": "float", "max": "smem", "io": "elem", "post": "none"}   # left out of variant names
+# The row kernels (glsl/layer_norm_rows.comp, linear_reduce.comp post=ln) keep a row in registers: this many vec4 a
+# lane, so a row of at most ROW_VEC4_PER_LANE x subgroup size vec4 fits one subgroup.
+ROW_VEC4_PER_LANE = 4
 
 
 def variant(stem: str, **axes) -> str:
@@ -82,10 +85,16 @@ def spec(stem: str, *, trim_from: str | None = None, **values) -> tuple[int, ...
     return tuple(out)
 
 
-def _gelu(y):
+def erf(x):
+    """The exact erf, elementwise in float64, for references (numpy has none)."""
     import math
 
-    from minirt.ops._util import erf
+    import numpy as np
+    return np.vectorize(math.erf, otypes=[np.float64])(x)
+
+
+def _gelu(y):
+    import math
     return 0.5 * y * (1 + erf(y / math.sqrt(2)))
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .planner.plan import whcn
+from .plan import whcn
 
 
 def to_texels(a: np.ndarray, packed_dim: int) -> np.ndarray:

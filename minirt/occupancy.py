@@ -3,7 +3,7 @@ memory. tools/dev/occupancy.py times such plans to find how many work groups of 
 multiprocessor; the kernel ships with the others, so the probe runs wherever minirt does."""
 from __future__ import annotations
 
-from .planner.plan import OUTPUT, Dispatch, Plan, Push, TensorSpec
+from .plan import OUTPUT, Dispatch, Plan, Push, TensorSpec
 
 
 def probe_plan(words: int, threads: int, group_counts, chain: int) -> Plan:

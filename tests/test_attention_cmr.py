@@ -12,6 +12,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from minirt.options import Options
 from minirt.device_profile import COOPMAT_LAYOUTS, KNOWN_PROFILES
 from minirt.errors import UnsupportedError
 from minirt.planner import make_plan
@@ -108,7 +109,7 @@ def test_forced_tile_and_refusals():
 
 @pytest.mark.parametrize("dh", range(16, 129, 16))
 def test_every_head_dim_has_a_tile(dh):
-    assert attention_cmr.pick_tile(type("C", (), {"options": {}, "profile": H200})(), dh) is not None
+    assert attention_cmr.pick_tile(type("C", (), {"options": Options(), "profile": H200})(), dh) is not None
 
 
 # -- numerics ------------------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import minirt.ops.attention_splits as attention_splits
 import minirt.ops.attention as attention
 from minirt import Session
 from minirt.device_profile import KNOWN_PROFILES
@@ -17,7 +18,7 @@ from minirt.options import Options
 from minirt.infer import prepare
 from minirt.loaders import load
 from minirt.planner import make_plan
-from minirt.planner.plan import SCRATCH
+from minirt.plan import SCRATCH
 from oracle import STORAGES, check_model, compare, cosine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -131,7 +132,7 @@ def test_auto_rule_splits_whisper_base_on_a_discrete_gpu():
     assert kernels(p) == ["attention_split_buffer", "attention_combine_buffer"]
     split = p.dispatches[0]
     S = split.global_size[2] // 8
-    assert S == 4 and 1500 // S >= attention.SPLIT_MIN_KEYS
+    assert S == 4 and 1500 // S >= attention_splits.SPLIT_MIN_KEYS
     assert any("split 4 ways" in n for notes in p.notes.values() for n in notes)
     # an edited CPU profile that claims to be discrete splits too; the real CPU one never does
     assert len(plan_for(dataclasses.replace(LAVAPIPE, device_type="discrete"), H=8).dispatches) == 2
@@ -144,7 +145,7 @@ def test_auto_rule_splits_whisper_base_on_a_discrete_gpu():
 
 def test_auto_rule_by_waves():
     """With a multiprocessor count: the fewest waves of work, each split costing SPLIT_COST of a group's time."""
-    s = attention.splits
+    s = attention_splits.splits
     assert s(H200, 114, 1500) == 1          # one wave already; a split only adds its cost
     assert s(H200, 132, 1500) == 1
     assert s(H200, 133, 1500) == 4          # unsplit 2 waves; S = 2, 3, 4, 5: 1.56, 1.45, 1.43, 1.44
@@ -158,7 +159,7 @@ def test_auto_rule_by_waves():
 
 
 def test_auto_rule_without_a_multiprocessor_count():
-    s, h = attention.splits, dataclasses.replace(H200, compute_units=0)
+    s, h = attention_splits.splits, dataclasses.replace(H200, compute_units=0)
     assert s(h, 228, 1500) == 1          # below SPLIT_FROM_GROUPS
     assert s(h, 304, 1500) == 3          # ceil(900 / 304) = 3; 500 keys each
     assert s(h, 304, 600) == 2           # at least 256 keys per split
@@ -172,7 +173,7 @@ def test_auto_rule_without_a_multiprocessor_count():
 @pytest.mark.parametrize("bad", [0, -1, "x", 2.5, True])
 def test_bad_split_option(bad):
     with pytest.raises(MinirtError, match="attention_splits"):
-        attention.splits(H200, 228, 1500, Options.make({"attention_splits": bad}))
+        attention_splits.splits(H200, 228, 1500, Options.make({"attention_splits": bad}))
 
 
 @pytest.mark.parametrize("forced", [None, False])

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import minirt.ops.attention as attention
+import minirt.ops.attention_splits as attention_splits
 from minirt import Session
 from minirt.device_profile import KNOWN_PROFILES
 from minirt.errors import MinirtError
@@ -86,7 +86,7 @@ def test_rule_streams_one_wave_on_discrete_gpus(options, rows, nb, groups):
     assert kernels(_plan(dataclasses.replace(H200, compute_units=0), options=options)) == ["attention_buffer"]
     # the options: off, a forced G, and forced plain splits instead
     off = _plan(H200, options={**options, "attention_stream": False})   # the plain key-split rule instead
-    S = attention.splits(H200, groups[0], 1500)
+    S = attention_splits.splits(H200, groups[0], 1500)
     assert kernels(off) == (["attention_buffer"] if S == 1 else ["attention_split_buffer", "attention_combine_buffer"])
     assert S == 1 or off.dispatches[0].push[-4:] == bytes(4)                 # no STREAM flag
     assert _plan(H200, options={**options, "attention_stream": 264}).dispatches[0].global_size == (128, 1, 264)
@@ -97,10 +97,10 @@ def test_rule_streams_one_wave_on_discrete_gpus(options, rows, nb, groups):
 def test_stream_groups_are_capped_and_checked():
     class Ctx:
         profile, options = H200, {"attention_stream": 1000}
-    assert attention.stream_groups(Ctx, 3, 64, 32, 40000) == 3 * 2      # one item (key block) a group at most
+    assert attention_splits.stream_groups(Ctx, 3, 64, 32, 40000) == 3 * 2      # one item (key block) a group at most
     Ctx.options = {"attention_stream": "x"}
     with pytest.raises(MinirtError, match="attention_stream"):
-        attention.stream_groups(Ctx, 3, 64, 32, 40000)
+        attention_splits.stream_groups(Ctx, 3, 64, 32, 40000)
 
 
 def test_combine_local_size():

@@ -145,7 +145,7 @@ def test_refusals_are_noted():
 
     assert "grouped or dilated" in notes(chain_model(dil2=2))
     assert "6 channels" in notes(chain_model(mid=6))
-    assert "texture storage" in notes(chain_model(), _storage="texture")
+    assert "texture storage" in notes(chain_model(), storage="texture")
     assert "im2col kept" not in notes(chain_model(), conv_input_nlc=False)
 
 

@@ -175,8 +175,8 @@ def test_refusals_are_noted_and_off_is_silent():
     def notes(**options):
         return " ".join(passes(front_model(), **options).notes["conv"])
 
-    assert "stays channels-first before Transpose 'transpose'" in notes(_storage="texture")
-    assert "texture storage" in notes(_storage="texture")
+    assert "stays channels-first before Transpose 'transpose'" in notes(storage="texture")
+    assert "texture storage" in notes(storage="texture")
     assert "fast_gemm off" in notes(fast_gemm=False)
     assert "channels" not in notes(conv_output_nlc=False)
 

@@ -16,7 +16,7 @@ from minirt.errors import MinirtError, UnsupportedError
 from minirt.infer import bind_inputs, prepare
 from minirt.loaders import load
 from minirt.planner import make_plan
-from minirt.planner.plan import INTERMEDIATE, WEIGHT
+from minirt.plan import INTERMEDIATE, WEIGHT
 from oracle import check_model, cosine, make_model, rand
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))

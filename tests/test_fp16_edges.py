@@ -18,7 +18,7 @@ from minirt.errors import InputError
 from minirt.infer import bind_inputs, prepare
 from minirt.loaders import load
 from minirt.planner import make_plan
-from minirt.planner.plan import OUTPUT, SCRATCH
+from minirt.plan import OUTPUT, SCRATCH
 from oracle import check_model, compare, make_model, onnxruntime_run, rand
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))

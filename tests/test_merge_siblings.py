@@ -152,7 +152,7 @@ def test_equal_widths_merge_apart_from_others():
     assert parts == [(1, 32), (2, 96), (2, 192)]
 
 
-def _linear_graph(specs, t=37, align_profile=None):
+def _linear_graph(specs, t=37, alignprofile=None):
     """A Graph of Linear nodes straight from specs: [{x, k, n, bias, scale, act, residual, const_w}]."""
     g = Graph(name="t")
     for i, s in enumerate(specs):
@@ -181,8 +181,8 @@ def _linear_graph(specs, t=37, align_profile=None):
     return g
 
 
-def _merged(g, **options):
-    g = merge_siblings.rewrite(g, Options.make({"storage": "buffer", **options}), LAVAPIPE)
+def _merged(g, profile=LAVAPIPE, **options):
+    g = merge_siblings.rewrite(g, Options.make({"storage": "buffer", **options}), profile)
     return [n for n in g.nodes if n.attrs.get("parts", 1) > 1], g
 
 
@@ -222,22 +222,22 @@ def test_option_off(off):
 def test_unaligned_part_offsets_do_not_merge():
     """37 rows x 48 columns x 4 bytes = 7104 bytes per part: a multiple of 16 (lavapipe, H200), not of 256."""
     specs = [{}, {}, {}]
-    merged, _ = _merged(_linear_graph(specs), _profile=H200)
+    merged, _ = _merged(_linear_graph(specs), profile=H200)
     assert merged
     mali = KNOWN_PROFILES["mali-g715"]
     assert mali.min_storage_buffer_offset_alignment == 256
-    merged, g = _merged(_linear_graph(specs), _profile=mali)
+    merged, g = _merged(_linear_graph(specs), profile=mali)
     assert not merged
     assert all("not a multiple of the device's storage-buffer offset alignment (256)" in g.notes[f"lin{i}"][0]
                for i in range(3))
-    assert not _merged(_linear_graph(specs), _profile=None)[0]     # no profile: the most Vulkan allows (256)
-    assert _merged(_linear_graph(specs, t=64), _profile=mali)[0]   # 64 x 48 x 4 = 12288 = 48 x 256
+    assert not _merged(_linear_graph(specs), profile=None)[0]     # no profile: the most Vulkan allows (256)
+    assert _merged(_linear_graph(specs, t=64), profile=mali)[0]   # 64 x 48 x 4 = 12288 = 48 x 256
     # fp16 halves the part: 37 x 48 x 2 = 3552, a multiple of 16
-    assert _merged(_linear_graph(specs), _profile=H200, precision="fp16")[0]
+    assert _merged(_linear_graph(specs), profile=H200, precision="fp16")[0]
 
 
 def test_texture_and_general_gemm_do_not_merge():
-    merged, g = _merged(_linear_graph([{}, {}]), _storage="texture")
+    merged, g = _merged(_linear_graph([{}, {}]), storage="texture")
     assert not merged and "texture storage" in g.notes["lin0"][0]
     merged, g = _merged(_linear_graph([{}, {}]), fast_gemm=False)
     assert not merged and "general GEMM" in g.notes["lin0"][0]

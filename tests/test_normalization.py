@@ -48,14 +48,13 @@ def test_layer_norm(shape, axis, bias):
 def test_layer_norm_rows_any_group_size(inv):
     """Session option rows_invocations (256 by default on NVIDIA): rows a work group = invocations / subgroup size;
     67 rows leave the last group part empty, and a request below one subgroup gets one whole subgroup."""
-    from minirt.ops.normalization import FAST_ROWS_VENDORS
     m, inits = layer_norm_model((1, 67, 384), -1, seed=3)
     x = rand(1, 67, 384, seed=inv) + OFFSET
     node = load(m).nodes[0]
     want = ops.OPS["LayerNormalization"].reference(node, x.astype(np.float64), *inits.values())[0]
     with Session(m, storage="buffer", options={"poison": True, "rows_invocations": inv}) as s:
         ln = [d for d in s.plan.dispatches if d.kernel.startswith("layer_norm_rows")]
-        if s.device.profile.vendor in FAST_ROWS_VENDORS:
+        if s.device.profile.tuning.subgroup_rows:
             sg = s.device.profile.subgroup_size
             assert ln and ln[0].global_size[0] == max(inv, sg)     # at least one whole subgroup
             per = max(1, max(inv, sg) // sg)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import minirt.ops.attention as attention
+from minirt.options import Options
 from minirt import Session
 from minirt.device_profile import KNOWN_PROFILES
 from minirt.infer import prepare
@@ -120,10 +121,10 @@ def _plan(profile, options=None, H=6):
 
 
 def test_on_for_nvidia_only_and_the_option_wins():
-    assert paired_lanes(H200, {}) and not paired_lanes(H200, {"pair_lanes": "0"})
+    assert paired_lanes(H200, Options()) and not paired_lanes(H200, Options.make({"pair_lanes": "0"}))
     for name, prof in KNOWN_PROFILES.items():
-        assert paired_lanes(prof, {}) == (prof.vendor == "nvidia"), name
-        assert paired_lanes(prof, {"pair_lanes": True})
+        assert paired_lanes(prof, Options()) == (prof.vendor == "nvidia"), name
+        assert paired_lanes(prof, Options(pair_lanes=True))
 
 
 def test_nvidia_plans_take_the_paired_tile_and_constant():

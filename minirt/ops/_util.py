@@ -1,13 +1,8 @@
 """Small helpers shared by op definitions."""
 from __future__ import annotations
 
-import math
-
-import numpy as np
-
 from ..errors import ModelError
 
-erf = np.vectorize(math.erf, otypes=[np.float64])   # the exact erf, elementwise, for references
 
 
 def broadcast_shapes(node, *shapes):

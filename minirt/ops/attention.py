@@ -10,8 +10,9 @@ import numpy as np
 from ..errors import MinirtError, ModelError, UnsupportedError
 from ..kernels import spec
 from ..lwg import head_rows_shape, paired_lanes
-from ..planner.plan import Push
-from . import Op, attr, register
+from ..plan import Push
+from . import Op, attention_cm, attention_cmr, attr, register
+from .attention_splits import splits, stream_groups
 
 MAX_HEAD_DIM = 128
 # (threads, column groups KG, rows per thread RT, keys per thread NK) in order of preference; the first whose KG divides
@@ -34,70 +35,6 @@ PAIRED_TILES = ((128, 8, 6, 3),)
 MAX_PREFETCH = 8    # vec4 of K or V an invocation may carry between phases (Whisper's (128, 8, 5): 4)
 # CPU drivers (lavapipe) gain more from fewer, taller work groups (less K/V restaging) than from short blocks.
 CPU_TILES = ((128, 8, 3, 4),)
-
-
-# Key splits (flash decoding, glsl/attention_split.comp + attention_combine.comp). One work group per
-# (query block, batch, head) may leave a big GPU with a ragged last wave. Splitting the keys S ways multiplies the
-# groups by S at the price of an fp32 partial per split and a small combine pass. Where the driver tells the
-# multiprocessor count (NVIDIA, AMD), S minimises ceil(groups * S / multiprocessors) / S (waves of work, each 1/S as
-# long) + SPLIT_COST * (S - 1). On an H200 (132 SMs) with the (128, 8, 5) tile: Whisper-tiny (114 groups, one wave)
-# runs 163 us unsplit and 171-172 with S = 2..4; Whisper-base (152 groups, two waves) 301 us unsplit, 245 / 226 / 222
-# with S = 2 / 3 / 4, which the cost picks (SPLIT_COST fitted to those). Without a multiprocessor count: on discrete
-# GPUs with at least SPLIT_FROM_GROUPS groups, the smallest S reaching SPLIT_TARGET_GROUPS. Never a split shorter than
-# SPLIT_MIN_KEYS keys or more than MAX_SPLITS; S = 1 (one dispatch, no scratch) on every other device type
-# (integrated and mobile GPUs and CPU drivers are filled by far fewer groups).
-# Session(options={"attention_splits": S}) forces S.
-SPLIT_COST = 0.06
-SPLIT_FROM_GROUPS = 256
-SPLIT_TARGET_GROUPS = 900
-SPLIT_MIN_KEYS = 256
-MAX_SPLITS = 16
-
-
-# Stream splits (STREAM in glsl/attention.glslh), before the rule above where the multiprocessor count is known: the
-# grid's (query block, key block) items are cut into as many equal ranges as the device runs groups at once (one wave),
-# so no multiprocessor idles or waits for a ragged last wave; each range's pieces write partials that
-# attention_combine.comp merges. H200, fp32 (tools/dispatch_ab.py, docs/benchmarks.md): Whisper-tiny (114 groups of
-# one a multiprocessor for 132) 160.8 -> 141.8 + 6.8 us an attention, the encoder 1634.6 -> 1573.6 us; Whisper-base
-# (152 groups; the rule above split them 4 ways) 212.9 -> 180.3 + 7.0, the encoder 3526.4 -> 3344.1. Not where the
-# groups fill whole waves. Session(options={"attention_stream": G}) forces G groups, False (or 0) turns it off;
-# attention_splits=S forces plain splits instead.
-STREAM_MAX_ITEMS = 2 ** 31 - 1
-
-
-def stream_groups(ctx, groups, tk, bk, shared) -> int:
-    """G work groups for a stream split of an attention of `groups` groups over `tk` keys in blocks of `bk`, or 0
-    (then the plain splits of the rule above)."""
-    opt = ctx.options.attention_stream
-    if opt is False:
-        return 0
-    p = ctx.profile
-    if opt is not True:
-        G = opt
-    elif ctx.options.attention_splits is not None or not (p.tuning.split_work and p.compute_units):
-        return 0
-    else:
-        G = p.wave_slots(shared)
-        if groups % G == 0:
-            return 0
-    nb = -(-tk // bk)
-    G = min(G, groups * nb)     # no group without items: every group between a block's first and last holds some
-    return G if 1 < G and groups * nb * (G + 1) <= STREAM_MAX_ITEMS else 0
-
-
-def splits(profile, groups, tk, options):
-    """Key splits S for an attention of `groups` work groups over `tk` keys (see the rule above)."""
-    if options.attention_splits is not None:
-        return options.attention_splits
-    if not profile.tuning.split_work:
-        return 1
-    most = max(1, min(tk // SPLIT_MIN_KEYS, MAX_SPLITS))
-    cu = profile.compute_units
-    if cu:
-        return min(range(1, most + 1), key=lambda s: -(-groups * s // cu) / s + SPLIT_COST * (s - 1))
-    if groups < SPLIT_FROM_GROUPS:
-        return 1
-    return max(1, min(-(-SPLIT_TARGET_GROUPS // groups), most))
 
 
 def shared_bytes(dh, threads, kg, rt, nk=4):
@@ -173,7 +110,6 @@ class Attention(Op):
         return [o.transpose(0, 2, 1, 3).reshape(q.shape).astype(q.dtype, copy=False)]
 
     def lower(self, node, ctx):
-        from . import attention_cm, attention_cmr      # fp16 on cooperative matrices, where the device has them
         dh = ctx.t(node.inputs[0]).shape[-1] // attr(node, "heads", 1)
         if attention_cmr.usable(ctx, dh):      # the softmax in registers, where the element layout allows
             return attention_cmr.lower(node, ctx)

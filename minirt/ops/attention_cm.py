@@ -15,9 +15,10 @@ import math
 
 from ..errors import UnsupportedError
 from ..kernels import spec
-from ..planner.plan import Push
+from ..plan import Push
 from . import attr
 from ..lwg import wave_splits
+from . import attention_splits
 
 SHAPE = (16, 16, 16, "f16", "f16", "f32", "f32")
 MAX_HEAD_DIM = 128
@@ -100,16 +101,15 @@ def splits(ctx, shared, groups, tk, most=None):
     """Key splits S across work groups (SPLIT in glsl/attention_cm.comp and attention_cmr.comp, merged by
     attention_combine.comp) for `groups` work groups of `shared` bytes each: the most that still run in one wave of
     resident groups (multiprocessors x the groups its shared memory holds, at most `most` where registers bind), each
-    split at least attention.SPLIT_MIN_KEYS keys; 1 where the multiprocessor count is unknown or on other than discrete
+    split at least attention_splits.SPLIT_MIN_KEYS keys; 1 where the multiprocessor count is unknown or on other than discrete
     GPUs. Session(options={"attention_splits": S}) forces S."""
-    from . import attention
     if ctx.options.attention_splits is not None:
-        return attention.splits(ctx.profile, groups, tk, ctx.options)
+        return attention_splits.splits(ctx.profile, groups, tk, ctx.options)
     p = ctx.profile
     if not (p.compute_units and p.tuning.split_work):
         return 1
     slots = p.wave_slots(shared, most)
-    return wave_splits(groups, slots, tk, attention.SPLIT_MIN_KEYS, attention.MAX_SPLITS)
+    return wave_splits(groups, slots, tk, attention_splits.SPLIT_MIN_KEYS, attention_splits.MAX_SPLITS)
 
 
 def sizes(node, ctx):

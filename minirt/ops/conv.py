@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import ModelError, UnsupportedError
 from ..kernels import act_code, activate, spec
-from ..planner.plan import Push
+from ..plan import Push
 from . import Op, attr, register
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import ACTIVATIONS, activate, activation_of, spec
-from ..planner.plan import Push
+from ..plan import Push
 from . import Op, attr, register
-from ._util import broadcast_shapes, erf, same
+from ..kernels import erf
+from ._util import broadcast_shapes, same
 
 
 def elementwise_dispatch(ctx, kernel, code, out, ins, flops_per=1):

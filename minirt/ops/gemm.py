@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import MinirtError
-from ..kernels import act_code, spec
-from ..planner.plan import Push
+from ..kernels import ROW_VEC4_PER_LANE, act_code, spec
+from ..plan import Push
 from ..lwg import wave_splits
 
 
@@ -365,9 +365,8 @@ LN_SPLIT_MIN_SLICES = 4
 def before_ln(ctx, out, n) -> bool:
     """Whether a LayerNorm reads `out` and fuse_reduce_layer_norm could take it into a split GEMM's reduce pass
     (buffers, rows of at most REG x subgroup-size vec4, as that pass checks)."""
-    from ..planner.fuse_reduce_layer_norm import REG
     return (ctx.options.pass_on("fuse_reduce_layer_norm") and ctx.storage == "buffer"
-            and -(-n // 4) <= REG * ctx.profile.subgroup_size and ctx.read_by_op(out.name, "LayerNormalization"))
+            and -(-n // 4) <= ROW_VEC4_PER_LANE * ctx.profile.subgroup_size and ctx.read_by_op(out.name, "LayerNormalization"))
 
 
 # Split K (linear.comp OUT_MODE 3 + linear_reduce.comp), fp32 only: where an fp32 GEMM's grid fills a fraction of the

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..errors import ModelError
 from ..kernels import spec
-from ..planner.plan import CONSTANT, Push, whcn
+from ..plan import CONSTANT, Push, whcn
 from . import Op, attr, register
 from ._util import broadcast_shapes
 from .elementwise import elementwise_dispatch

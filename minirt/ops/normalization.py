@@ -7,7 +7,7 @@ import numpy as np
 from ..errors import ModelError
 from ..kernels import spec
 from ..lwg import row_invocations
-from ..planner.plan import Push
+from ..plan import Push
 from . import Op, attr, register
 from ._util import norm_axis, same
 
@@ -86,7 +86,7 @@ class LayerNormalization(Op):
 
 def _lower_rows(node, ctx, x, out, consts):
     """LayerNorm over a last dim that is a multiple of 4, in buffers: one subgroup per row."""
-    from ..planner.plan import Push
+    from ..plan import Push
     length = x.shape[-1]
     rows = int(np.prod(x.shape[:-1]))
     # invocations a work group (minirt.lwg: the device table's, else 64; option rows_invocations), one row a subgroup

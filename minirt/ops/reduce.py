@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import spec
-from ..planner.plan import Push
+from ..plan import Push
 from . import Op, attr, register
 from ._util import norm_axis
 from .elementwise import copy_dispatch

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import ModelError
 from ..kernels import spec
-from ..planner.plan import Push
+from ..plan import Push
 from . import Op, attr, register
 from ._util import broadcast_shapes, norm_axis
 

@@ -27,7 +27,7 @@ from ..lwg import check_local_size, forced_local_size, pick_local_size
 from . import (conv1d_as_conv2d, conv_input_nlc, conv_output_nlc, conv_routing, fuse_activation, fuse_attention, fuse_gelu,
                fuse_linear, fuse_reduce_layer_norm, memory_plan, merge_siblings)
 from .lower import lower
-from .plan import INPUT, OUTPUT, Plan
+from ..plan import INPUT, OUTPUT, Plan
 from .storage_layout import check_limits, resolve_storage
 
 # (name, function(graph, options, profile) -> graph), run in this order

@@ -16,7 +16,7 @@ import numpy as np
 from .. import ops
 from ..errors import UnsupportedError
 from ..kernels import variant
-from .plan import (CONSTANT, INPUT, INTERMEDIATE, OUTPUT, SCRATCH, WEIGHT, Dispatch, Plan, Push,
+from ..plan import (CONSTANT, INPUT, INTERMEDIATE, OUTPUT, SCRATCH, WEIGHT, Dispatch, Plan, Push,
                    TensorSpec, as_dtype)
 from .storage_layout import packed_dim_for
 

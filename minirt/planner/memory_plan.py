@@ -5,7 +5,7 @@ alignments the driver reports for images.
 """
 from __future__ import annotations
 
-from .plan import CONSTANT, HOST_IN, HOST_OUT, WEIGHT, Plan
+from ..plan import CONSTANT, HOST_IN, HOST_OUT, WEIGHT, Plan
 
 PINNED = (CONSTANT, WEIGHT, HOST_IN, HOST_OUT)   # never aliased: they hold data across runs
 

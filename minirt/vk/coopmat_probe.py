@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..device_profile import COOPMAT_LAYOUTS
-from ..planner.plan import OUTPUT, Dispatch, Plan, TensorSpec
+from ..plan import OUTPUT, Dispatch, Plan, TensorSpec
 
 SLOTS = 16      # elements per lane the probe can report
 

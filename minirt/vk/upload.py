@@ -6,7 +6,7 @@ import numpy as np
 
 from ..errors import DeviceError, MinirtError
 from ..layout import to_texels
-from ..planner.plan import CONSTANT, WEIGHT, as_dtype
+from ..plan import CONSTANT, WEIGHT, as_dtype
 from .commands import image_barrier, region
 
 UPLOAD_CHUNK = 64 << 20

@@ -1,0 +1,68 @@
+"""How the attention kernels split their work across work groups: key splits (flash decoding, merged by
+glsl/attention_combine.comp) and stream splits of the (query block, key block) items over one wave. Shared by the
+fp32 kernel (attention.py) and the tensor-core ones (attention_cm.py, attention_cmr.py)."""
+from __future__ import annotations
+
+
+# Key splits (flash decoding, glsl/attention_split.comp + attention_combine.comp). One work group per
+# (query block, batch, head) may leave a big GPU with a ragged last wave. Splitting the keys S ways multiplies the
+# groups by S at the price of an fp32 partial per split and a small combine pass. Where the driver tells the
+# multiprocessor count (NVIDIA, AMD), S minimises ceil(groups * S / multiprocessors) / S (waves of work, each 1/S as
+# long) + SPLIT_COST * (S - 1). On an H200 (132 SMs) with the (128, 8, 5) tile: Whisper-tiny (114 groups, one wave)
+# runs 163 us unsplit and 171-172 with S = 2..4; Whisper-base (152 groups, two waves) 301 us unsplit, 245 / 226 / 222
+# with S = 2 / 3 / 4, which the cost picks (SPLIT_COST fitted to those). Without a multiprocessor count: on discrete
+# GPUs with at least SPLIT_FROM_GROUPS groups, the smallest S reaching SPLIT_TARGET_GROUPS. Never a split shorter than
+# SPLIT_MIN_KEYS keys or more than MAX_SPLITS; S = 1 (one dispatch, no scratch) on every other device type
+# (integrated and mobile GPUs and CPU drivers are filled by far fewer groups).
+# Session(options={"attention_splits": S}) forces S.
+SPLIT_COST = 0.06
+SPLIT_FROM_GROUPS = 256
+SPLIT_TARGET_GROUPS = 900
+SPLIT_MIN_KEYS = 256
+MAX_SPLITS = 16
+
+
+# Stream splits (STREAM in glsl/attention.glslh), before the rule above where the multiprocessor count is known: the
+# grid's (query block, key block) items are cut into as many equal ranges as the device runs groups at once (one wave),
+# so no multiprocessor idles or waits for a ragged last wave; each range's pieces write partials that
+# attention_combine.comp merges. H200, fp32 (tools/dispatch_ab.py, docs/benchmarks.md): Whisper-tiny (114 groups of
+# one a multiprocessor for 132) 160.8 -> 141.8 + 6.8 us an attention, the encoder 1634.6 -> 1573.6 us; Whisper-base
+# (152 groups; the rule above split them 4 ways) 212.9 -> 180.3 + 7.0, the encoder 3526.4 -> 3344.1. Not where the
+# groups fill whole waves. Session(options={"attention_stream": G}) forces G groups, False (or 0) turns it off;
+# attention_splits=S forces plain splits instead.
+STREAM_MAX_ITEMS = 2 ** 31 - 1
+
+
+def stream_groups(ctx, groups, tk, bk, shared) -> int:
+    """G work groups for a stream split of an attention of `groups` groups over `tk` keys in blocks of `bk`, or 0
+    (then the plain splits of the rule above)."""
+    opt = ctx.options.attention_stream
+    if opt is False:
+        return 0
+    p = ctx.profile
+    if opt is not True:
+        G = opt
+    elif ctx.options.attention_splits is not None or not (p.tuning.split_work and p.compute_units):
+        return 0
+    else:
+        G = p.wave_slots(shared)
+        if groups % G == 0:
+            return 0
+    nb = -(-tk // bk)
+    G = min(G, groups * nb)     # no group without items: every group between a block's first and last holds some
+    return G if 1 < G and groups * nb * (G + 1) <= STREAM_MAX_ITEMS else 0
+
+
+def splits(profile, groups, tk, options):
+    """Key splits S for an attention of `groups` work groups over `tk` keys (see the rule above)."""
+    if options.attention_splits is not None:
+        return options.attention_splits
+    if not profile.tuning.split_work:
+        return 1
+    most = max(1, min(tk // SPLIT_MIN_KEYS, MAX_SPLITS))
+    cu = profile.compute_units
+    if cu:
+        return min(range(1, most + 1), key=lambda s: -(-groups * s // cu) / s + SPLIT_COST * (s - 1))
+    if groups < SPLIT_FROM_GROUPS:
+        return 1
+    return max(1, min(-(-SPLIT_TARGET_GROUPS // groups), most))

@@ -49,7 +49,7 @@ layout(constant_id = 6) const bool A_WIN = false;
 // PAIR_LANES: invocations 2i and 2i + 1 of the group take the same columns (tx) in two adjacent row groups (ty), so
 // lanes n and n ^ 1 read the same B vec4 and lanes n and n ^ 2 the same A vec4. NVIDIA's shared memory returns a
 // 16-byte load to a warp in 2 passes instead of 4 when lanes pair up like that (B loads otherwise take 4): 16 passes
-// instead of 24 per 4 k, one of the limits of the 4 x 4 tile's loop (docs/benchmarks.md, thirteenth session). Only
+// instead of 24 per 4 k, one of the limits of the 4 x 4 tile's loop (docs/benchmarks.md, "Paired lanes (NVIDIA)"). Only
 // the invocations' roles move: every output is summed as before.
 layout(constant_id = 7) const bool PAIR_LANES = false;
 

@@ -1,5 +1,5 @@
 #version 450
-// Occupancy probe for tools/occupancy.py, not a model kernel. Each invocation fills its share of SHARED words of
+// Occupancy probe for tools/dev/occupancy.py, not a model kernel. Each invocation fills its share of SHARED words of
 // shared memory, then follows a chain of ITER dependent shared-memory loads (a pointer chase: latency-bound, and far
 // from any throughput limit until dozens of warps share a multiprocessor). A dispatch of G work groups therefore
 // takes about ceil(G / (multiprocessors * R)) chain times, where R is how many groups fit on a multiprocessor at

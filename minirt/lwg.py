@@ -41,7 +41,7 @@ DESKTOP_MIN_GROUPS = 256   # "desktop" GEMM groups (DeviceProfile.tuning.gemm_gr
 # tools/dev/dispatch_ab.py, docs/benchmarks.md) for glsl/linear.comp's 32-deep slices (512 bytes per x and per y) it takes
 # 16x12 (14 KiB, 3 a multiprocessor) for Whisper's 3000 x 384 conv1 (26.9 us against 29.0 in 24x12) and 1500 x 1536
 # fc1, 16x8 (4 a multiprocessor) for the 1500 x 1152 QKV GEMM (51.9 against 54.9). 12x12 and 8x16 were slower on
-# every Whisper GEMM (docs/benchmarks.md, third session) and are not offered.
+# every Whisper GEMM (docs/benchmarks.md, "GEMM work-group shapes (WAVE_SHAPES)") and are not offered.
 WAVE_SHAPES = ((16, 16), (16, 8), (24, 12), (16, 12), (24, 16))
 
 

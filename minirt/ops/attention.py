@@ -18,17 +18,17 @@ MAX_HEAD_DIM = 128
 # (threads, column groups KG, rows per thread RT, keys per thread NK) in order of preference; the first whose KG divides
 # dh / 4 and whose tiles fit the shared memory wins. A work group owns RT * threads / KG query rows and steps over
 # NK KG keys at a time (NK KG a multiple of 4: P V reads P as vec4).
-# Measured on an H200 (tools/attn_bench.py, docs/benchmarks.md), Whisper-tiny, dh = 64, with the register prefetch:
+# Measured on an H200 (tools/dev/attn_bench.py, docs/benchmarks.md), Whisper-tiny, dh = 64, with the register prefetch:
 # (128, 8, 5) 163 us, (128, 16, 5) 186, (128, 4, 3) 212, (256, 16, 3) 213, (128, 16, 4) 233; 64-thread groups 270-500.
 # Thread counts that give exactly one wave of groups (112 threads, 70 rows: 132 groups on 132 SMs) gained nothing.
 # (128, 8, 5) gives each invocation a 5 x 8 output tile: 13 shared loads per 160 FMAs in P V against 9 per 80 for
 # (128, 16, 5); it needs 44.5 KiB. Twice the warps in the same shared memory, (256, 16, 5, 2), took 161.5 us against
-# 163.2 (sixth session), so NK stays 4.
+# 163.2 (docs/benchmarks.md, "fp32 attention tiles and K/V prefetch"), so NK stays 4.
 TILES = ((128, 8, 5, 4), (128, 16, 5, 4), (128, 16, 3, 4), (128, 8, 4, 4), (64, 16, 4, 4), (64, 8, 4, 4)) + \
     tuple((32, kg, rt, 4) for kg in (16, 8, 4, 2, 1) for rt in (4, 2, 1))   # small groups for any other head dim
 # Tried first where invocations are paired on column groups (PAIR_LANES, minirt.lwg.paired_lanes). With pairing, K and
-# V loads cost as little as Q and P loads, so taller tiles gain: H200, tools/dispatch_ab.py (thirteenth session,
-# docs/benchmarks.md), an attention of Whisper-tiny (layers 1-3) 125-131 us against 132-139 for (128, 8, 5, 4);
+# V loads cost as little as Q and P loads, so taller tiles gain: H200, tools/dev/dispatch_ab.py (docs/benchmarks.md,
+# "fp32 attention tiles and K/V prefetch"), an attention of Whisper-tiny (layers 1-3) 125-131 us against 132-139 for (128, 8, 5, 4);
 # (256, 16, 5, 2) 128-132, (128, 8, 5, 3) 128-131, (128, 8, 6, 2) 132-135. Whisper-base likewise (165-170 against
 # 173-179). 45.4 KiB.
 PAIRED_TILES = ((128, 8, 6, 3),)

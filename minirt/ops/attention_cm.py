@@ -25,11 +25,11 @@ MAX_HEAD_DIM = 128
 SUBGROUP = 32
 MAX_PREFETCH = 8    # f16vec4 of K (and as many of V) an invocation carries from one block to the next
 # (NR, KS, BK) in order of preference: a work group of NR * KS subgroups owns 16 NR query rows; its KS key splits
-# take every KS-th block of BK keys. Measured on an H200 for Whisper-tiny's self-attention (tools/attn_bench.py,
-# docs/benchmarks.md; the third session's kernel, before the shared area): (4, 1, 32) 64 us, (4, 2, 32) 78 us,
+# take every KS-th block of BK keys. Measured on an H200 for Whisper-tiny's self-attention (tools/dev/attn_bench.py,
+# docs/benchmarks.md, "fp16 attention on tensor cores"; the kernel as it was before its shared area): (4, 1, 32) 64 us, (4, 2, 32) 78 us,
 # (2, 4, 16) 82 us, (4, 1, 64) 114 us, (2, 2, 32) 132 us. Four teams sharing one key stream, with no split merge at the
 # end, beat more, smaller work groups; several of the others lost because their groups took two waves (a
-# multiprocessor holds 48 KiB of shared memory: tools/occupancy.py). Where keys split across groups, SPLIT_TILE first.
+# multiprocessor holds 48 KiB of shared memory: tools/dev/occupancy.py). Where keys split across groups, SPLIT_TILE first.
 TILES = ((4, 1, 32), (4, 2, 32), (2, 4, 16), (4, 1, 64), (2, 2, 32), (2, 1, 64), (2, 1, 32), (1, 2, 32), (1, 2, 16),
          (1, 1, 32), (1, 1, 16))
 
@@ -62,7 +62,7 @@ def tile_problem(dh, tile, shared, emulate=False):
 
 # Where keys may be split across work groups (a discrete GPU that tells its multiprocessor count), this tile comes
 # first if it then splits: 14 KiB, so 3 groups share an H200 multiprocessor and Whisper-tiny's 144 (query block,
-# head) groups split twice in one wave. tools/attn_bench.py on an H200 (docs/benchmarks.md): 1500 x 1500, 6 heads
+# head) groups split twice in one wave. tools/dev/attn_bench.py on an H200 (docs/benchmarks.md): 1500 x 1500, 6 heads
 # 56.6 us (with the combine pass) against 64.4 for (4, 1, 32) unsplit; 8 heads 58.1 against 64.6. Unsplit it is
 # slower (83.6 us), so elsewhere TILES' order holds.
 SPLIT_TILE = (4, 1, 16)

@@ -15,12 +15,12 @@ from ..kernels import spec
 from . import attention_cm
 from .attention_cm import MAX_HEAD_DIM, SHAPE, SUBGROUP, emit
 
-# (NR, BK) in order of preference: four teams (64 query rows) sharing blocks of 32 keys. tools/attn_bench.py on an H200
+# (NR, BK) in order of preference: four teams (64 query rows) sharing blocks of 32 keys. tools/dev/attn_bench.py on an H200
 # (docs/benchmarks.md), 1500 x 1500 keys, 6 heads / 8 heads, GPU us with the combine pass: (4, 32) 36.0 (3 splits) /
 # 40.3 (2 splits); (4, 16) 46.9 / 58.4; (2, 32) 46.4 / 68.6; (4, 64) 49.1 / 49.2 (unsplit), 56.4 / 58.1 (2 splits).
 TILES = ((4, 32), (4, 16), (2, 32), (2, 16), (1, 32), (1, 16))
 # Registers a multiprocessor's groups may hold: NVIDIA's driver gives the (4, 32) kernel 128 per invocation
-# (tools/occupancy.py stats), so 64K registers hold 4 groups of 128 invocations though 9 KiB of shared memory would
+# (tools/dev/occupancy.py stats), so 64K registers hold 4 groups of 128 invocations though 9 KiB of shared memory would
 # allow 5; taken for every tile (16 / NR groups). Measured: tiny's 144 (query block, head) groups split 3 ways (432 in
 # one wave of 528) 36.0 us, 4 ways (576) 38.6; base's 192 split 2 ways 40.3, 3 ways (576) 50.5.
 REGISTERS_PER_INVOCATION = 128

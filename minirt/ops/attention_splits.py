@@ -25,7 +25,7 @@ MAX_SPLITS = 16
 # Stream splits (STREAM in glsl/attention.glslh), before the rule above where the multiprocessor count is known: the
 # grid's (query block, key block) items are cut into as many equal ranges as the device runs groups at once (one wave),
 # so no multiprocessor idles or waits for a ragged last wave; each range's pieces write partials that
-# attention_combine.comp merges. H200, fp32 (tools/dispatch_ab.py, docs/benchmarks.md): Whisper-tiny (114 groups of
+# attention_combine.comp merges. H200, fp32 (tools/dev/dispatch_ab.py, docs/benchmarks.md): Whisper-tiny (114 groups of
 # one a multiprocessor for 132) 160.8 -> 141.8 + 6.8 us an attention, the encoder 1634.6 -> 1573.6 us; Whisper-base
 # (152 groups; the rule above split them 4 ways) 212.9 -> 180.3 + 7.0, the encoder 3526.4 -> 3344.1. Not where the
 # groups fill whole waves. Session(options={"attention_stream": G}) forces G groups, False (or 0) turns it off;

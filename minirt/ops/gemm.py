@@ -232,7 +232,7 @@ OUT_ROWS, OUT_NCHW, OUT_PARTS, OUT_SPLIT = 0, 1, 2, 3    # linear.comp / linear_
 # straight into registers (16 bytes a load, K permuted inside each 32-deep slice alike for A and B) and build the
 # matrices element by element, with no shared-memory stages and no barriers in the K loop. It needs the element layout
 # the probe checks (DeviceProfile.coopmat_layout "mma": A, B and accumulator) or the emulated kernels. H200,
-# Whisper-tiny fp16 (tools/dispatch_ab.py, docs/benchmarks.md): 507.9 -> 483.0 us; QKV 16.0 -> 12.7 us, fc2 18.5 ->
+# Whisper-tiny fp16 (tools/dev/dispatch_ab.py, docs/benchmarks.md): 507.9 -> 483.0 us; QKV 16.0 -> 12.7 us, fc2 18.5 ->
 # 14.9, fc1 20.4 -> 19.8 (against the 64 x 128 tile). Where the 64 x 64 grid of an unsplit GEMM fills under 0.6 of the
 # resident places (conv1: 282 groups of 528), the 32-row tile (twice the groups): 15.4 -> 12.7 us.
 REGFED_SMALL_GRID = 0.6
@@ -308,7 +308,7 @@ def _cm_spec(ctx, stem, a, k, n, lda4, a_win, *, out_mode, act, has_res, reg_epi
 def cm_reg_epilogue(ctx, emulate, split) -> bool:
     """REG_EPI of linear_cm.glslh: the epilogue takes each lane's accumulator elements straight from registers, which
     needs the element layout cm_layout.glslh assumes: probed on the device (DeviceProfile.coopmat_layout), always
-    true of the emulated kernels. By default only for split K's fp32 partials: on an H200 (tools/gemm_bench.py,
+    true of the emulated kernels. By default only for split K's fp32 partials: on an H200 (tools/dev/gemm_bench.py,
     docs/benchmarks.md) it saves about 1 us there, and costs 3-7 us where it writes the fp16 output, whose column
     pairs from 8 rows a store coalesce worse than the scratch path's vec4 rows."""
     if not split:
@@ -330,7 +330,7 @@ def reduce_dispatch(ctx, out, part, bt, res, m, n, n4, S, act, has_res):
 # tile's 4 groups per H200 multiprocessor (528 places: tiny's fc2, 144 groups, splits 3 ways, conv2 and base's fc2
 # twice).
 CM_SPLIT_TILES = ("m64n64k32s1", "m64n128k32s1")
-# Each split at least this many 32-deep slices. H200, tools/gemm_bench.py (GEMM + reduce, us, unsplit -> 2 splits):
+# Each split at least this many 32-deep slices. H200, tools/dev/gemm_bench.py (GEMM + reduce, us, unsplit -> 2 splits):
 # 1500 x 384 x 384 (12 slices) 13.4 -> 14.8, 1500 x 512 x 512 (16) 16.2 -> 17.2, 1500 x 1152 x 384 (36) 27.1 -> 23.9,
 # 1500 x 1536 x 384 (48) 34.2 -> 28.0, 1500 x 2048 x 512 (64) 51.7 -> 38.7 (then 3 groups a multiprocessor; with 4,
 # tiny's fc2 gains from a third split: 27.7 -> 25.0).
@@ -357,7 +357,7 @@ def cm_split_k(ctx, tile, m, n, k, ln_next=False) -> int:
 # A GEMM whose output a LayerNorm reads splits K on shorter loops: its reduce pass then does the LayerNorm too
 # (planner/fuse_reduce_layer_norm.py), so the split costs no dispatch of its own and saves the LayerNorm's. Whisper's
 # out-projections (K = d_model: 12 or 16 slices, too few for the rules above) feed the MLP's LayerNorm. H200, Whisper-tiny
-# (tools/dispatch_ab.py, docs/benchmarks.md): out-projection + LayerNorm 77.6 -> 72.5 us over 4 layers at fp16 (3 splits;
+# (tools/dev/dispatch_ab.py, docs/benchmarks.md): out-projection + LayerNorm 77.6 -> 72.5 us over 4 layers at fp16 (3 splits;
 # 2 splits 74.3), 121.9 -> 115.6 at fp32 (2 splits; 3 splits 121.8).
 LN_SPLIT_MIN_SLICES = 4
 

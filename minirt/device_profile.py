@@ -90,10 +90,6 @@ class DeviceProfile:
         if self.device_type not in DEVICE_TYPES:
             raise ValueError(f"unknown device_type {self.device_type!r}; expected one of {DEVICE_TYPES}")
 
-    @property
-    def is_mobile(self) -> bool:
-        return self.vendor in MOBILE_VENDORS
-
     @cached_property
     def tuning(self) -> "Tuning":
         """What minirt's plans do differently on this device: TUNING's rows that match it, in order."""

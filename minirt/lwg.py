@@ -31,7 +31,6 @@ GEMM_SHAPE = (8, 8, 1)
 # family (linear, matmul, conv GEMM) in 10-23% of runs; 16x4, 32x2, 64x1,
 # 2x32 and 1x64 are clean.  ExecuTorch uses 16x4x1 there unconditionally.
 ADRENO_GEMM = (16, 4, 1)
-ADRENO_BAD_GEMM = ((8, 8, 1), (4, 16, 1))
 DESKTOP_MIN_GROUPS = 256   # "desktop" GEMM groups (DeviceProfile.tuning.gemm_groups): 256 invocations when this many
 # Desktop GPUs whose driver tells the multiprocessor count: the GEMM shape with the fewest waves of work, each
 # wave costing x + y (a group's shared-memory staging per output, which bounds these kernels more than the FMAs),

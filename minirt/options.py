@@ -314,20 +314,3 @@ def environment() -> Environment:
     """The environment as it is now (read each time: tests and tools set variables between Sessions)."""
     return read_environment()
 
-
-# -- transitional: dict options (removed once every reader takes Options) ------------------------------------------
-def option_on(options, key: str, default: bool) -> bool:
-    v = options.get(key) if isinstance(options, dict) else getattr(options, key, None)
-    if v is None:
-        return default
-    return v.strip().lower() not in _OFF if isinstance(v, str) else bool(v)
-
-
-def option_count(options, key: str):
-    v = options.get(key) if isinstance(options, dict) else getattr(options, key, None)
-    if v is None:
-        return None
-    try:
-        return _count(v)
-    except (TypeError, ValueError):
-        raise MinirtError(f"option {key} must be an integer >= 1, got {v!r}") from None

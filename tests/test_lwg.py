@@ -250,7 +250,7 @@ def test_classify_vendor_fallbacks():
 
 
 def test_profiles():
-    assert [k for k, p in KNOWN_PROFILES.items() if p.is_mobile] == ["adreno-840", "mali-g715", "powervr"]
+    assert [k for k, p in KNOWN_PROFILES.items() if p.tuning.storage == "texture"] == ["adreno-840", "mali-g715", "powervr"]
     for p in KNOWN_PROFILES.values():
         assert classify_vendor(p.vendor_id, p.name) == p.vendor
     with pytest.raises(ValueError, match="vendor"):

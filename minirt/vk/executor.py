@@ -71,7 +71,7 @@ class Executor:
             self.barriers = rec.barriers
             self._submit = self._submits[-1]
             self._fences = self.vk.ffi.new("VkFence[1]", [self.fence])
-            self._pending = False      # a run timed out and its fence has not signalled yet
+            self._pending = False      # a run stopped (timeout, exception) before its fence was reset
             phase(None)
             self.startup_ms["pipelines"] += self.kernels.pipeline_s * 1e3   # spent inside recording
             self.startup_ms["record"] -= self.kernels.pipeline_s * 1e3
@@ -102,25 +102,29 @@ class Executor:
         with self.dev.lock:
             rc = vk.VK_SUCCESS
             if self._pending:
-                # the last run timed out: its command buffer may still execute; it must finish before
-                # the fence is reset and the buffer resubmitted
+                # the last run stopped before its fence was reset (a timeout, or an exception such as Ctrl-C while it
+                # waited): its command buffer may still execute; it must finish before the fence is reset and the
+                # buffer resubmitted (a signalled fence resubmitted would let this run return before the GPU is done)
                 rc = lib.vkWaitForFences(self.d, 1, self._fences, 1, self.timeout_ns)
                 if rc == vk.VK_SUCCESS:
                     lib.vkResetFences(self.d, 1, self._fences)
                     self._pending = False
             if rc == vk.VK_SUCCESS:
+                # pending from before the submission until the fence is reset, whatever interrupts in between
+                self._pending = True
                 rc = lib.vkQueueSubmit(self.dev.queue, 1, submit, self.fence)
-                if rc == vk.VK_SUCCESS and self.spin_s:
+                if rc != vk.VK_SUCCESS:
+                    self._pending = False       # nothing was submitted: the fence stays unsignalled
+                elif self.spin_s:
                     # poll first: a sleeping wait costs a thread wake-up after the GPU is done
                     end = time.perf_counter() + self.spin_s
                     while lib.vkGetFenceStatus(self.d, self.fence) == vk.VK_NOT_READY and time.perf_counter() < end:
                         pass
                 if rc == vk.VK_SUCCESS:
                     rc = lib.vkWaitForFences(self.d, 1, self._fences, 1, self.timeout_ns)
-                    if rc == vk.VK_TIMEOUT:
-                        self._pending = True
-                    else:
+                    if rc != vk.VK_TIMEOUT:
                         lib.vkResetFences(self.d, 1, self._fences)
+                        self._pending = False
         if rc != vk.VK_SUCCESS:
             if rc == vk.VK_TIMEOUT:
                 raise DeviceError(f"the GPU did not finish within {self.timeout_ns / 1e9:g} s: {TIMEOUT_HINT}; "

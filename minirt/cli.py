@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 import sys
+import tempfile
 import time
 
 import click
 import numpy as np
 
-from .errors import InputError, MinirtError, ModelError
+from .errors import DeviceError, InputError, MinirtError, ModelError
 
 # Exit codes (documented in the README): distinct so scripts can tell failures apart.
 EXIT_OK, EXIT_USAGE, EXIT_MODEL, EXIT_RUNTIME, EXIT_NONDETERMINISTIC = 0, 2, 3, 4, 5
@@ -16,8 +19,132 @@ EXIT_OK, EXIT_USAGE, EXIT_MODEL, EXIT_RUNTIME, EXIT_NONDETERMINISTIC = 0, 2, 3, 
 
 def _fail(e: Exception) -> None:
     code = EXIT_MODEL if isinstance(e, (ModelError, InputError)) else EXIT_RUNTIME
+    if isinstance(e, MemoryError):      # the host ran out of memory: a runtime failure, not a bug
+        e = f"out of host memory{f' ({e})' if str(e) else ''}"
     click.echo(f"error: {e}", err=True)
     sys.exit(code)
+
+
+class _UsageError(click.ClickException):
+    """A usage error that is not about one argument (an environment variable): exit 2 with one line, no synopsis."""
+    exit_code = EXIT_USAGE
+
+    def show(self, file=None):
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+def _check_environment():
+    """Every MINIRT_* variable that sets a default (read_environment checks them) and MINIRT_DEVICE's form, as a
+    usage error naming the variable, before any work."""
+    from .options import read_environment
+    try:
+        env = read_environment()
+    except MinirtError as e:
+        raise _UsageError(str(e)) from None
+    if env.device:
+        try:
+            int(env.device)
+        except ValueError:
+            raise _UsageError(f"environment variable MINIRT_DEVICE={env.device!r} is not a device index "
+                              f"(see `minirt devices`)") from None
+
+
+def _check_device(device):
+    """--device (or MINIRT_DEVICE) naming no device is a usage error (exit 2); no Vulkan at all stays a runtime
+    failure (DeviceError, exit 4)."""
+    from .options import environment
+    if device is None and not environment().device:
+        return
+    from .vk.device import choose, physical_devices
+    devs = physical_devices()
+    try:
+        choose(devs, None if device is None else str(device))
+    except DeviceError as e:
+        if device is None:       # the message names MINIRT_DEVICE
+            raise _UsageError(str(e)) from None
+        raise click.BadParameter(f"no device {device}; there are devices 0..{len(devs) - 1} (see `minirt devices`)",
+                                 ctx=click.get_current_context(), param_hint="'--device'") from None
+
+
+def _check_output(ctx, param, value):
+    """An output path that cannot be written is a usage error found while parsing, before anything runs: its
+    folder must exist and take a new file (probed with one, as the write will make one there)."""
+    if value is None:
+        return None
+
+    def bad(why):
+        return click.BadParameter(f"{value!r}: {why}", ctx=ctx, param=param)
+
+    if value.endswith(("/", os.sep)) or os.path.isdir(value):
+        raise bad("is a folder; give a file name")
+    target = os.path.realpath(value)      # a symlink is written through, as open() would
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder):
+        raise bad(f"folder {os.path.dirname(value) or '.'!r} does not exist")
+    if os.path.exists(target) and not os.access(target, os.W_OK):
+        raise bad("the file is not writable")
+    if _special(target):        # /dev/null, a pipe: written in place, no file is made beside it
+        return value
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(target)}.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise bad(f"cannot create a file in {os.path.dirname(value) or '.'!r} ({e.strerror})") from None
+    return value
+
+
+def _special(path) -> bool:
+    """Whether path exists and is not a regular file (a device such as /dev/null, a named pipe)."""
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+class _WriteError(click.ClickException):
+    """Writing an output failed (a full disk, an I/O error): exit 4 with one line naming the file."""
+    exit_code = EXIT_RUNTIME
+
+    def show(self, file=None):
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+def _write_atomic(path, write):
+    """Call write(binary file) on a temporary file beside `path`, then rename it over `path`: an error (a full
+    disk, an interrupt) leaves the old file or none, never a partial one. Exactly `path` is written (np.save to
+    an open file adds no .npy). An OSError is a _WriteError naming the path."""
+    target = os.path.realpath(path)
+    folder, name = os.path.split(target)
+    tmp = None
+    try:
+        if _special(target):     # renaming over /dev/null would replace the device with a file
+            with open(target, "wb") as f:
+                write(f)
+            return
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        # mkstemp makes the file 0600; give it what a plain open() would (or the mode of the file it replaces)
+        if os.path.exists(target):
+            mode = os.stat(target).st_mode & 0o7777
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+        tmp = None
+    except OSError as e:
+        raise _WriteError(f"could not write {path}: {e.strerror or e}") from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -36,9 +163,11 @@ def main():
     \b
     Exit codes:
       0  success
-      2  usage error (bad option or argument, e.g. a --local-size beyond the device's limits)
+      2  usage error (bad option, argument or MINIRT_* variable, e.g. a --local-size beyond the device's
+         limits, or an output path whose folder does not exist)
       3  bad model or input (unreadable or malformed file, unsupported op or shape, wrong input)
-      4  runtime or device failure (no Vulkan driver, out of memory, GPU error or timeout)
+      4  runtime or device failure (no Vulkan driver, out of memory, GPU error or timeout; an output file
+         that could not be written, e.g. a full disk)
       5  nondeterminism: `run --repeat` saw different outputs for the same input
       1  an internal error (a bug: the traceback says where)
 
@@ -82,6 +211,7 @@ local_size_opt = click.option("--local-size", default=None, metavar="X,Y,Z", cal
 def _parse_options(ctx, param, value):
     """--option KEY=VALUE pairs as a dict, checked by Options (an unknown key or bad value is a usage error)."""
     from .options import Options
+    _check_environment()     # first, so a bad MINIRT_* variable is not reported as a bad --option
     out = {}
     for item in value:
         key, sep, v = item.partition("=")
@@ -99,6 +229,21 @@ option_opt = click.option("--option", "options", multiple=True, metavar="KEY=VAL
                           help="A Session option (`minirt options` lists them); repeatable.")
 
 
+def _parse_shapes(ctx, param, value):
+    """--shape NAME=D0,D1,... pairs as {name: dims}; dims are integers >= 1."""
+    out = {}
+    for item in value:
+        name, sep, dims = item.partition("=")
+        try:
+            shape = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            shape = ()
+        if not sep or not name.strip() or not shape or min(shape) < 1:
+            raise click.BadParameter(f"{item!r} is not NAME=D0,D1,... (integers >= 1)", ctx=ctx, param=param)
+        out[name.strip()] = shape
+    return out
+
+
 def _check_local_size(local, device):
     """A forced local size beyond the device's limits is a usage error (exit 2), found before any work."""
     if local is None:
@@ -114,7 +259,8 @@ def _check_local_size(local, device):
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.argument("input", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the (first) output to this .npy file.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), callback=_check_output,
+              help="Write the (first) output to this .npy file (exactly this path).")
 @storage_opt
 @device_opt
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
@@ -137,6 +283,7 @@ def run(model, input, output, storage, device, repeat, precision, local_size, no
     """
     from .session import Session
     try:
+        _check_device(device)
         _check_local_size(local_size, device)
         x = None if input.lower().endswith(".wav") else _load_input(input)
         with _Status(quiet) as status, Session(model, storage=storage, device=device, local_size=local_size,
@@ -149,17 +296,27 @@ def run(model, input, output, storage, device, repeat, precision, local_size, no
             status("first run")
             s.run(x)   # warm-up: the first run pays for planning when shapes are dynamic
             status.done()
-            outs, walls = [], []
+            # Only the first output and a digest of each later one are kept, so memory does not grow with N.
+            y, digests, dev, walls = None, set(), 0.0, []
             with _progress(repeat, "running", quiet or repeat < 3) as bar:
                 for _ in range(repeat):
                     t0 = time.perf_counter()
-                    outs.append(s.run(x))
+                    out = s.run(x)
                     walls.append(time.perf_counter() - t0)
+                    d = _digest(out)
+                    if y is None:
+                        y, first = out, d
+                    elif d != first:
+                        dev = max(dev, _deviation(out, y))
+                    digests.add(d)
+                    del out      # drop it now: a zero-copy output held by the caller cannot be reused by the next run
                     bar.update(1)
-            y = outs[0]
             p = s.device.profile
             click.echo(f"output   {s.outputs[0].name}: shape {list(y.shape)} {y.dtype}")
-            click.echo(f"values   min {y.min():.6g}  max {y.max():.6g}  mean {y.mean():.6g}")
+            if y.size:
+                click.echo(f"values   min {y.min():.6g}  max {y.max():.6g}  mean {y.mean():.6g}")
+            else:
+                click.echo("values   none (the output has no elements)")
             click.echo(f"device   {p.name} ({p.device_type}, {p.driver}), storage {s.storage}, "
                        f"precision {s.precision}")
             walls_ms = sorted(w * 1e3 for w in walls)
@@ -167,19 +324,40 @@ def run(model, input, output, storage, device, repeat, precision, local_size, no
                        f"(Session.run, upload and download included)")
             code = EXIT_OK
             if repeat > 1:
-                digests = {hashlib.sha256(o.tobytes()).hexdigest() for o in outs}
-                dev = max(float(np.max(np.abs(o.astype(np.float64) - y))) for o in outs)
                 click.echo(f"repeat   {repeat} runs: {len(digests)} distinct output(s), max deviation {dev:.3g}, "
                            f"wall min {walls_ms[0]:.2f} / max {walls_ms[-1]:.2f} ms")
                 if len(digests) > 1:
                     click.echo("error: outputs differ between runs of the same input", err=True)
                     code = EXIT_NONDETERMINISTIC
-        if output:
-            np.save(output, y)
-            click.echo(f"wrote    {output}")
-        sys.exit(code)
-    except MinirtError as e:
+    except (MinirtError, MemoryError) as e:
         _fail(e)
+    if output:
+        _write_atomic(output, lambda f: np.save(f, y, allow_pickle=False))
+        click.echo(f"wrote    {output}")
+    sys.exit(code)
+
+
+def _digest(a) -> str:
+    """SHA-256 of an array's shape, dtype and bytes, without a copy of the bytes where it is contiguous."""
+    a = np.ascontiguousarray(a)
+    h = hashlib.sha256(f"{a.shape} {a.dtype.str}".encode())
+    h.update(a.reshape(-1).view(np.uint8))
+    return h.hexdigest()
+
+
+def _deviation(a, b) -> float:
+    """The largest |a - b| (float64); NaN against a number counts as inf, NaN against NaN as equal."""
+    if a.shape != b.shape:
+        return float("inf")
+    if a.size == 0:
+        return 0.0
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(a64 - b64)
+    na, nb = np.isnan(a64), np.isnan(b64)
+    diff[(a64 == b64) | (na & nb)] = 0.0      # equal infinities too (inf - inf is NaN)
+    diff[na != nb] = np.inf
+    return float(diff.max())
 
 
 def _load_input(path):
@@ -290,11 +468,15 @@ def devices():
       MINIRT_DEVICE=1 minirt run model.onnx x.npy   # pick device 1
     """
     from .vk.device import choose, physical_devices
+    _check_environment()
     try:
         devs = physical_devices()
-        chosen = choose(devs)[0]
-    except MinirtError as e:
+    except (MinirtError, MemoryError) as e:
         _fail(e)
+    try:
+        chosen, bad_choice = choose(devs)[0], None
+    except DeviceError as e:     # MINIRT_DEVICE names no device: list them anyway, then say so (exit 2)
+        chosen, bad_choice = None, e
     for i, _, p in devs:
         mark = "*" if i == chosen else " "
         click.echo(f"{mark} [{i}] {p.name}  ({p.device_type}, vendor {p.vendor}, Vulkan {p.api_version})")
@@ -312,6 +494,8 @@ def devices():
             shapes = sorted({f"{m}x{n}x{k} {a}*{b}+{c}" for m, n, k, a, b, c, _ in p.coopmat_shapes})
             click.echo(f"      cooperative matrix (subgroup, MxNxK A*B+C): {', '.join(shapes)}")
     click.echo("(* = the device minirt picks; MINIRT_DEVICE=<index> overrides)")
+    if bad_choice is not None:
+        raise _UsageError(str(bad_choice))
 
 
 @main.command(name="options")
@@ -338,7 +522,7 @@ def options_cmd(markdown):
 @click.argument("model", type=click.Path(dir_okay=False))
 @storage_opt
 @device_opt
-@click.option("--shape", "shapes", multiple=True, metavar="NAME=D0,D1,...",
+@click.option("--shape", "shapes", multiple=True, metavar="NAME=D0,D1,...", callback=_parse_shapes,
               help="Concrete shape for an input with symbolic dims.")
 @precision_opt
 @local_size_opt
@@ -362,21 +546,21 @@ def plan(model, storage, device, shapes, precision, local_size, no_conv1d_rewrit
     from .planner import make_plan
     from .session import get_device
     try:
-        given = {}
-        for s in shapes:
-            name, _, dims = s.partition("=")
-            try:
-                given[name] = tuple(int(d) for d in dims.split(","))
-            except ValueError:
-                raise click.BadParameter(f"{s!r} is not NAME=D0,D1,... (integers)", param_hint="'--shape'") from None
+        _check_device(device)
+        _check_local_size(local_size, device)
+        given = dict(shapes)
         g = load(model)
+        unknown = [n for n in given if n not in g.inputs]
+        if unknown:
+            raise click.BadParameter(f"{', '.join(map(repr, unknown))} is not an input of {model} (inputs: "
+                                     f"{', '.join(g.inputs)})", param_hint="'--shape'")
         for n in g.inputs:
             t = g.tensor(n)
             if n not in given:
                 if not t.is_static:
-                    raise InputError(f"input '{n}' has symbolic shape {list(t.shape)}; pass --shape {n}=...")
+                    what = f"symbolic shape {list(t.shape)}" if t.shape is not None else "no declared shape"
+                    raise InputError(f"input '{n}' has {what}; pass --shape {n}=...")
                 given[n] = t.shape
-        _check_local_size(local_size, device)
         given_opts = {k: v for k, v in dict(precision=precision, storage=storage, local_size=local_size,
                                              conv1d_rewrite=False if no_conv1d_rewrite else None).items()
                       if v is not None}
@@ -388,7 +572,7 @@ def plan(model, storage, device, shapes, precision, local_size, no_conv1d_rewrit
         if changed:
             click.echo("options " + ", ".join(f"{k}={v}" for k, v in changed.items()))
         click.echo(format_plan(p))
-    except MinirtError as e:
+    except (MinirtError, MemoryError) as e:
         _fail(e)
 
 
@@ -400,10 +584,13 @@ def plan(model, storage, device, shapes, precision, local_size, no_conv1d_rewrit
 @click.option("--runs", type=click.IntRange(min=1), default=20, show_default=True,
               help="Timed runs; the report gives medians.")
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True, help="Untimed runs first.")
-@click.option("--top", type=int, default=None, help="Show only the N slowest dispatches in the table.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the records as JSON.")
-@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="Write the records as CSV.")
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
+@click.option("--top", type=click.IntRange(min=1), default=None,
+              help="Show only the N slowest dispatches in the table.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), callback=_check_output,
+              help="Write the records as JSON.")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), callback=_check_output,
+              help="Write the records as CSV.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), callback=_check_output,
               help="Write a Chrome trace (open it in Perfetto).")
 @precision_opt
 @local_size_opt
@@ -424,15 +611,31 @@ def profile(model, input, storage, device, runs, warmup, top, json_path, csv_pat
     """
     from . import profile as prof
     from .session import Session
+    writes = [(flag, path, fn) for flag, path, fn in (("--json", json_path, prof.to_json),
+                                                      ("--csv", csv_path, prof.to_csv),
+                                                      ("--trace", trace_path, prof.to_trace)) if path]
+    seen = {}
+    for flag, path, _ in writes:
+        other = seen.setdefault(os.path.realpath(path), flag)
+        if other != flag:
+            raise click.BadParameter(f"{path!r} is also the {other} file", param_hint=f"'{flag}'")
     try:
+        _check_device(device)
         _check_local_size(local_size, device)
         x = _load_input(input) if input and not input.lower().endswith(".wav") else None
         with _Status(quiet) as status, Session(model, storage=storage, device=device, profile=True,
                                                local_size=local_size,
                                                conv1d_rewrite=False if no_conv1d_rewrite else None,
                                                precision=precision, options=options, progress=status) as s:
-            if x is None:
-                x = _load_wav(input, s.inputs[0]) if input else prof.load_input(s, None)
+            if len(s.inputs) != 1:
+                raise InputError(f"{model} has {len(s.inputs)} inputs; `minirt profile` feeds one")
+            if x is None and input:
+                x = _load_wav(input, s.inputs[0])
+            elif x is None:
+                if s.inputs[0].shape is None:
+                    raise InputError(f"{model}: input '{s.inputs[0].name}' has no declared shape; give INPUT "
+                                     f"(a .npy file) to profile it")
+                x = prof.load_input(s, None)
             for i in range(warmup):
                 status(f"warm-up run {i + 1}/{warmup}")
                 s.run(x)
@@ -440,13 +643,12 @@ def profile(model, input, storage, device, runs, warmup, top, json_path, csv_pat
             with _progress(runs, "profiling", quiet or runs < 3) as bar:
                 res = prof.profile_session(s, x, runs=runs, warmup=0, progress=lambda i: bar.update(1))
         click.echo(prof.format_report(res, top))
-        for path, fn in ((json_path, prof.to_json), (csv_path, prof.to_csv), (trace_path, prof.to_trace)):
-            if path:
-                with open(path, "w") as f:
-                    f.write(fn(res))
-                click.echo(f"wrote {path}")
-    except MinirtError as e:
+    except (MinirtError, MemoryError) as e:
         _fail(e)
+    for _, path, fn in writes:
+        text = fn(res).encode()
+        _write_atomic(path, lambda f, text=text: f.write(text))
+        click.echo(f"wrote {path}")
 
 
 def _shapes(plan, names):

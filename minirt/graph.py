@@ -12,6 +12,14 @@ import numpy as np
 
 from .errors import ModelError
 
+MAX_LOAD_BYTES = 1 << 30
+"""The most bytes of constants loading may make beyond what the model's files hold: the sum over every
+constant that load-time folding makes (ConstantOfShape, Range, Expand, arithmetic on constants, ...),
+each checked from its inferred shape before it is allocated. Loaders read only what their files hold
+(every size is checked against the file before reading; half precision widens to float32), so their
+weights do not count. A model that needs more is refused with a ModelError naming the node; override
+with minirt.loaders.load(..., max_load_bytes=N) (Graph.max_load_bytes)."""
+
 
 @dataclass
 class Tensor:
@@ -52,6 +60,23 @@ class Graph:
     source: str = "<memory>"          # where it was loaded from, for error messages
     opset: int = 0
     notes: dict = field(default_factory=dict)   # node name -> planner notes (why a rewrite fired or not)
+    max_load_bytes: int | None = None           # None: MAX_LOAD_BYTES
+    made_bytes: int = 0                         # bytes of constants made at load so far (charge())
+    _fresh: dict = field(default_factory=dict, repr=False, compare=False)   # base -> last fresh_name suffix
+
+    @property
+    def load_limit(self) -> int:
+        return MAX_LOAD_BYTES if self.max_load_bytes is None else int(self.max_load_bytes)
+
+    def charge(self, nbytes: int, what: str) -> None:
+        """Count `nbytes` about to be made at load against the limit; raise before they are allocated."""
+        nbytes = int(nbytes)
+        if self.made_bytes + nbytes > self.load_limit:
+            before = f" (with {self.made_bytes} bytes made before it)" if self.made_bytes else ""
+            raise ModelError(f"{self.source}: {what} would make {nbytes} bytes of constants at load time{before}, "
+                             f"more than the limit of {self.load_limit} bytes on what loading may allocate "
+                             f"(max_load_bytes); refused before allocating them")
+        self.made_bytes += nbytes
 
     def note(self, node_name: str, text: str) -> None:
         self.notes.setdefault(node_name, []).append(text)
@@ -71,10 +96,13 @@ class Graph:
         return self.add_tensor(Tensor(name, tuple(int(d) for d in data.shape), data.dtype.name, data))
 
     def fresh_name(self, base: str) -> str:
-        name, i = base, 0
+        # resumes from the last suffix given for this base: many names from one base stay linear
+        i = self._fresh.get(base, 0)
+        name = base if i == 0 else f"{base}_{i}"
         while name in self.tensors:
             i += 1
             name = f"{base}_{i}"
+        self._fresh[base] = i
         return name
 
     def producers(self) -> dict[str, Node]:
@@ -127,6 +155,7 @@ class Graph:
                    for n in self.nodes]
         g.inputs, g.outputs = list(self.inputs), list(self.outputs)
         g.notes = {k: list(v) for k, v in self.notes.items()}
+        g._fresh = dict(self._fresh)
         return g
 
     def remove_unused(self) -> None:

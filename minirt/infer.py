@@ -8,11 +8,10 @@ from __future__ import annotations
 import numpy as np
 
 from . import ops
-from .errors import InputError, ModelError, UnsupportedError
+from .errors import InputError, MinirtError, ModelError, UnsupportedError
 from .graph import Graph
 
 MAX_ELEMENTS = 1 << 31   # refuse absurd declared shapes before anything is allocated
-MAX_FOLD_ELEMENTS = 1 << 28   # a constant made at load (ConstantOfShape, Range, Expand, ...) is host memory
 
 
 def bind_inputs(graph: Graph, shapes: dict) -> Graph:
@@ -36,8 +35,15 @@ def bind_inputs(graph: Graph, shapes: dict) -> Graph:
     return g
 
 
-def prepare(graph: Graph) -> Graph:
-    """Fold and infer in place; raise for anything that cannot run. Returns the graph."""
+def prepare(graph: Graph, *, symbolic: bool = False) -> Graph:
+    """Fold and infer in place; raise for anything that cannot run. Returns the graph.
+
+    Constants made by folding count against graph.load_limit (minirt.graph.MAX_LOAD_BYTES unless the
+    loader was given max_load_bytes), each checked from its inferred shape before it is allocated.
+
+    symbolic=True checks a graph whose inputs keep their symbolic dims for what is wrong at every size:
+    shape arithmetic that only folds once a run binds real shapes (and what reads its results) is left
+    for then instead of being reported."""
     # An ONNX-domain node named like one of minirt's internal ops (domain 'minirt': Linear, Attention,
     # made by planner passes with their own attributes and layouts) is not that op: ONNX's Attention
     # (opset 23) would otherwise run on minirt's kernel with other semantics and give wrong results.
@@ -61,38 +67,37 @@ def prepare(graph: Graph) -> Graph:
                                    f"elements; minirt does not run empty tensors", [name])
     kept, problems = [], []
     unknown = set()    # outputs of nodes that cannot run: what reads them is not inferred (it would fail on them)
+    pending = set()    # symbolic: outputs known only once a run binds real shapes
     for node in graph.nodes:
         op = ops.get(node.op, node.domain)
         ins = [graph.tensor(i) if i else None for i in node.inputs]
+        if pending.intersection(node.inputs):
+            pending.update(o for o in node.outputs if o)
+            kept.append(node)
+            continue
         # downstream of a node that cannot run, shapes are unknown: such a node is checked (so every
         # problem is listed at once) but neither folded nor inferred (that would fail on the unknowns)
         blocked = bool(unknown.intersection(node.inputs))
-        if not blocked:
-            n = _fold_size(op, node, ins)
-            if n is not None and n > MAX_FOLD_ELEMENTS:
-                raise ModelError(f"{graph.source}: {node} would make a constant of {n:.0f} elements at load time, "
-                                 f"more than {MAX_FOLD_ELEMENTS}; refused before allocating it")
-            try:
-                folded = op.fold(node, ins)
-            except (ModelError, UnsupportedError):
-                raise
-            except Exception as e:
-                raise ModelError(f"{graph.source}: {node} failed to evaluate at load time: {e}") from None
-            if folded is not None:
-                for name, val in zip(node.outputs, folded):
-                    if name:
-                        graph.const(name, np.asarray(val))
-                continue
+        if not blocked and _fold(graph, op, node, ins):
+            continue
         if not op.gpu:
+            if symbolic:
+                pending.update(o for o in node.outputs if o)
+                kept.append(node)
+                continue
             problems.append(f"  {node.op} node '{node.name}': its inputs are not known at load time "
                             f"(minirt evaluates {node.op} only as shape arithmetic on constants)")
             unknown.update(o for o in node.outputs if o)
             continue
         try:
             reason = op.check(node, ins)
-        except Exception:
+        except MinirtError:
             if not blocked:
                 raise
+            reason = None
+        except Exception as e:   # an attribute of the wrong kind or value, found by the op's own code
+            if not blocked:
+                raise ModelError(f"{graph.source}: {node} is malformed ({type(e).__name__}: {e})") from None
             reason = None
         if reason:
             problems.append(f"  {node.op} node '{node.name}': {reason}")
@@ -132,25 +137,84 @@ def prepare(graph: Graph) -> Graph:
     return graph
 
 
-def _numel(shape) -> float:
-    return float(np.prod([float(d) for d in shape])) if len(shape) else 1.0
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= max(int(d), 0)
+    return n
 
 
-def _fold_size(op, node, ins):
-    """Elements the fold of this node would produce, when that can be told without evaluating it (its
-    inputs all constants); None otherwise. Keeps an absurd ConstantOfShape, Range or broadcast from
-    allocating host memory before it is refused."""
+def _itemsize(dtype) -> int:
+    try:
+        return np.dtype(dtype).itemsize if dtype else 8
+    except TypeError:
+        return 8
+
+
+# folds that numpy makes as views of their (contiguous) input: nothing new to allocate, so a reshape of
+# a weight bigger than the limit still loads (what a fold does allocate is counted after it all the same)
+_VIEWS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose"}
+
+
+def _fold(graph, op, node, ins) -> bool:
+    """Replace the node's outputs by constants when they are known at load time; False when they are not.
+    What the fold makes is charged to the graph's load limit first, from shapes alone."""
+    est = _fold_bytes(graph, op, node, ins)
+    if est is None:
+        return False
+    graph.charge(est, str(node))
+    try:
+        folded = op.fold(node, ins)
+    except MinirtError:
+        raise
+    except Exception as e:
+        raise ModelError(f"{graph.source}: {node} failed to evaluate at load time: {e}") from None
+    if folded is None:
+        graph.made_bytes -= est
+        return False
+    vals = [np.asarray(v) for v in folded]
+    made = sum(v.nbytes for v in vals if not any(t is not None and t.is_const and np.may_share_memory(v, t.data)
+                                                  for t in ins))     # a view of a constant made nothing
+    graph.made_bytes -= est
+    graph.charge(made, str(node))     # within the estimate, but for a copy where a view was expected
+    for name, val in zip(node.outputs, vals):
+        if name:
+            graph.const(name, val)
+    return True
+
+
+def _fold_bytes(graph, op, node, ins):
+    """An upper bound on the bytes the fold of this node would make, from shapes alone (the fold itself
+    could be a ConstantOfShape or Expand of billions of elements); None when it does not fold."""
+    if type(op).fold is not ops.Op.fold:        # Shape, Size: fold from a static shape, to a few integers
+        shape = ins[0].shape if ins and ins[0] is not None else None
+        return None if shape is None else 8 * (len(shape) + 1)
     if not all(t is None or t.is_const for t in ins):
         return None
     try:
         if node.op == "ConstantOfShape":
-            return _numel(np.asarray(ins[0].data).reshape(-1).tolist())
+            dtype = getattr(node.attrs.get("value"), "dtype", "float32")
+            return _numel(np.asarray(ins[0].data).reshape(-1).tolist()) * _itemsize(dtype)
         if node.op == "Range":
             start, limit, delta = (float(np.asarray(t.data).reshape(-1)[0]) for t in ins[:3])
-            return max(np.ceil((limit - start) / delta), 0.0) if delta else None
+            n = np.ceil((limit - start) / delta) if delta else np.nan
+            if not np.isfinite(n):
+                raise ModelError(f"{graph.source}: {node}: Range({start}, {limit}, {delta}) has no finite length")
+            return max(int(n), 0) * _itemsize(ins[0].dtype)
         if op.gpu:
-            shapes = [shape for shape, _ in op.infer(node, ins) if shape is not None]
-            return max((_numel(sh) for sh in shapes if all(isinstance(d, int) for d in sh)), default=None)
-    except Exception:       # the fold itself reports what is wrong with the node
-        return None
-    return None
+            outs = op.infer(node, ins)
+            if node.op in _VIEWS:
+                return 0
+            if all(s is not None and all(isinstance(d, int) for d in s) for s, _ in outs):
+                return sum(_numel(s) * _itemsize(dt) for s, dt in outs)
+        # elementwise shape arithmetic (Where, Equal, Sum, Mod, ReduceProd, ...): at most the inputs broadcast
+        shapes = [t.shape for t in ins if t is not None]
+        rank = max((len(s) for s in shapes), default=0)
+        dims = [max([s[len(s) - rank + a] for s in shapes if len(s) - rank + a >= 0], default=1)
+                for a in range(rank)]
+        return _numel(dims) * max([_itemsize(t.dtype) for t in ins if t is not None], default=8)
+    except MinirtError:
+        raise
+    except Exception as e:
+        raise ModelError(f"{graph.source}: {node} failed to evaluate at load time: {type(e).__name__}: {e}") \
+            from None

@@ -78,11 +78,11 @@ def _choice(choices):
     return conv
 
 
-def _ints(n=None, low=1):
-    """A tuple of positive ints, from a tuple or text such as "16,4,1" or "16x4x1"."""
+def _ints(n=None, low=1, want=None):
+    """A tuple of positive ints, from a tuple or text such as "16,4,1" or "16x4x1"; `want` says what in errors."""
     counts = n if isinstance(n, tuple) else (n,)
-    want = f"{' to '.join(map(str, (counts[0], counts[-1]))) if len(counts) > 1 else n} integers >= {low} " \
-           f"such as {'x'.join(['16', '4', '1', '2'][:counts[-1]])}"
+    want = want or (f"{' to '.join(map(str, (counts[0], counts[-1]))) if len(counts) > 1 else n} integers >= {low} "
+                    f"such as {'x'.join(['16', '4', '1', '2'][:counts[-1]])}")
 
     def conv(v):
         try:
@@ -202,15 +202,18 @@ class Options:
     attention_splits: int | None = _opt(None, _optional(_count), "split every attention's keys this many ways")
     attention_stream: bool | int = _opt(True, _stream, "stream splits of the attention's (query, key) blocks over "
                                         "one wave: True (where the device's rule says), False, or a group count")
-    attention_tile: tuple | None = _opt(None, _optional(_ints((3, 4))),
+    attention_tile: tuple | None = _opt(None, _optional(_ints((3, 4), want="THREADSxKGxRT or THREADSxKGxRTxNK "
+                                                                            "(positive integers)")),
                                         "the fp32 attention tile THREADSxKGxRT[xNK]")
     attention_prefetch: bool | None = _opt(None, _optional(_flag), "the fp32 attention's K/V prefetch")
     attention_shuffle: bool = _opt(True, _flag, "off: the fp32 attention's row maxima through shared memory, as on "
                                    "devices without subgroup shuffles")
     attention_cm_reg: bool = _opt(True, _flag, "the tensor-core attention with its softmax in registers",
                                   "devices whose cooperative matrices have the 'mma' layout")
-    coopmat_tile: tuple | None = _opt(None, _optional(_ints(3)), "the tensor-core attention tile NRxKSxBK")
-    cmr_tile: tuple | None = _opt(None, _optional(_ints(2)), "the register-softmax attention tile NRxBK")
+    coopmat_tile: tuple | None = _opt(None, _optional(_ints(3, want="NRxKSxBK (positive integers)")),
+                                      "the tensor-core attention tile NRxKSxBK")
+    cmr_tile: tuple | None = _opt(None, _optional(_ints(2, want="NRxBK (positive integers)")),
+                                  "the register-softmax attention tile NRxBK")
 
     @classmethod
     def make(cls, options=None, **keys) -> "Options":

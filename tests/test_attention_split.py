@@ -167,7 +167,7 @@ def test_auto_rule_without_a_multiprocessor_count():
     assert s(h, 256, 100000) == 4
     assert s(h, 1024, 100000) == 1       # already enough groups
     assert s(LAVAPIPE, 300, 100000) == 1 and s(KNOWN_PROFILES["mali-g715"], 300, 100000) == 1
-    assert s(LAVAPIPE, 8, 10, {"attention_splits": 7}) == 7
+    assert s(LAVAPIPE, 8, 10, Options(attention_splits=7)) == 7
 
 
 @pytest.mark.parametrize("bad", [0, -1, "x", 2.5, True])

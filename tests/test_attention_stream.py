@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import minirt.ops.attention_splits as attention_splits
+from minirt.options import Options
 from minirt import Session
 from minirt.device_profile import KNOWN_PROFILES
 from minirt.errors import MinirtError
@@ -96,11 +97,10 @@ def test_rule_streams_one_wave_on_discrete_gpus(options, rows, nb, groups):
 
 def test_stream_groups_are_capped_and_checked():
     class Ctx:
-        profile, options = H200, {"attention_stream": 1000}
+        profile, options = H200, Options.make({"attention_stream": 1000})
     assert attention_splits.stream_groups(Ctx, 3, 64, 32, 40000) == 3 * 2      # one item (key block) a group at most
-    Ctx.options = {"attention_stream": "x"}
     with pytest.raises(MinirtError, match="attention_stream"):
-        attention_splits.stream_groups(Ctx, 3, 64, 32, 40000)
+        Options.make({"attention_stream": "x"})
 
 
 def test_combine_local_size():

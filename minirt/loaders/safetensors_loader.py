@@ -63,8 +63,8 @@ class SafetensorsFile:
             header = json.loads(raw.decode("utf-8"))
             if not isinstance(header, dict):
                 raise ValueError("the header is not a JSON object")
-        except (UnicodeDecodeError, ValueError) as e:
-            raise ModelError(f"{self.source}: corrupt safetensors header ({e})") from None
+        except (ValueError, RecursionError) as e:      # RecursionError: JSON nested thousands deep
+            raise ModelError(f"{self.source}: corrupt safetensors header ({type(e).__name__}: {e})") from None
         self.metadata = header.pop("__metadata__", None) or {}
         self.data_start = 8 + n
         data_len = size - self.data_start
@@ -72,15 +72,19 @@ class SafetensorsFile:
         end_max = 0
         for name, e in header.items():
             try:
-                dtype, shape, (begin, end) = e["dtype"], tuple(int(d) for d in e["shape"]), e["data_offsets"]
-                begin, end = int(begin), int(end)
+                dtype, shape, (begin, end) = e["dtype"], tuple(e["shape"]), e["data_offsets"]
+                if not all(_is_int(v) for v in (*shape, begin, end)):
+                    raise ValueError("not integers")
             except (TypeError, KeyError, ValueError):
                 raise ModelError(f"{self.source}: corrupt safetensors header: entry for tensor '{name}' is "
-                                 f"{e!r}") from None
-            if dtype not in _DTYPES:
-                raise UnsupportedError(f"{self.source}: tensor '{name}' has dtype {dtype}, which minirt does "
-                                       f"not read (supported: {', '.join(_DTYPES)})")
-            want = int(np.prod(shape, dtype=np.int64)) * np.dtype(_DTYPES[dtype]).itemsize
+                                 f"{_short(e)}") from None
+            if not isinstance(dtype, str) or dtype not in _DTYPES:
+                raise UnsupportedError(f"{self.source}: tensor '{name}' has dtype {_short(dtype)}, which minirt "
+                                       f"does not read (supported: {', '.join(_DTYPES)})")
+            numel = 1
+            for d in shape:       # Python integers: an int64 product of huge dims could wrap to a small one
+                numel *= max(d, 0)
+            want = numel * np.dtype(_DTYPES[dtype]).itemsize
             if min(shape, default=0) < 0 or not 0 <= begin <= end or end - begin != want:
                 raise ModelError(f"{self.source}: corrupt safetensors header: tensor '{name}' ({dtype} "
                                  f"{list(shape)}) spans bytes [{begin}, {end}), which is not {want} bytes")
@@ -108,34 +112,51 @@ class SafetensorsFile:
         """The tensor as a numpy array; floating dtypes become float32 unless float32=False
         (F16 / BF16 always widen: the runtime computes in float32)."""
         dtype, shape, begin, end = self.entries[name]
-        if dtype == "BF16":
-            raw = self._raw(begin, end)
-            x = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
-        else:
-            x = self._read(name)
-            if x.shape != shape:
-                raise ModelError(f"{self.source}: tensor '{name}' read back with shape {list(x.shape)}, "
-                                 f"header says {list(shape)}")
-        if x.dtype == np.float16 or (float32 and x.dtype == np.float64):
-            x = x.astype(np.float32)
-        return np.ascontiguousarray(x)
+        try:
+            if dtype == "BF16":
+                raw = self._raw(begin, end)
+                x = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
+            else:
+                x = self._read(name)
+                if x.shape != shape:
+                    raise ModelError(f"{self.source}: tensor '{name}' read back with shape {list(x.shape)}, "
+                                     f"header says {list(shape)}")
+            if x.dtype == np.float16 or (float32 and x.dtype == np.float64):
+                x = x.astype(np.float32)
+            return np.ascontiguousarray(x)
+        except (MemoryError, ValueError, OverflowError) as e:     # numpy's, on what the file holds
+            raise ModelError(f"{self.source}: tensor '{name}' cannot be read ({type(e).__name__}: {e})") from None
 
     def _read(self, name):
-        from safetensors import SafetensorError, safe_open
+        from safetensors import safe_open
         try:
             if self._handle is None:
                 self._handle = safe_open(self.source, framework="numpy")
             return self._handle.get_tensor(name)
-        except SafetensorError as e:
-            raise ModelError(f"{self.source}: corrupt safetensors file reading tensor '{name}' ({e})") from None
+        except Exception as e:      # SafetensorError, or the file changed under us, out of memory
+            raise ModelError(f"{self.source}: corrupt safetensors file reading tensor '{name}' "
+                             f"({type(e).__name__}: {e})") from None
 
     def _raw(self, begin, end) -> bytes:
-        with open(self.path, "rb") as f:
-            f.seek(self.data_start + begin)
-            raw = f.read(end - begin)
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.data_start + begin)
+                raw = f.read(end - begin)
+        except (OSError, MemoryError) as e:
+            raise ModelError(f"{self.source}: cannot read bytes [{begin}, {end}) of the data "
+                             f"({type(e).__name__}: {e})") from None
         if len(raw) != end - begin:
             raise ModelError(f"{self.source}: truncated while reading bytes [{begin}, {end}) of the data")
         return raw
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _short(v, n=200) -> str:
+    r = repr(v)
+    return r if len(r) <= n else r[:n] + f"... ({len(r)} characters)"
 
 
 def read_safetensors(path) -> dict[str, np.ndarray]:
@@ -204,7 +225,12 @@ def _some(names, n=8):
 
 _PREFIXES = ("model.encoder.", "encoder.", "")
 _LAYER = re.compile(r"layers\.(\d+)\.")
-_CONFIG_KEYS = ("d_model", "encoder_layers", "encoder_attention_heads", "num_mel_bins", "max_source_positions")
+# the config keys minirt reads, each with the largest value it accepts (Whisper large: d_model 1280,
+# 32 layers, 20 heads, 128 mel bins, 1500 positions): a bigger one is refused before anything is made
+_CONFIG_LIMITS = {"d_model": 1 << 15, "encoder_layers": 1 << 10, "encoder_attention_heads": 1 << 10,
+                  "num_mel_bins": 1 << 12, "max_source_positions": 1 << 16}
+_CONFIG_KEYS = tuple(_CONFIG_LIMITS)
+_MAX_CONFIG_BYTES = 16 << 20      # a Hugging Face config.json is a few kilobytes
 
 
 def whisper_config(st: SafetensorsFile, config_path=None) -> dict:
@@ -219,34 +245,41 @@ def whisper_config(st: SafetensorsFile, config_path=None) -> dict:
     if len(c1) != 3 or c1[2] != 3:
         raise ModelError(f"{st.source}: '{prefix}conv1.weight' has shape {list(c1)}, expected "
                          f"[d_model, n_mels, 3]")
-    layers = {int(m.group(1)) for k in keys if k.startswith(prefix)
-              for m in [_LAYER.match(k[len(prefix):])] if m}
+    layers = _layer_indices(st, keys, prefix)
     pos = prefix + "embed_positions.weight"
     cfg = {"prefix": prefix, "d_model": c1[0], "num_mel_bins": c1[1],
-           "encoder_layers": max(layers) + 1 if layers else 0,
+           "encoder_layers": len(layers),
            "encoder_attention_heads": max(c1[0] // HEAD_DIM, 1),
            "max_source_positions": st.shape(pos)[0] if pos in keys and len(st.shape(pos)) == 2 else 1500}
     cfg["source"] = "tensor shapes"
     if config_path is not None and Path(config_path).is_file():
+        _inside_model_folder(Path(config_path), st.path)
         try:
+            size = Path(config_path).stat().st_size
+            if size > _MAX_CONFIG_BYTES:
+                raise ValueError(f"{size} bytes, more than a config.json's {_MAX_CONFIG_BYTES}")
             j = json.loads(Path(config_path).read_text())
-        except (OSError, ValueError) as e:
-            raise ModelError(f"{config_path}: not a readable config.json ({e})") from None
+        except (OSError, ValueError, RecursionError) as e:
+            raise ModelError(f"{config_path}: not a readable config.json ({type(e).__name__}: {e})") from None
         # a config.json of something else (CTranslate2's, a tokenizer's) has none of these keys: ignore it
         if isinstance(j, dict) and (j.get("model_type") == "whisper" or any(k in j for k in _CONFIG_KEYS)):
             if j.get("model_type", "whisper") != "whisper":
-                raise ModelError(f"{config_path}: model_type {j['model_type']!r}; minirt builds Whisper "
+                raise ModelError(f"{config_path}: model_type {_short(j['model_type'])}; minirt builds Whisper "
                                  f"encoders from safetensors")
             act = j.get("activation_function", "gelu")
             if act != "gelu":
-                raise UnsupportedError(f"{config_path}: activation_function {act!r}; the Whisper encoder "
+                raise UnsupportedError(f"{config_path}: activation_function {_short(act)}; the Whisper encoder "
                                        f"minirt builds uses exact GELU ('gelu')")
-            for k in _CONFIG_KEYS:
+            for k, limit in _CONFIG_LIMITS.items():
                 if k in j:
-                    try:
-                        cfg[k] = int(j[k])
-                    except (TypeError, ValueError):
-                        raise ModelError(f"{config_path}: {k} is {j[k]!r}, not an integer") from None
+                    v = j[k]
+                    if isinstance(v, float) and v.is_integer():
+                        v = int(v)
+                    if not _is_int(v):
+                        raise ModelError(f"{config_path}: {k} is {_short(v)}, not an integer")
+                    if not 1 <= v <= limit:
+                        raise ModelError(f"{config_path}: {k} is {v}; minirt takes 1 to {limit}")
+                    cfg[k] = v
             cfg["source"] = str(config_path)
     d, h = cfg["d_model"], cfg["encoder_attention_heads"]
     if d != c1[0] or cfg["num_mel_bins"] != c1[1]:
@@ -254,7 +287,7 @@ def whisper_config(st: SafetensorsFile, config_path=None) -> dict:
                          f"d_model {d}, num_mel_bins {cfg['num_mel_bins']}")
     if h < 1 or d % h:
         raise ModelError(f"{st.source}: d_model {d} is not divisible by {h} attention heads")
-    found = max(layers) + 1 if layers else 0
+    found = len(layers)
     if cfg["encoder_layers"] != found:
         raise ModelError(f"{st.source}: {cfg['source']} says encoder_layers {cfg['encoder_layers']} but the "
                          f"checkpoint has {found} ('{prefix}layers.N.*')")
@@ -263,6 +296,36 @@ def whisper_config(st: SafetensorsFile, config_path=None) -> dict:
     if cfg["max_source_positions"] < 1:
         raise ModelError(f"{st.source}: max_source_positions {cfg['max_source_positions']}")
     return cfg
+
+
+def _layer_indices(st, keys, prefix) -> set:
+    """The encoder layer indices the tensor names give, which must be 0, 1, ..., n - 1: one tensor named
+    with layer 1000000 would otherwise make the encoder a million layers deep before anything is refused."""
+    layers = {}
+    for k in keys:
+        m = _LAYER.match(k[len(prefix):]) if k.startswith(prefix) else None
+        if m:
+            i = int(m.group(1)) if len(m.group(1)) <= 9 else 1 << 40
+            layers.setdefault(i, k)
+    n = len(layers)
+    odd = sorted(i for i in layers if i >= n)
+    if n > _CONFIG_LIMITS["encoder_layers"] or odd:
+        first = layers[odd[0]] if odd else layers[max(layers)]
+        raise ModelError(f"{st.source}: tensor '{first}' is of an encoder layer beyond the {n} layer(s) the "
+                         f"checkpoint names ('{prefix}layers.N.*' must number the layers 0 to "
+                         f"{min(n, _CONFIG_LIMITS['encoder_layers']) - 1}"
+                         + (f", at most {_CONFIG_LIMITS['encoder_layers']}" if n > _CONFIG_LIMITS['encoder_layers']
+                            else "") + ")")
+    return set(layers)
+
+
+def _inside_model_folder(path: Path, model: Path) -> None:
+    """A file read beside a model must lie in the model's folder (the one it is named in, or the one the
+    model file really is in, as in Hugging Face's cache of links into blobs/), not behind a link out of it."""
+    target = path.resolve()
+    folders = {Path(model).parent.resolve(), Path(model).resolve().parent}
+    if not any(target.is_relative_to(f) for f in folders):
+        raise ModelError(f"{path}: a link to '{target}', outside the model's folder; refused")
 
 
 def encoder_param_shapes(cfg: dict) -> dict[str, tuple]:
@@ -284,7 +347,7 @@ def encoder_param_shapes(cfg: dict) -> dict[str, tuple]:
     return s
 
 
-def load_safetensors(path) -> Graph:
+def load_safetensors(path, max_load_bytes=None) -> Graph:
     st = SafetensorsFile(path)
     cfg = whisper_config(st, Path(path).parent / "config.json")
     prefix = cfg["prefix"]
@@ -312,7 +375,9 @@ def load_safetensors(path) -> Graph:
             raise ModelError(f"{st.source}: tensor '{prefix + k}' has dtype {st.dtype(prefix + k)}, "
                              f"expected a floating-point type")
     # read one tensor at a time: at large-v3 size a second copy of every weight would be 2.5 GB
-    return build_whisper_encoder_graph(cfg, lambda k: st.get(prefix + k), prefix=prefix, source=str(path))
+    g = build_whisper_encoder_graph(cfg, lambda k: st.get(prefix + k), prefix=prefix, source=str(path))
+    g.max_load_bytes = max_load_bytes
+    return g
 
 
 class _Builder:

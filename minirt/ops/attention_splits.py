@@ -53,9 +53,10 @@ def stream_groups(ctx, groups, tk, bk, shared) -> int:
     return G if 1 < G and groups * nb * (G + 1) <= STREAM_MAX_ITEMS else 0
 
 
-def splits(profile, groups, tk, options):
-    """Key splits S for an attention of `groups` work groups over `tk` keys (see the rule above)."""
-    if options.attention_splits is not None:
+def splits(profile, groups, tk, options=None):
+    """Key splits S for an attention of `groups` work groups over `tk` keys (see the rule above); Options'
+    attention_splits, where set, forces S."""
+    if options is not None and options.attention_splits is not None:
         return options.attention_splits
     if not profile.tuning.split_work:
         return 1

@@ -92,7 +92,7 @@ def concat(ctx, out, srcs, axis):
             if len(group) > 1:
                 shape = list(out.shape)
                 shape[axis] = sum(s.shape[axis] for s in group)
-                part = ctx.temp(f"{out.name}@cat", shape)
+                part = ctx.temp(f"{group[0].name}@cat", shape)   # a hint of its own: temp() probes names
                 concat(ctx, part, group, axis)
                 group = [part]
             parts += group
@@ -333,8 +333,10 @@ class Gather(ShapeOp):
             else:
                 runs.append((v, 1, 1))
         parts = []
-        for f, s, n in runs:
-            part = dst if len(runs) == 1 else ctx.temp(f"{out.name}@run", flat[:axis] + (n,) + flat[axis + 1:])
+        for k, (f, s, n) in enumerate(runs):
+            # one hint per run: temp() probes hint, hint#1, ... so thousands of runs sharing one hint
+            # (shuffled indices) would make planning quadratic in their number
+            part = dst if len(runs) == 1 else ctx.temp(f"{out.name}@run{k}", flat[:axis] + (n,) + flat[axis + 1:])
             affine_copy(ctx, part, src, [(f, s, a) if a == axis else (0, 1, a) for a in range(rank)])
             parts.append(part)
         if len(runs) > 1:

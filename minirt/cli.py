@@ -244,8 +244,15 @@ def _parse_shapes(ctx, param, value):
     return out
 
 
-def _check_local_size(local, device):
-    """A forced local size beyond the device's limits is a usage error (exit 2), found before any work."""
+def _check_local_size(local, device, options):
+    """A forced local size beyond the device's limits is a usage error (exit 2), found before any work, whichever
+    way it was forced: --local-size, --option local_size=... or MINIRT_LOCAL_SIZE (in that order of precedence)."""
+    from .options import Options
+    if local is not None:
+        where = "'--local-size'"
+    else:
+        local = Options.make(options).local_size
+        where = "'--option local_size'" if "local_size" in options else None
     if local is None:
         return
     from .lwg import check_local_size
@@ -253,7 +260,9 @@ def _check_local_size(local, device):
     try:
         check_local_size(local, get_device(device).profile)
     except ValueError as e:
-        raise click.BadParameter(str(e), ctx=click.get_current_context(), param_hint="'--local-size'") from None
+        if where is None:
+            raise _UsageError(f"environment variable MINIRT_LOCAL_SIZE: {e}") from None
+        raise click.BadParameter(str(e), ctx=click.get_current_context(), param_hint=where) from None
 
 
 @main.command()
@@ -284,8 +293,8 @@ def run(model, input, output, storage, device, repeat, precision, local_size, no
     from .session import Session
     try:
         _check_device(device)
-        _check_local_size(local_size, device)
-        x = None if input.lower().endswith(".wav") else _load_input(input)
+        _check_local_size(local_size, device, options)
+        x = None if _is_wav(input) else _load_input(input)
         with _Status(quiet) as status, Session(model, storage=storage, device=device, local_size=local_size,
                                                conv1d_rewrite=False if no_conv1d_rewrite else None, precision=precision,
                                                options=options, progress=status) as s:
@@ -370,6 +379,16 @@ def _load_input(path):
     if x.dtype != np.float32 and np.issubdtype(x.dtype, np.floating):
         x = x.astype(np.float32)
     return x
+
+
+def _is_wav(path) -> bool:
+    """Whether INPUT is a .wav file, read once the model gives its input shape; a missing one is reported now, before
+    the model is loaded."""
+    if not path.lower().endswith(".wav"):
+        return False
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: no such file")
+    return True
 
 
 def _load_wav(path, inp):
@@ -547,7 +566,7 @@ def plan(model, storage, device, shapes, precision, local_size, no_conv1d_rewrit
     from .session import get_device
     try:
         _check_device(device)
-        _check_local_size(local_size, device)
+        _check_local_size(local_size, device, options)
         given = dict(shapes)
         g = load(model)
         unknown = [n for n in given if n not in g.inputs]
@@ -621,8 +640,8 @@ def profile(model, input, storage, device, runs, warmup, top, json_path, csv_pat
             raise click.BadParameter(f"{path!r} is also the {other} file", param_hint=f"'{flag}'")
     try:
         _check_device(device)
-        _check_local_size(local_size, device)
-        x = _load_input(input) if input and not input.lower().endswith(".wav") else None
+        _check_local_size(local_size, device, options)
+        x = None if not input or _is_wav(input) else _load_input(input)
         with _Status(quiet) as status, Session(model, storage=storage, device=device, profile=True,
                                                local_size=local_size,
                                                conv1d_rewrite=False if no_conv1d_rewrite else None,

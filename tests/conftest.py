@@ -14,11 +14,17 @@ def _validation_requested(config) -> bool:
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: a full-size model run (tens of seconds on lavapipe); runs by default, "
-                                       "deselect with -m 'not slow'")
+    config.addinivalue_line("markers", "slow: a full-size model run, or a kernel that compiles for tens of seconds on "
+                                       "lavapipe; runs by default (first), deselect with -m 'not slow'")
     if _validation_requested(config):
         # before any test creates the (lazily made, process-wide) VkInstance
         os.environ["MINIRT_VALIDATION"] = "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked slow first (a stable sort): with -n, no worker ends the run alone on one of them (on lavapipe most
+    of their time is the first compile of a big kernel)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def pytest_report_header(config):

@@ -122,6 +122,7 @@ EMU_CASES = [((2, 37, 53, 2, 16), (1, 16), 1, "ramp"), ((1, 100, 230, 2, 64), (4
              ((2, 37, 300, 1, 32), (4, 16), 3, "ramp")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape, tile, S, kind", EMU_CASES)
 def test_emulated_kernel_matches_float64(shape, tile, S, kind):
     if not device_profile().storage16:

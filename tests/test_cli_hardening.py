@@ -127,6 +127,7 @@ def test_output_to_a_device_is_written_in_place(files):
     r = invoke("run", model, x, "-o", os.devnull)
     assert r.exit_code == EXIT_OK, r.output
     assert not os.path.isfile(os.devnull)         # still the device, not a file renamed over it
+    assert not os.path.exists(os.devnull + ".npy")
 
 
 def _fail_after_some_bytes(target, *a, **k):
@@ -342,3 +343,27 @@ def test_host_out_of_memory_is_a_runtime_failure(files, monkeypatch):
     assert r.exit_code == EXIT_RUNTIME, r.output
     (line,) = error_lines(r)
     assert "out of host memory" in line
+
+
+@pytest.mark.parametrize("cmd", ["run", "plan", "profile"])
+@pytest.mark.parametrize("how", ["env", "option"])
+def test_a_local_size_beyond_the_device_is_a_usage_error_however_forced(files, monkeypatch, no_session, cmd, how):
+    model, x = files
+    args = [cmd, model] + ([x] if cmd in ("run", "profile") else [])
+    if how == "env":
+        monkeypatch.setenv("MINIRT_LOCAL_SIZE", "100000")
+    else:
+        args += ["--option", "local_size=100000"]
+    r = invoke(*args)
+    assert r.exit_code == EXIT_USAGE, r.output
+    (line,) = error_lines(r)
+    assert ("MINIRT_LOCAL_SIZE" if how == "env" else "--option local_size") in line and "100000" in line
+
+
+@pytest.mark.parametrize("cmd", ["run", "profile"])
+def test_a_missing_wav_input_is_named_before_the_model_loads(files, tmp_path, no_session, cmd):
+    model, _ = files
+    r = invoke(cmd, model, tmp_path / "speech.wav")
+    assert r.exit_code == EXIT_MODEL, r.output
+    (line,) = error_lines(r)
+    assert "speech.wav: no such file" in line

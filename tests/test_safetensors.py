@@ -420,7 +420,9 @@ def test_tiny_en_converted_checkpoint(tiny_en):
 @pytest.mark.slow
 def test_tiny_en_on_real_speech_matches_onnxruntime(tiny_en):
     """The whole tiny.en encoder on the spoken sample: from safetensors, and from an ONNX export of the
-    same weights (the Erf-GELU graph torch.onnx emits), against onnxruntime. Two full runs on lavapipe."""
+    same weights (the Erf-GELU graph torch.onnx emits), against onnxruntime; and at fp16 (16-bit storage) against
+    minirt's fp32 (rel L2 <= 2e-3, cosine >= 0.9999): the accuracy target on real weights. Three full runs on
+    lavapipe (in one test: the fp32 result is the fp16 one's reference too)."""
     import real_whisper
     from minirt.audio import whisper_features
     x = whisper_features(real_whisper.SPEECH)
@@ -433,3 +435,11 @@ def test_tiny_en_on_real_speech_matches_onnxruntime(tiny_en):
     with Session(onnx_model) as s:
         y_onnx = s.run(x)
     assert cosine(y_onnx, ref) >= 0.99999, "onnx"
+    from minirt.session import get_device
+    if not get_device().profile.storage16:
+        pytest.skip("no 16-bit storage buffers: precision fp16 cannot run")
+    with Session(tiny_en, storage="buffer", precision="fp16") as s:
+        y16 = s.run(x)
+    rel = float(np.linalg.norm(y16 - y_st.astype(np.float64)) / np.linalg.norm(y_st.astype(np.float64)))
+    assert np.isfinite(y16).all() and rel <= 2e-3, f"fp16: relative L2 {rel:.2e}"
+    assert cosine(y16, y_st) >= 0.9999, "fp16"

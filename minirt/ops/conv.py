@@ -183,7 +183,7 @@ def _lower_im2col(node, ctx):
     scratch = ctx.scratch("im2col.scratch", rows * kp, dtype=ctx.dtype)   # im2col writes the activation type
     if nlc and not linear_ok(ctx, kp):
         raise UnsupportedError(f"{node}: a channels-last output (conv_output_nlc) needs the buffer GEMM "
-                               f"(buffer storage, no no_fast_gemm)")
+                               f"(buffer storage, option fast_gemm on)")
     tiles = -(-m // rows)
     x = _as4d(ctx, x)    # a 1-D conv forced here (option conv_route=im2col) reads [N, C, L] as [N, C, 1, L]
     for t in range(tiles):

@@ -19,7 +19,7 @@ Result: the Conv gets attrs["_out_layout"] = "NLC"; its output is the Transpose'
 [1, L, C]; the residual is its 4th input (the bias slot "" when there is none); Conv.infer and Conv.reference
 follow these. With a residual the Conv takes the Add's place in the node order, where the residual exists.
 
-Left alone, with a note: texture storage and the general GEMM (Session option no_fast_gemm): neither has a
+Left alone, with a note: texture storage and the general GEMM (option fast_gemm off): neither has a
 row-major output with a residual; batch > 1: the im2col GEMM's rows are one image's positions (conv routing
 sends batch > 1 to the direct kernel anyway). Session option conv_output_nlc=False turns the pass off."""
 from __future__ import annotations

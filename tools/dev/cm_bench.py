@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """GPU time of Whisper's GEMMs (tiny/base widths) per linear_cm tile at precision fp16, beside the fp32 linear.comp.
 
-  python tools/dev/cm_bench.py [--runs 50] [--d 384] [--tiles m64n64k64,m32n64k64,m64n128k32] [--json out.json]
+  python tools/dev/cm_bench.py [--runs 50] [--d 384] [--tiles m64n64k32s1,m64n128k32s1,r64n64] [--json out.json]
 
 Each row is one GEMM dispatch (a Linear layer, or the GEMM of an im2col conv, with its epilogue): median GPU
 microseconds over --runs (timestamp queries, minirt.Session(profile=True)) and TFLOP/s. "default" is the tile the
@@ -56,7 +56,7 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--d", type=int, default=384, help="model width (384 tiny, 512 base)")
-    ap.add_argument("--tiles", default="default,m64n64k64,m32n64k64,m64n128k32,fp32")
+    ap.add_argument("--tiles", default="default,m64n64k32s1,m64n128k32s1,r64n64,r32n64,fp32")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     from minirt import MinirtError

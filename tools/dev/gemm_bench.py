@@ -3,7 +3,7 @@
 several planner configurations, timed per dispatch from the timestamp query pool.
 
   python tools/dev/gemm_bench.py                                   # the Whisper-tiny shapes, default configs
-  python tools/dev/gemm_bench.py --shapes 1500,384,1536 --config fp32 --config fp32:gemm_tile=t88,local_size=8x8
+  python tools/dev/gemm_bench.py --shapes 1500,384,1536 --config fp32 --config fp32:gemm_tile=t44,local_size=8x8
   python tools/dev/gemm_bench.py --config fp16 --config fp16:coopmat=0 --json gemm.json
   python tools/dev/gemm_bench.py --torch                            # with PyTorch CUDA (cuBLAS) at the same shapes
 

@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Hash the default plans of Whisper tiny and base, fp32 and fp16, on the H200, lavapipe, Adreno and Mali profiles of
+minirt/device_profile.py (and on the machine's own device with --real): a refactor that must leave the plans as they
+were compares these hashes between two trees.
+
+    python tools/dev/plan_hash.py                 # this tree
+    python tools/dev/plan_hash.py OTHER_TREE      # another checkout's minirt, with this script
+
+A hash covers what the executor consumes: every tensor's shape, role, storage, layout, dtype, view and data, and every
+dispatch's kernel, node, bindings, push constants, specialization constants, sizes, FLOPs and bytes, and the
+lifetimes; not the planner's notes."""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+
+def digest(plan, np) -> str:
+    h = hashlib.sha256()
+
+    def put(*x):
+        h.update(repr(x).encode())
+    put(plan.storage, plan.precision, plan.inputs, plan.outputs, sorted(plan.host_in.items()),
+        sorted(plan.host_out.items()), plan.poison)
+    for n in sorted(plan.tensors):
+        t = plan.tensors[n]
+        put(n, tuple(t.shape), t.role, t.storage, t.packed_dim, t.dtype, t.view_of, t.view_offset,
+            None if t.data is None else hashlib.sha256(np.ascontiguousarray(t.data).tobytes()).hexdigest())
+    for d in plan.dispatches:
+        put(d.kernel, d.node, d.op, [tuple(a) for a in d.args], d.push.hex(), tuple(d.spec), tuple(d.global_size),
+            tuple(d.local_size), d.family, d.flops, d.bytes, tuple(d.shared_xy))
+    put(sorted(plan.lifetimes.items()))
+    return h.hexdigest()[:16]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("tree", nargs="?", default=str(Path(__file__).resolve().parents[2]),
+                    help="the checkout whose minirt and models/ to use (default: this one)")
+    ap.add_argument("--real", action="store_true", help="also the profile of the machine's own Vulkan device")
+    a = ap.parse_args(argv)
+    sys.path[:0] = [a.tree, str(Path(a.tree) / "models")]
+    import numpy as np
+    import whisper_encoder as we
+    from minirt.device_profile import KNOWN_PROFILES
+    from minirt.infer import prepare
+    from minirt.loaders import load
+    from minirt.planner import make_plan
+    profiles = {k: KNOWN_PROFILES[k] for k in ("nvidia-h200", "lavapipe", "adreno-840", "mali-g715")}
+    if a.real:
+        from minirt.session import get_device
+        profiles["real:" + get_device().profile.name] = get_device().profile
+    out = {}
+    for size in ("tiny", "base"):
+        g = prepare(load(we.build_whisper_encoder(size)))
+        for precision in ("fp32", "fp16"):
+            for name, p in profiles.items():
+                try:
+                    plan = make_plan(g, p, "auto", {"precision": precision})
+                    out[f"{size}/{precision}/{name}"] = f"{digest(plan, np)} n={len(plan.dispatches)}"
+                except Exception as e:      # a tree that cannot plan it: say so, keep going
+                    out[f"{size}/{precision}/{name}"] = f"error {type(e).__name__}: {e}"[:120]
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

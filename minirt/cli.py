@@ -568,7 +568,8 @@ def plan(model, storage, device, shapes, precision, local_size, no_conv1d_rewrit
         _check_device(device)
         _check_local_size(local_size, device, options)
         given = dict(shapes)
-        g = load(model)
+        max_load = Options.make(options).max_load_bytes
+        g = load(model, max_load_bytes=max_load)
         unknown = [n for n in given if n not in g.inputs]
         if unknown:
             raise click.BadParameter(f"{', '.join(map(repr, unknown))} is not an input of {model} (inputs: "

@@ -172,6 +172,10 @@ class Options:
                           "instead of staging copies (MINIRT_DIRECT_IO)", "buffer storage")
     zero_copy: bool = _opt(True, _flag, "return outputs in host memory the GPU copied them into, without a host copy "
                            "(MINIRT_ZERO_COPY)", "drivers with VK_EXT_external_memory_host, buffer storage")
+    max_load_bytes: int | None = _opt(None, _optional(_count),
+                                      "bytes of constants loading may make beyond what the model files hold (load-time "
+                                      "folding, summed over the graph), checked before allocating; default: 1 GiB "
+                                      "(minirt.graph.MAX_LOAD_BYTES)")
     timeout_s: float = _opt(600.0, _number, "seconds a run may take on the GPU before a DeviceError "
                             "(MINIRT_TIMEOUT_S)")
     spin_ms: float | None = _opt(None, _optional(_number),

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InputError, MinirtError
+from .errors import InputError, MinirtError, ModelError
 from .infer import bind_inputs, prepare
 from .loaders import load
 from .options import Options
@@ -68,14 +68,20 @@ class Session:
         self.startup_ms = {}
         phase = Phases(self.startup_ms, progress)
         phase("load", "loading")
-        self.graph = load(model, weights=weights)
+        self.graph = load(model, weights=weights, max_load_bytes=self.options.max_load_bytes)
         phase("check", "checking")
         static = all(self.graph.tensor(n).is_static for n in self.graph.inputs)
         # Validate the whole model (supported ops, shapes) before any GPU work. Symbolic dims are tried
         # at 1: shape arithmetic on them only folds once a run binds real shapes.
         trial = {n: tuple(d if isinstance(d, int) else 1 for d in self.graph.tensor(n).shape or ())
                  for n in self.graph.inputs}
-        self._prepared = prepare(self.graph.copy() if static else bind_inputs(self.graph, trial))
+        if static:
+            self._prepared = prepare(self.graph.copy())
+        else:
+            try:
+                self._prepared = prepare(bind_inputs(self.graph, trial))
+            except ModelError:   # wrong at the trial size only? refuse here just what is wrong at every size
+                self._prepared = prepare(self.graph.copy(), symbolic=True)
         phase("device", "opening the device")
         self.device = get_device(device)
         phase(None)

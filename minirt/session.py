@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InputError, MinirtError, ModelError
+from .errors import InputError, MinirtError, ModelError, UnsupportedError
 from .infer import bind_inputs, prepare
 from .loaders import load
 from .options import Options
@@ -80,6 +80,8 @@ class Session:
         else:
             try:
                 self._prepared = prepare(bind_inputs(self.graph, trial))
+            except UnsupportedError:     # ops or tensors minirt cannot run at any size
+                raise
             except ModelError:   # wrong at the trial size only? refuse here just what is wrong at every size
                 self._prepared = prepare(self.graph.copy(), symbolic=True)
         phase("device", "opening the device")

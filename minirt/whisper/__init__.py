@@ -1,0 +1,18 @@
+"""Whisper speech-to-text with faster-whisper's API:
+
+    from minirt.whisper import WhisperModel
+    model = WhisperModel("whisper-tiny.en")        # a Hugging Face or CTranslate2 (faster-whisper) folder
+    segments, info = model.transcribe("speech.wav", beam_size=5)
+    for s in segments:
+        print(f"[{s.start:.2f} -> {s.end:.2f}] {s.text}")
+
+The host side (features, prompts, logit filters, greedy / beam / sampling search, temperature fallback, the seek
+loop) follows faster-whisper and CTranslate2; the model runs behind a DecoderBackend (backend.py), the numpy
+reference (reference.py) by default. Needs the 'whisper' extra: pip install 'minirt[whisper]'.
+"""
+from .backend import DecoderBackend
+from .decoding import TranscriptionOptions
+from .model import WhisperModel
+from .transcribe import Segment, TranscriptionInfo
+
+__all__ = ["WhisperModel", "Segment", "TranscriptionInfo", "TranscriptionOptions", "DecoderBackend"]

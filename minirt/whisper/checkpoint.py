@@ -1,0 +1,104 @@
+"""Find and read a Whisper checkpoint folder: Hugging Face (model.safetensors + config.json) or CTranslate2 /
+faster-whisper (model.bin + config.json), each with a tokenizer.json. Weights come out Hugging Face-named, as
+ReferenceBackend (and the Vulkan decoder) take them.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+from ..errors import ModelError
+
+
+@dataclass
+class Checkpoint:
+    folder: str
+    kind: str                     # "huggingface" or "ctranslate2"
+    weights: dict                 # Hugging Face names -> arrays (stored dtype)
+    config: dict                  # Hugging Face WhisperConfig keys
+    tokenizer_path: str
+    begin_suppress: list = field(default_factory=list)     # suppress_blank's tokens; [] = the tokenizer's default
+
+    @property
+    def multilingual(self) -> bool:
+        return int(self.config["vocab_size"]) >= 51865
+
+
+def _read_json(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{path}: not a readable JSON file ({e})") from None
+
+
+def _folder(path) -> str:
+    path = os.fspath(path)
+    if os.path.isfile(path) and os.path.basename(path) in ("model.safetensors", "model.bin"):
+        return os.path.dirname(os.path.abspath(path))
+    if not os.path.exists(path):
+        raise ModelError(f"{path}: no such model folder")
+    if not os.path.isdir(path):
+        raise ModelError(f"{path}: give the model's folder (with model.safetensors or model.bin, config.json and "
+                         f"tokenizer.json)")
+    return path
+
+
+def load_checkpoint(path) -> Checkpoint:
+    """Read the checkpoint in folder `path` (or the folder of a model.safetensors / model.bin given directly).
+    Raises ModelError naming what is missing or malformed."""
+    folder = _folder(path)
+    st, ct = os.path.join(folder, "model.safetensors"), os.path.join(folder, "model.bin")
+    tok = os.path.join(folder, "tokenizer.json")
+    if os.path.isfile(st):
+        weights, config, kind = _read_hf(folder, st)
+    elif os.path.isfile(ct):
+        weights, config, kind = _read_ct2(ct)
+    else:
+        others = sorted(f for f in os.listdir(folder) if f.endswith((".bin", ".safetensors", ".pt", ".onnx")))
+        raise ModelError(f"{folder}: no model.safetensors (Hugging Face) or model.bin (CTranslate2) found"
+                         + (f"; found {', '.join(others)}" if others else ""))
+    if "decoder_layers" not in config or "model.decoder.embed_tokens.weight" not in weights:
+        raise ModelError(f"{folder}: the checkpoint has no decoder (an encoder-only conversion?); transcription "
+                         f"needs the whole model")
+    if not os.path.isfile(tok):
+        vocab = [f for f in os.listdir(folder) if f.startswith("vocabulary.")]
+        raise ModelError(f"{folder}: no tokenizer.json" + (f" (only {vocab[0]}, which has no BPE merges)" if vocab
+                                                            else "")
+                         + "; copy the tokenizer.json of the matching Hugging Face Whisper model (e.g. "
+                           "openai/whisper-tiny.en) into the folder")
+    begin = []
+    if kind == "ctranslate2":
+        cfg = _read_json(os.path.join(folder, "config.json")) if os.path.isfile(os.path.join(folder, "config.json")) \
+            else {}
+        begin = list(cfg.get("suppress_ids_begin") or [])
+    else:
+        gen = os.path.join(folder, "generation_config.json")
+        if os.path.isfile(gen):
+            begin = list(_read_json(gen).get("begin_suppress_tokens") or [])
+    return Checkpoint(folder, kind, weights, config, tok, begin)
+
+
+def _read_hf(folder, st):
+    cfg_path = os.path.join(folder, "config.json")
+    if not os.path.isfile(cfg_path):
+        raise ModelError(f"{folder}: model.safetensors without config.json")
+    config = _read_json(cfg_path)
+    if config.get("model_type", "whisper") != "whisper":
+        raise ModelError(f"{cfg_path}: model_type is {config.get('model_type')!r}, not 'whisper'")
+    try:
+        from safetensors.numpy import load_file
+        weights = load_file(st)
+    except Exception as e:       # safetensors raises its own error types for a bad header
+        raise ModelError(f"{st}: not a readable safetensors file ({e})") from None
+    if "model.encoder.conv1.weight" not in weights:
+        raise ModelError(f"{st}: no model.encoder.conv1.weight; not a Hugging Face Whisper checkpoint")
+    return weights, config, "huggingface"
+
+
+def _read_ct2(path):
+    from .ct2 import ct2_to_hf, read_ct2
+    _, variables, aliases = read_ct2(path)
+    weights, config = ct2_to_hf(variables, aliases, source=str(path))
+    return weights, config, "ctranslate2"

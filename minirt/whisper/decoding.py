@@ -1,0 +1,161 @@
+"""One window's decode on the host, as faster-whisper drives CTranslate2 (transcribe.py: get_prompt,
+generate_with_fallback; models/whisper.cc: generate): the prompt, the no-speech probability, the logit filters,
+greedy / sampling / beam search, and the temperature fallback.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Iterable, List, Optional, Union
+
+import numpy as np
+
+from . import filters as F
+from .search import beam_search, greedy
+
+MAX_LENGTH = 448            # faster-whisper's max_length: prompt and generated tokens of one window
+TIME_PRECISION = 0.02       # seconds per timestamp token
+
+
+@dataclass
+class TranscriptionOptions:
+    """faster-whisper's TranscriptionOptions (the fields minirt uses; names and meanings are faster-whisper's)."""
+    beam_size: int = 5
+    best_of: int = 5
+    patience: float = 1.0
+    length_penalty: float = 1.0
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    log_prob_threshold: Optional[float] = -1.0
+    no_speech_threshold: Optional[float] = 0.6
+    compression_ratio_threshold: Optional[float] = 2.4
+    condition_on_previous_text: bool = True
+    prompt_reset_on_temperature: float = 0.5
+    temperatures: List[float] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    initial_prompt: Optional[Union[str, Iterable[int]]] = None
+    suppress_blank: bool = True
+    suppress_tokens: Optional[List[int]] = (-1,)      # the resolved list once transcribe() has built it
+    without_timestamps: bool = False
+    max_initial_timestamp: float = 1.0
+    multilingual: bool = False
+    max_new_tokens: Optional[int] = None
+    word_timestamps: bool = False
+
+
+@dataclass
+class DecodeResult:
+    tokens: list
+    score: float                 # the search's final score (summed log-probability / len ** length_penalty)
+    avg_logprob: float
+    no_speech_prob: float
+    temperature: float
+    compression_ratio: float
+
+
+def compression_ratio(text: str) -> float:
+    """len(utf-8 bytes) / len(zlib-compressed bytes), faster-whisper's repetition measure."""
+    b = text.encode("utf-8")
+    return len(b) / len(zlib.compress(b))
+
+
+def get_prompt(tokenizer, previous_tokens, language, task="transcribe", without_timestamps=False) -> list:
+    """<|startofprev|> and the last 223 previous tokens (when there are any), the start sequence, and
+    <|notimestamps|> when decoding without timestamps."""
+    prompt = []
+    if previous_tokens:
+        prompt.append(tokenizer.sot_prev)
+        prompt.extend(previous_tokens[-(MAX_LENGTH // 2 - 1):])
+    prompt.extend(tokenizer.sot_sequence(language, task))
+    if without_timestamps:
+        prompt.append(tokenizer.no_timestamps)
+    return prompt
+
+
+def make_filters(tokenizer, options: TranscriptionOptions, vocab: int, with_timestamps: bool,
+                 suppress_blank_ids) -> list:
+    """The logit filters in CTranslate2's order."""
+    out = []
+    if options.repetition_penalty != 1:
+        out.append(F.RepetitionPenalty(options.repetition_penalty))
+    if options.no_repeat_ngram_size > 0:
+        out.append(F.NoRepeatNgram(options.no_repeat_ngram_size))
+    if options.suppress_tokens:
+        out.append(F.SuppressTokens(options.suppress_tokens))
+    if options.suppress_blank:
+        out.append(F.SuppressBlank(suppress_blank_ids))
+    if with_timestamps:
+        index = int(round(options.max_initial_timestamp / TIME_PRECISION))
+        begin = tokenizer.timestamp_begin
+        out.append(F.TimestampRules(tokenizer.eot, tokenizer.no_timestamps, begin, vocab - 1, begin + index))
+    return out
+
+
+def no_speech_probability(logits_at_sot: np.ndarray, no_speech_id: int) -> float:
+    p = F.log_softmax(np.asarray(logits_at_sot, np.float32).reshape(1, -1))[0, no_speech_id]
+    return float(np.exp(p))
+
+
+def generate(backend, tokenizer, prompt, options: TranscriptionOptions, temperature: float,
+             suppress_blank_ids, rng=None):
+    """One decoding attempt: (best Hypothesis, no_speech_prob). The encoder output of the window must be in the
+    backend already."""
+    sot_index = prompt.index(tokenizer.sot)
+    if any(not tokenizer.sot <= t <= tokenizer.no_timestamps for t in prompt[sot_index:]):
+        raise ValueError("the prompt must end with the start sequence (a prefix is not supported)")
+    if options.max_new_tokens is not None:
+        max_length = len(prompt) + options.max_new_tokens
+    else:
+        max_length = MAX_LENGTH
+    if max_length > MAX_LENGTH:
+        raise ValueError(f"the prompt has {len(prompt)} tokens and max_new_tokens is {options.max_new_tokens}: "
+                         f"{max_length} in all is more than Whisper's {MAX_LENGTH}")
+    # CTranslate2 runs prompt[:-1] as the prompt and generates from prompt[-1] on, at most half the context
+    steps = min(max_length // 2, max_length - (len(prompt) - 1))
+    logits = backend.start(prompt, [sot_index, len(prompt) - 1])
+    no_speech_prob = no_speech_probability(logits[0], tokenizer.no_speech)
+    with_timestamps = prompt[-1] != tokenizer.no_timestamps
+    flt = make_filters(tokenizer, options, backend.n_vocab, with_timestamps, suppress_blank_ids)
+    if temperature > 0:
+        hyps = greedy(backend, logits[1], flt, tokenizer.eot, steps, temperature=temperature,
+                      num_hypotheses=options.best_of, length_penalty=options.length_penalty, rng=rng)
+    elif options.beam_size == 1:
+        hyps = greedy(backend, logits[1], flt, tokenizer.eot, steps, length_penalty=options.length_penalty)
+    else:
+        hyps = beam_search(backend, logits[1], flt, tokenizer.eot, steps, options.beam_size, options.patience,
+                           options.length_penalty)
+    return hyps[0], no_speech_prob
+
+
+def generate_with_fallback(backend, tokenizer, prompt, options: TranscriptionOptions, suppress_blank_ids,
+                           rng=None) -> DecodeResult:
+    """Decode at each temperature in turn until the text is neither too repetitive (compression ratio above
+    compression_ratio_threshold) nor too improbable (avg_logprob below log_prob_threshold), a silent window
+    (no_speech_prob above no_speech_threshold with a low avg_logprob) being accepted as it is. When every
+    temperature fails: the best avg_logprob among the results under the compression threshold (or among all),
+    reported with the last temperature (for prompt_reset_on_temperature)."""
+    results, below_cr = [], []
+    temperature = 0.0
+    for temperature in options.temperatures:
+        hyp, no_speech_prob = generate(backend, tokenizer, prompt, options, temperature, suppress_blank_ids, rng)
+        n = len(hyp.tokens)
+        cum_logprob = hyp.score * (n ** options.length_penalty)
+        avg_logprob = cum_logprob / (n + 1)
+        ratio = compression_ratio(tokenizer.decode(hyp.tokens).strip())
+        result = DecodeResult(hyp.tokens, hyp.score, avg_logprob, no_speech_prob, temperature, ratio)
+        results.append(result)
+        fallback = False
+        if options.compression_ratio_threshold is not None:
+            if ratio > options.compression_ratio_threshold:
+                fallback = True
+            else:
+                below_cr.append(result)
+        if options.log_prob_threshold is not None and avg_logprob < options.log_prob_threshold:
+            fallback = True
+        if (options.no_speech_threshold is not None and no_speech_prob > options.no_speech_threshold
+                and options.log_prob_threshold is not None and avg_logprob < options.log_prob_threshold):
+            fallback = False        # silence
+        if not fallback:
+            return result
+    best = max(below_cr or results, key=lambda r: r.avg_logprob)
+    return DecodeResult(best.tokens, best.score, best.avg_logprob, best.no_speech_prob, temperature,
+                        best.compression_ratio)

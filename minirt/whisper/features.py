@@ -1,0 +1,124 @@
+"""Whisper's log-mel features as faster-whisper computes them, one 30 s window at a time.
+
+faster-whisper (feature_extractor.py) takes the log-mel of the whole audio at once: 160 zero samples appended,
+a centred STFT (reflect padding of 200 at both ends) with a 400-sample periodic Hann window in float32, |X|^2
+with the last frame dropped, Slaney mel filters, log10 clamped at 1e-10, max(x, max - 8) over the whole audio,
+(x + 4) / 4. Each window's frames are then cut out and padded with zeros to 3000 frames. That last step differs
+from openai-whisper and Hugging Face, which pad the audio with silence before the log-mel: a zero in the
+normalised log-mel is not silence, and the two conventions give different greedy tokens on many short clips.
+
+Here the frames are computed in chunks (a pass for the global maximum, then one window at a time), so memory
+follows the window rather than the length of the audio; the values are faster-whisper's.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+SAMPLE_RATE = 16000
+N_FFT = 400
+HOP_LENGTH = 160
+N_FRAMES = 3000                      # one 30 s window
+TIME_PER_FRAME = HOP_LENGTH / SAMPLE_RATE
+_CHUNK = N_FRAMES                    # frames computed per chunk
+
+
+def mel_filters(n_mels: int, sample_rate: int = SAMPLE_RATE, n_fft: int = N_FFT) -> np.ndarray:
+    """[n_mels, 1 + n_fft // 2] float32 Slaney mel filters, as faster-whisper builds them (librosa's, computed
+    in float64 then rounded)."""
+    fftfreqs = np.fft.rfftfreq(n=n_fft, d=1.0 / sample_rate)
+    mels = np.linspace(0.0, 45.245640471924965, n_mels + 2)       # 0 Hz to 8 kHz on the Slaney scale
+    f_sp, min_log_hz = 200.0 / 3, 1000.0
+    min_log_mel, logstep = min_log_hz / f_sp, np.log(6.4) / 27.0
+    freqs = f_sp * mels
+    log_t = mels >= min_log_mel
+    freqs[log_t] = min_log_hz * np.exp(logstep * (mels[log_t] - min_log_mel))
+    fdiff = np.diff(freqs)
+    ramps = freqs.reshape(-1, 1) - fftfreqs.reshape(1, -1)
+    lower = -ramps[:-2] / fdiff[:-1, None]
+    upper = ramps[2:] / fdiff[1:, None]
+    weights = np.maximum(0.0, np.minimum(lower, upper))
+    weights *= (2.0 / (freqs[2:n_mels + 2] - freqs[:n_mels]))[:, None]
+    return weights.astype(np.float32)
+
+
+_WINDOW = np.hanning(N_FFT + 1)[:-1].astype(np.float32)
+
+
+def _mel(padded: np.ndarray, filters: np.ndarray) -> np.ndarray:
+    """[n_mels, n_frames] mel power of the frames of an already padded float32 signal (every frame, the caller
+    drops what it does not want)."""
+    n_frames = 1 + (len(padded) - N_FFT) // HOP_LENGTH
+    frames = np.lib.stride_tricks.as_strided(padded, (n_frames, N_FFT),
+                                             (padded.strides[0] * HOP_LENGTH, padded.strides[0]))
+    spec = np.fft.rfft(frames * _WINDOW, n=N_FFT, axis=-1).astype(np.complex64).T
+    return filters @ (np.abs(spec) ** 2)
+
+
+class LogMel:
+    """The log-mel frames of one audio signal (float32, 16 kHz), faster-whisper's values, computed on demand.
+
+    n_frames is faster-whisper's features.shape[-1]: len(audio) // 160 + 1; the last frame (from the 160 appended
+    zeros) counts only towards the maximum, never as content (content_frames = n_frames - 1)."""
+
+    def __init__(self, audio: np.ndarray, n_mels: int = 80):
+        audio = np.asarray(audio)
+        if audio.ndim != 1:
+            raise ValueError(f"audio must be 1-D samples, got shape {list(audio.shape)}")
+        self.audio = audio if audio.dtype == np.float32 else audio.astype(np.float32)
+        self.filters = mel_filters(n_mels)
+        self.n_mels = n_mels
+        # the signal faster-whisper transforms: audio, 160 zeros, reflect-padded by 200 at both ends
+        self._n_ext = len(self.audio) + HOP_LENGTH
+        self.n_frames = (self._n_ext + 2 * (N_FFT // 2) - N_FFT) // HOP_LENGTH + 1 - 1      # last STFT frame dropped
+        self._whole = None
+        if self.n_frames <= 2 * _CHUNK:       # short audio: all of it at once, exactly as faster-whisper
+            self._whole = self._mel_frames(0, self.n_frames)
+            self.max = self._whole.max()
+        else:
+            self.max = max(self._mel_frames(f, min(f + _CHUNK, self.n_frames)).max()
+                           for f in range(0, self.n_frames, _CHUNK))
+        self.max = np.float32(self.max)
+
+    @property
+    def content_frames(self) -> int:
+        return self.n_frames - 1
+
+    def _ext(self, a: int, b: int) -> np.ndarray:
+        """Samples [a, b) of the audio with 160 zeros appended (0 <= a <= b <= len + 160)."""
+        n = len(self.audio)
+        if b <= n:
+            return self.audio[a:b]
+        return np.concatenate([self.audio[a:min(b, n)], np.zeros(b - max(a, n), np.float32)])
+
+    def _mel_frames(self, f0: int, f1: int) -> np.ndarray:
+        """log10 of the clamped mel power of frames [f0, f1) (not yet normalised)."""
+        half = N_FFT // 2
+        s0, s1 = f0 * HOP_LENGTH - half, (f1 - 1) * HOP_LENGTH + half      # in extended-signal coordinates
+        if s0 >= 0 and s1 <= self._n_ext:
+            padded = self._ext(s0, s1)
+        elif f0 == 0 and f1 == self.n_frames:
+            padded = np.pad(self._ext(0, self._n_ext), half, mode="reflect")
+        elif s0 < 0:        # the first chunk of long audio: reflect the start (it holds far more than 200 samples)
+            padded = np.pad(self._ext(0, max(s1, half + 1)), (half, 0), mode="reflect")
+        else:               # the last chunk of long audio: reflect the end (chunks after the first are >= 1 window)
+            padded = np.pad(self._ext(s0, self._n_ext), (0, s1 - self._n_ext), mode="reflect")
+        mel = _mel(np.ascontiguousarray(padded, np.float32), self.filters)[:, :f1 - f0]
+        return np.log10(np.maximum(mel, np.float32(1e-10)))
+
+    def frames(self, start: int, count: int) -> np.ndarray:
+        """[n_mels, count] normalised log-mel frames from `start`."""
+        if self._whole is not None:
+            log = self._whole[:, start:start + count]
+        else:
+            log = self._mel_frames(start, start + count)
+        log = np.maximum(log, self.max - np.float32(8.0))
+        return (log + np.float32(4.0)) / np.float32(4.0)
+
+    def window(self, seek: int, size: int, n_frames: int = N_FRAMES) -> np.ndarray:
+        """The encoder input for frames [seek, seek + size): [n_mels, n_frames] float32, zero-padded at the end
+        (faster-whisper's pad_or_trim of the feature window)."""
+        out = np.zeros((self.n_mels, n_frames), np.float32)
+        size = min(size, n_frames)
+        if size > 0:
+            out[:, :size] = self.frames(seek, size)
+        return out

@@ -1,0 +1,155 @@
+"""The seek loop over long audio, as faster-whisper's generate_segments runs it: 30 s windows of log-mel frames,
+each decoded (with temperature fallback), split into segments on timestamp tokens, the next window starting
+after the last complete segment; previous text as the prompt; silent windows skipped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+from .decoding import TIME_PRECISION, TranscriptionOptions, generate_with_fallback, get_prompt
+from .features import N_FRAMES, TIME_PER_FRAME, LogMel
+from .filters import log_softmax
+
+INPUT_STRIDE = 2            # mel frames per encoder position (and per timestamp step)
+
+
+@dataclass
+class Segment:
+    """faster-whisper's Segment (words is always None: word timestamps are not computed)."""
+    id: int
+    seek: int
+    start: float
+    end: float
+    text: str
+    tokens: List[int]
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+    words: Optional[list]
+    temperature: Optional[float]
+
+
+@dataclass
+class TranscriptionInfo:
+    """faster-whisper's TranscriptionInfo (no VAD: duration_after_vad is the duration, vad_options None)."""
+    language: str
+    language_probability: float
+    duration: float
+    duration_after_vad: float
+    all_language_probs: Optional[List[Tuple[str, float]]]
+    transcription_options: TranscriptionOptions
+    vad_options: None = None
+
+
+def language_probabilities(backend, tokenizer) -> list:
+    """[(code, probability)] best first, for the window in the backend: the softmax over the language tokens'
+    logits at <|startoftranscript|>."""
+    codes = list(tokenizer.language_tokens)
+    ids = [tokenizer.language_tokens[c] for c in codes]
+    logits = np.asarray(backend.start([tokenizer.sot], [0])[0], np.float32)[ids]
+    probs = np.exp(log_softmax(logits[None])[0])
+    order = sorted(range(len(codes)), key=lambda i: -probs[i])
+    return [(codes[i], float(probs[i])) for i in order]
+
+
+def detect_language(backend, tokenizer, mel: LogMel, segments: int = 1, threshold: float = 0.5):
+    """faster-whisper's detect_language on the first `segments` windows: (language, probability, all
+    probabilities of the last window tried). A window whose best language is above `threshold` decides; else
+    the language that came first most often, with its highest probability."""
+    seen = {}
+    n = min(mel.n_frames, segments * N_FRAMES)
+    probs = []
+    for i in range(0, n, N_FRAMES):
+        backend.encode(mel.window(i, min(N_FRAMES, n - i)))
+        probs = language_probabilities(backend, tokenizer)
+        language, p = probs[0]
+        if p > threshold:
+            return language, p, probs
+        seen.setdefault(language, []).append(p)
+    language = max(seen, key=lambda k: len(seen[k]))
+    return language, max(seen[language]), probs
+
+
+def split_segments(tokenizer, tokens, time_offset, segment_size, segment_duration, seek):
+    """faster-whisper's _split_segments_by_timestamps: ([{seek, start, end, tokens}], next seek,
+    single_timestamp_ending)."""
+    begin = tokenizer.timestamp_begin
+    out = []
+    single_ending = len(tokens) >= 2 and tokens[-2] < begin <= tokens[-1]
+    consecutive = [i for i in range(len(tokens)) if i > 0 and tokens[i] >= begin and tokens[i - 1] >= begin]
+    if consecutive:
+        slices = list(consecutive)
+        if single_ending:
+            slices.append(len(tokens))
+        last = 0
+        for cur in slices:
+            part = tokens[last:cur]
+            start = time_offset + (part[0] - begin) * TIME_PRECISION
+            end = time_offset + (part[-1] - begin) * TIME_PRECISION
+            out.append(dict(seek=seek, start=start, end=end, tokens=part))
+            last = cur
+        if single_ending:
+            seek += segment_size        # nothing spoken after the last timestamp
+        else:                           # the unfinished segment is decoded again from its start
+            seek += (tokens[last - 1] - begin) * INPUT_STRIDE
+    else:
+        duration = segment_duration
+        ts = [t for t in tokens if t >= begin]
+        if ts and ts[-1] != begin:
+            duration = (ts[-1] - begin) * TIME_PRECISION
+        out.append(dict(seek=seek, start=time_offset, end=time_offset + duration, tokens=tokens))
+        seek += segment_size
+    return out, seek, single_ending
+
+
+def generate_segments(backend, tokenizer, mel: LogMel, options: TranscriptionOptions, language: str,
+                      task: str = "transcribe", suppress_blank_ids=(), rng=None, progress=None):
+    """Yield Segments for the whole audio (see the module doc). `progress(seconds done, seconds in all)` is
+    called after each window."""
+    content_frames = mel.content_frames
+    content_duration = float(content_frames * TIME_PER_FRAME)
+    idx, seek = 0, 0
+    all_tokens, prompt_reset_since = [], 0
+    if options.initial_prompt is not None:
+        if isinstance(options.initial_prompt, str):
+            all_tokens.extend(tokenizer.encode(" " + options.initial_prompt.strip()))
+        else:
+            all_tokens.extend(int(t) for t in options.initial_prompt)
+    while seek < content_frames:
+        time_offset = seek * TIME_PER_FRAME
+        segment_size = min(N_FRAMES, content_frames - seek)
+        segment_duration = segment_size * TIME_PER_FRAME
+        previous_tokens = all_tokens[prompt_reset_since:]
+        backend.encode(mel.window(seek, segment_size))
+        if options.multilingual:
+            language = language_probabilities(backend, tokenizer)[0][0]
+        prompt = get_prompt(tokenizer, previous_tokens, language, task, options.without_timestamps)
+        result = generate_with_fallback(backend, tokenizer, prompt, options, suppress_blank_ids, rng)
+        previous_seek = seek
+        if options.no_speech_threshold is not None:
+            skip = result.no_speech_prob > options.no_speech_threshold
+            if options.log_prob_threshold is not None and result.avg_logprob > options.log_prob_threshold:
+                skip = False
+            if skip:
+                seek += segment_size
+                if progress:
+                    progress(min(content_frames, seek) * TIME_PER_FRAME, content_duration)
+                continue
+        parts, seek, _ = split_segments(tokenizer, result.tokens, time_offset, segment_size, segment_duration, seek)
+        for part in parts:
+            text = tokenizer.decode(part["tokens"])
+            if part["start"] == part["end"] or not text.strip():
+                continue
+            all_tokens.extend(part["tokens"])
+            idx += 1
+            yield Segment(id=idx, seek=previous_seek, start=part["start"], end=part["end"], text=text,
+                          tokens=part["tokens"], avg_logprob=result.avg_logprob,
+                          compression_ratio=result.compression_ratio, no_speech_prob=result.no_speech_prob,
+                          words=None, temperature=result.temperature)
+        if not options.condition_on_previous_text or result.temperature > options.prompt_reset_on_temperature:
+            prompt_reset_since = len(all_tokens)
+        if progress:
+            progress(min(content_frames, seek) * TIME_PER_FRAME, content_duration)

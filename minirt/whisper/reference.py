@@ -8,6 +8,8 @@ accurate to a few units in the last place.
 """
 from __future__ import annotations
 
+import contextlib
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -56,6 +58,21 @@ def softmax(x, axis=-1):
     return x
 
 
+@lru_cache(maxsize=None)
+def _blas_controller():
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return None
+    return ThreadpoolController()
+
+
+def blas_threads(n):
+    """A context in which BLAS uses at most n threads (threadpoolctl, when installed; else BLAS's default)."""
+    ctl = _blas_controller() if n else None
+    return ctl.limit(limits=n, user_api="blas") if ctl is not None else contextlib.nullcontext()
+
+
 class _Linear:
     __slots__ = ("wt", "b")
 
@@ -76,10 +93,14 @@ class ReferenceBackend:
 
     name = "numpy reference (float32, CPU)"
 
-    def __init__(self, weights: dict, config: dict, precision: str = "fp32"):
+    def __init__(self, weights: dict, config: dict, precision: str = "fp32", threads: int | None = 1):
+        """threads: BLAS threads while the backend computes (None: BLAS's default). One is the default: the
+        decoder's matrices are small, and on a busy machine BLAS threads waiting for each other cost several
+        times the work (needs threadpoolctl, which the whisper extra installs)."""
         if precision not in ("fp32", "fp16"):
             raise ValueError(f"precision must be fp32 or fp16, got {precision!r}")
         self.precision = precision
+        self.threads = threads
 
         def get(name, required=True):
             if name not in weights:
@@ -117,7 +138,8 @@ class ReferenceBackend:
         self.embed = get(f"{d}.embed_tokens.weight")
         self.dec_pos = get(f"{d}.embed_positions.weight")
         proj = get("proj_out.weight", required=False)
-        self.proj_t = self.embed.T if proj is None else np.ascontiguousarray(proj.T)     # [d_model, vocab]
+        # [d_model, vocab], contiguous: BLAS reads it about twice as fast as the transposed embedding
+        self.proj_t = np.ascontiguousarray((self.embed if proj is None else proj).T)
         self.dec_layers = []
         for i in range(int(config["decoder_layers"])):
             p = f"{d}.layers.{i}"
@@ -164,6 +186,10 @@ class ReferenceBackend:
         return (softmax(s) @ vh).transpose(1, 0, 2).reshape(tq, dm)
 
     def encode(self, features: np.ndarray) -> None:
+        with blas_threads(self.threads):
+            self._encode(features)
+
+    def _encode(self, features):
         x = np.asarray(features, np.float32)
         if x.ndim == 3 and x.shape[0] == 1:
             x = x[0]
@@ -246,16 +272,18 @@ class ReferenceBackend:
         self._k = [np.zeros(shape, np.float32) for _ in self.dec_layers]
         self._v = [np.zeros(shape, np.float32) for _ in self.dec_layers]
         self._len = 0
-        h = self._decode(self._embed(prompt, 0)[None])[0]
-        return h[list(positions)] @ self.proj_t
+        with blas_threads(self.threads):
+            h = self._decode(self._embed(prompt, 0)[None])[0]
+            return h[list(positions)] @ self.proj_t
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
         tokens = np.asarray(tokens).reshape(-1)
         if self._k is None or len(tokens) != self._k[0].shape[0]:
             raise ValueError(f"step() got {len(tokens)} tokens for a batch of "
                              f"{0 if self._k is None else self._k[0].shape[0]}")
-        h = self._decode(self._embed(tokens[:, None], self._len))[:, 0]
-        return h @ self.proj_t
+        with blas_threads(self.threads):
+            h = self._decode(self._embed(tokens[:, None], self._len))[:, 0]
+            return h @ self.proj_t
 
     def reorder(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, np.int64).reshape(-1)

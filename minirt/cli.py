@@ -158,6 +158,7 @@ def main():
       minirt run models/whisper-tiny-encoder.onnx models/whisper-tiny-input.npy
       minirt plan models/whisper-tiny-encoder.onnx
       minirt profile models/whisper-tiny-encoder.onnx --runs 10
+      minirt transcribe speech.wav --model whisper-tiny.en
     `minirt COMMAND --help` shows each command's options and examples.
 
     \b
@@ -669,6 +670,108 @@ def profile(model, input, storage, device, runs, warmup, top, json_path, csv_pat
         text = fn(res).encode()
         _write_atomic(path, lambda f, text=text: f.write(text))
         click.echo(f"wrote {path}")
+
+
+def _output_targets(ctx, audio, output, fmt):
+    """[(audio, output path or None)]: one AUDIO writes to -o FILE (or stdout); several write into -o FOLDER as
+    <stem>.<format> (or to stdout, each after a '==> AUDIO <==' line). Every path is checked now, before the model
+    is loaded; a usage error names the bad one."""
+    if output is None:
+        return [(a, None) for a in audio]
+    if len(audio) == 1 and not (output.endswith(("/", os.sep)) or os.path.isdir(output)):
+        return [(audio[0], _check_output(ctx, _param(ctx, "output"), output))]
+    if not os.path.isdir(output):
+        raise click.BadParameter(f"{output!r}: with several AUDIO files -o names an existing folder "
+                                 f"(each transcript is written there as <name>.{fmt})", ctx=ctx,
+                                 param=_param(ctx, "output"))
+    targets, seen = [], {}
+    for a in audio:
+        target = os.path.join(output, os.path.splitext(os.path.basename(a))[0] + f".{fmt}")
+        if target in seen:
+            raise click.BadParameter(f"{seen[target]!r} and {a!r} would both be written to {target!r}", ctx=ctx,
+                                     param=_param(ctx, "output"))
+        seen[target] = a
+        targets.append((a, _check_output(ctx, _param(ctx, "output"), target)))
+    return targets
+
+
+def _param(ctx, name):
+    return next(p for p in ctx.command.params if p.name == name)
+
+
+@main.command()
+@click.argument("audio", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--model", "model_path", required=True, type=click.Path(),
+              help="A Whisper model folder: Hugging Face (model.safetensors, config.json, tokenizer.json) or "
+                   "CTranslate2 / faster-whisper (model.bin, config.json, tokenizer.json).")
+@click.option("--beam-size", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Beam search width; 1 is greedy decoding.")
+@click.option("--language", default=None, metavar="CODE",
+              help="The spoken language (en, de, ...); detected from the first 30 s when not given. English-only "
+                   "models always use en.")
+@click.option("--no-timestamps", is_flag=True, help="Decode without timestamp tokens (one segment per 30 s window).")
+@click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+              help="fp16 rounds the weights to float16 (the numpy reference still computes in float32).")
+@click.option("--format", "fmt", type=click.Choice(["txt", "json", "srt", "vtt"]), default="txt", show_default=True,
+              help='txt: a line per segment; json: {"text", "language", "duration", "segments": [{"id", "start", '
+                   '"end", "text", "tokens"}]}; srt, vtt: subtitles.')
+@click.option("-o", "--output", type=click.Path(), default=None,
+              help="Write the transcript to this file (one AUDIO) or into this folder as <name>.<format> (several); "
+                   "default: stdout.")
+@quiet_opt
+@click.pass_context
+def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, precision, fmt, output, quiet):
+    """Transcribe speech in AUDIO files (WAV at any rate; FLAC, OGG, ... with the soundfile package) with a
+    Whisper model, as faster-whisper does (its default options: beam search, temperature fallback, previous text
+    as the prompt).
+
+    The decoder runs minirt.whisper's numpy reference on the CPU.
+
+    \b
+    Examples:
+      minirt transcribe speech.wav --model whisper-tiny.en
+      minirt transcribe talk.flac --model faster-whisper-small --format srt -o talk.srt
+      minirt transcribe a.wav b.wav --model whisper-base --format json -o transcripts/
+    """
+    targets = _output_targets(ctx, audio, output, fmt)
+    from .whisper.model import WhisperModel
+    from .whisper.output import render
+    try:
+        for a in audio:
+            if not os.path.isfile(a):
+                raise InputError(f"{a}: no such file")
+        with _Status(quiet) as status:
+            status("loading the model")
+            model = WhisperModel(model_path, precision=precision)
+            status.done()
+        if language is not None:
+            if not model.is_multilingual and language != "en":
+                click.echo(f"warning: the model is English-only; --language {language} is ignored", err=True)
+                language = None
+            elif model.is_multilingual and language not in model.supported_languages:
+                raise click.BadParameter(f"{language!r} is not a language of this model (known: "
+                                         f"{', '.join(model.supported_languages)})", ctx=ctx,
+                                         param=_param(ctx, "language"))
+        for a, target in targets:
+            name = os.path.basename(a)
+            with _Status(quiet) as status:
+                status(f"transcribing {name}")
+
+                def progress(done, total, status=status, name=name):
+                    status(f"transcribing {name}: {done:.0f} of {total:.0f} s")
+                segments, info = model.transcribe(a, beam_size=beam_size, language=language,
+                                                  without_timestamps=no_timestamps, progress=progress)
+                text = render(fmt, segments, info)
+            if target is None:
+                if len(targets) > 1:
+                    click.echo(f"==> {a} <==")
+                click.echo(text, nl=False)
+            else:
+                _write_atomic(target, lambda f, text=text: f.write(text.encode("utf-8")))
+                if not quiet:
+                    click.echo(f"wrote {target}", err=True)
+    except (MinirtError, MemoryError) as e:
+        _fail(e)
 
 
 def _shapes(plan, names):

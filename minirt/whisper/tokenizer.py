@@ -12,17 +12,6 @@ from ..errors import ModelError
 
 TASKS = ("transcribe", "translate")
 
-# Whisper's language codes in vocabulary order (<|en|> is the token after <|startoftranscript|>); large-v3 adds yue.
-LANGUAGE_CODES = (
-    "en", "zh", "de", "es", "ru", "ko", "fr", "ja", "pt", "tr", "pl", "ca", "nl", "ar", "sv", "it", "id", "hi", "fi",
-    "vi", "he", "uk", "el", "ms", "cs", "ro", "da", "hu", "ta", "no", "th", "ur", "hr", "bg", "lt", "la", "mi", "ml",
-    "cy", "sk", "te", "fa", "lv", "bn", "sr", "az", "sl", "kn", "et", "mk", "br", "eu", "is", "hy", "ne", "mn", "bs",
-    "kk", "sq", "sw", "gl", "mr", "pa", "si", "km", "sn", "yo", "so", "af", "oc", "ka", "be", "tg", "sd", "gu", "am",
-    "yi", "lo", "uz", "fo", "ht", "ps", "tk", "nn", "mt", "sa", "lb", "my", "bo", "tl", "mg", "as", "tt", "haw", "ln",
-    "ha", "ba", "jw", "su", "yue",
-)
-
-
 def load_tokenizers_json(path):
     """A tokenizers.Tokenizer from a tokenizer.json; ModelError when the library is missing or the file is bad."""
     try:
@@ -93,12 +82,14 @@ class WhisperTokenizer:
 
     @cached_property
     def language_tokens(self) -> dict:
-        """{language code: token id} of the languages this vocabulary has, in vocabulary order."""
+        """{language code: token id}: the tokens between <|startoftranscript|> and <|translate|>, in vocabulary
+        order, named as the vocabulary names them (CTranslate2's language detection reports those names; some
+        tokenizer.json files have <|iw|> where others have <|he|>)."""
         out = {}
-        for code in LANGUAGE_CODES:
-            i = self._id(f"<|{code}|>")
-            if i is not None and self.sot < i < self.translate:
-                out[code] = i
+        for i in range(self.sot + 1, self.translate or self.sot + 1):
+            tok = self.tokenizer.id_to_token(i)
+            if tok and tok.startswith("<|") and tok.endswith("|>"):
+                out[tok[2:-2]] = i
         return out
 
     def language_token(self, code: str) -> int:

@@ -87,10 +87,10 @@ def test_bad_models_and_audio_exit_3(ct2_dir, tmp_path):
     assert r.exit_code == 3 and "no such model folder" in r.stderr
     no_tok = tmp_path / "no-tokenizer"
     no_tok.mkdir()
-    for f in ("model.bin", "config.json", "vocabulary.txt"):
+    for f in ("model.bin", "config.json"):
         os.symlink(os.path.join(ct2_dir, f), no_tok / f)
     r = run(SPEECH, "--model", str(no_tok))
-    assert r.exit_code == 3 and "no tokenizer.json" in r.stderr and "vocabulary.txt" in r.stderr
+    assert r.exit_code == 3 and "no tokenizer.json" in r.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
     r = run(SPEECH, "--model", str(empty))
@@ -130,3 +130,24 @@ def test_transcribe_refuses_what_it_does_not_do(ct2_dir):
         m.transcribe(np.zeros((2, 2, 2), np.float32))
     with pytest.raises(ValueError, match="beam_size"):
         m.transcribe(np.zeros(16000, np.float32), beam_size=0)
+
+
+def test_ctranslate2_folder_with_only_a_vocabulary(ct2_dir, tmp_path):
+    """A faster-whisper folder without tokenizer.json: the tokenizer is rebuilt from vocabulary.txt (the merges
+    recovered from the token order) and gives the same ids and transcript."""
+    from minirt.whisper import WhisperModel
+    from minirt.whisper.vocabulary import merges_from_vocabulary, read_vocabulary
+    for f in ("model.bin", "config.json", "vocabulary.txt"):
+        os.symlink(os.path.join(ct2_dir, f), tmp_path / f)
+    tokens = read_vocabulary(tmp_path / "vocabulary.txt")
+    merges = json.loads(open(os.path.join(ct2_dir, "tokenizer.json"), encoding="utf-8").read())["model"]["merges"]
+    assert merges_from_vocabulary(tokens, 50256) == [tuple(m.split(" ")) for m in merges]
+    a, b = WhisperModel(tmp_path), WhisperModel(ct2_dir)
+    text = " Hello, this is a short test. Ça va? 東京 — naïve (( [DAVID] ♪♪ don't"
+    assert a.tokenizer.encode(text) == b.tokenizer.encode(text)
+    assert a.tokenizer.non_speech_tokens == b.tokenizer.non_speech_tokens
+    for name in ("eot", "sot", "no_speech", "no_timestamps", "sot_prev", "transcribe"):
+        assert getattr(a.tokenizer, name) == getattr(b.tokenizer, name)
+    sa = list(a.transcribe(SPEECH, beam_size=1)[0])
+    sb = list(b.transcribe(SPEECH, beam_size=1)[0])
+    assert [(s.tokens, s.text) for s in sa] == [(s.tokens, s.text) for s in sb]

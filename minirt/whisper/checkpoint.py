@@ -1,5 +1,6 @@
 """Find and read a Whisper checkpoint folder: Hugging Face (model.safetensors + config.json) or CTranslate2 /
-faster-whisper (model.bin + config.json), each with a tokenizer.json. Weights come out Hugging Face-named, as
+faster-whisper (model.bin + config.json), each with a tokenizer.json (or, in a CTranslate2 folder, its
+vocabulary.txt / vocabulary.json). Weights come out Hugging Face-named, as
 ReferenceBackend (and the Vulkan decoder) take them.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ class Checkpoint:
     kind: str                     # "huggingface" or "ctranslate2"
     weights: dict                 # Hugging Face names -> arrays (stored dtype)
     config: dict                  # Hugging Face WhisperConfig keys
-    tokenizer_path: str
+    tokenizer_path: str           # tokenizer.json, or a CTranslate2 vocabulary.txt / vocabulary.json
     begin_suppress: list = field(default_factory=list)     # suppress_blank's tokens; [] = the tokenizer's default
 
     @property
@@ -62,12 +63,13 @@ def load_checkpoint(path) -> Checkpoint:
     if "decoder_layers" not in config or "model.decoder.embed_tokens.weight" not in weights:
         raise ModelError(f"{folder}: the checkpoint has no decoder (an encoder-only conversion?); transcription "
                          f"needs the whole model")
-    if not os.path.isfile(tok):
-        vocab = [f for f in os.listdir(folder) if f.startswith("vocabulary.")]
-        raise ModelError(f"{folder}: no tokenizer.json" + (f" (only {vocab[0]}, which has no BPE merges)" if vocab
-                                                            else "")
-                         + "; copy the tokenizer.json of the matching Hugging Face Whisper model (e.g. "
-                           "openai/whisper-tiny.en) into the folder")
+    if not os.path.isfile(tok):      # a CTranslate2 vocabulary file will do (vocabulary.py rebuilds the merges)
+        tok = next((os.path.join(folder, f) for f in ("vocabulary.json", "vocabulary.txt")
+                    if os.path.isfile(os.path.join(folder, f))), None)
+        if tok is None:
+            raise ModelError(f"{folder}: no tokenizer.json (nor a CTranslate2 vocabulary.txt / vocabulary.json); "
+                             f"copy the tokenizer.json of the matching Hugging Face Whisper model (e.g. "
+                             f"openai/whisper-tiny.en) into the folder")
     begin = []
     if kind == "ctranslate2":
         cfg = _read_json(os.path.join(folder, "config.json")) if os.path.isfile(os.path.join(folder, "config.json")) \

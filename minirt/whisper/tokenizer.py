@@ -6,6 +6,7 @@ English-only models (vocabulary below 51865 entries: tiny.en, base.en, ...) star
 """
 from __future__ import annotations
 
+import os
 from functools import cached_property
 
 from ..errors import ModelError
@@ -37,6 +38,11 @@ class WhisperTokenizer:
 
     @classmethod
     def from_file(cls, path, multilingual: bool) -> "WhisperTokenizer":
+        """From a tokenizer.json, or a CTranslate2 vocabulary.txt / vocabulary.json (vocabulary.py)."""
+        name = os.path.basename(os.fspath(path))
+        if name.startswith("vocabulary.") and not name.endswith("tokenizer.json"):
+            from .vocabulary import tokenizer_from_vocabulary
+            return cls(tokenizer_from_vocabulary(path), multilingual)
         return cls(load_tokenizers_json(path), multilingual)
 
     def _id(self, token: str):

@@ -109,6 +109,22 @@ def test_25s_clip_greedy_beam_and_without_timestamps(oracle, model):
 
 
 @needs_espeak
+@pytest.mark.parametrize("options", [
+    dict(beam_size=3, patience=2.0), dict(beam_size=4, length_penalty=0.0),
+    dict(beam_size=2, length_penalty=0.6, patience=1.5), dict(beam_size=1, repetition_penalty=1.3),
+    dict(beam_size=3, no_repeat_ngram_size=2), dict(beam_size=1, suppress_blank=False, suppress_tokens=None),
+    dict(beam_size=1, max_new_tokens=10), dict(beam_size=1, max_initial_timestamp=0.0)],
+    ids=["patience", "length-penalty-0", "length-penalty-patience", "repetition-penalty", "no-repeat-ngram",
+         "no-suppression", "max-new-tokens", "max-initial-timestamp-0"])
+def test_decoding_options(oracle, model, options):
+    """CTranslate2's search and filter options as faster-whisper passes them, on a 14 s clip."""
+    audio, _ = speech_clips.clip_of_length(3, 14)
+    fs, ms = both(oracle, model, audio, temperature=0.0, **options)
+    assert ms
+    assert_same(fs, ms)
+
+
+@needs_espeak
 def test_two_windows_prompt_options(oracle, model):
     """About 45 s: two windows, the second prompted with the first's text (or not), an initial prompt."""
     audio, _ = speech_clips.clip_of_length(5, 45, pause=0.7)

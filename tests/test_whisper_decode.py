@@ -126,8 +126,9 @@ def test_decoding_options(oracle, model, options):
 
 @needs_espeak
 def test_two_windows_prompt_options(oracle, model):
-    """About 45 s: two windows, the second prompted with the first's text (or not), an initial prompt."""
-    audio, _ = speech_clips.clip_of_length(5, 45, pause=0.7)
+    """About 35 s: two windows, the second prompted with the first's text (or not), an initial prompt."""
+    audio, _ = speech_clips.clip_of_length(5, 36, pause=0.7)
+    assert len(audio) > 30 * 16000
     for options in (dict(initial_prompt="Sentences read aloud for a test."),
                     dict(condition_on_previous_text=False)):
         fs, ms = both(oracle, model, audio, beam_size=1, temperature=0.0, **options)

@@ -72,7 +72,8 @@ def check_split(B, Tq, Tk, H, dh, S, storages=STORAGES, seed=0, spread=2.0):
     (1, 7, 101, 2, 64, 2),     # few query rows, 4 key blocks (the last ragged), 101 keys not a multiple of S
     (1, 130, 101, 2, 32, 3),   # 3 query blocks (the last partial), 4 key blocks over 3 splits
     (2, 21, 45, 3, 16, 5),     # batch 2, cross attention; 3 key blocks over 5 splits: 2 are empty
-    (1, 50, 77, 1, 128, 5),    # the largest head dim; 3 key blocks, 5 splits
+    (1, 50, 77, 1, 64, 5),     # 3 key blocks, 5 splits (head dim 128, the largest, compiles for a minute on a CPU
+                               # driver: it runs unsplit in test_fuse_attention; the splits' logic does not depend on it)
     (1, 9, 33, 2, 64, 16),     # 2 key blocks, 16 splits: 14 empty
 ])
 def test_forced_splits_match_numpy(B, Tq, Tk, H, dh, S):

@@ -5,6 +5,7 @@ pauses. The same espeak-ng version gives the same samples, so a clip is cached p
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import shutil
 import subprocess
@@ -65,7 +66,7 @@ def speak(text: str, voice: str = "en-us", speed: int = 165) -> np.ndarray:
         samples, rate = read_wav(str(wav))
     out = soxr.resample(samples, rate, 16000).astype(np.float32)
     cached.parent.mkdir(parents=True, exist_ok=True)
-    tmp_path = cached.with_suffix(f".tmp{id(out)}.npy")
+    tmp_path = cached.with_suffix(f".tmp{os.getpid()}.npy")
     np.save(tmp_path, out)
     tmp_path.replace(cached)
     return out

@@ -151,3 +151,9 @@ def test_ctranslate2_folder_with_only_a_vocabulary(ct2_dir, tmp_path):
     sa = list(a.transcribe(SPEECH, beam_size=1)[0])
     sb = list(b.transcribe(SPEECH, beam_size=1)[0])
     assert [(s.tokens, s.text) for s in sa] == [(s.tokens, s.text) for s in sb]
+
+
+def test_help_has_examples_and_the_command_is_listed():
+    r = CliRunner().invoke(main, ["transcribe", "--help"])
+    assert r.exit_code == 0 and "Examples" in r.output and "minirt transcribe" in r.output
+    assert "transcribe" in CliRunner().invoke(main, ["--help"]).output

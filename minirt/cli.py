@@ -506,6 +506,9 @@ def devices():
                    + (f"; {p.compute_units} multiprocessors" if p.compute_units else ""))
         click.echo(f"      push constants {p.max_push_constants} B; image3D {p.max_image_3d}; "
                    f"storage buffer range {p.max_storage_buffer_range >> 20} MiB")
+        click.echo(f"      memory: device-local heap {p.device_heap >> 20} MiB, "
+                   + ("shared with host-visible memory" if p.unified_heap else f"host-visible heap {p.host_heap >> 20} MiB")
+                   + f"; largest allocation {p.max_allocation >> 20} MiB")
         feats = [f for f, on in (("fp16", p.fp16), ("16-bit storage", p.storage16),
                                  ("cooperative matrix", p.cooperative_matrix)) if on]
         click.echo(f"      features: {', '.join(feats) or 'none of fp16 / 16-bit storage / cooperative matrix'}; "

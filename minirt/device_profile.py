@@ -82,6 +82,11 @@ class DeviceProfile:
     # where 16 x 16 cooperative matrices keep their elements, when minirt/vk/coopmat_probe.py matched one of
     # COOPMAT_LAYOUTS on the device ("" elsewhere): kernels that index accumulator elements need it
     coopmat_layout: str = ""
+    # memory, as the driver reports it; 0 where not known (the fakes in KNOWN_PROFILES), and then not checked:
+    device_heap: int = 0          # bytes of the heap that device-local memory (weights, activations) comes from
+    host_heap: int = 0            # bytes of the heap that host-visible memory (input staging, output readback) comes from
+    unified_heap: bool = False    # one heap holds both (CPUs, integrated GPUs): together they must fit it
+    max_allocation: int = 0       # maxMemoryAllocationSize: no tensor may need more in one allocation
 
     def __post_init__(self):
         # Catch typos in hand-written fakes early.

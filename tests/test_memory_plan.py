@@ -1,5 +1,7 @@
 """The memory plan: tensors alive at the same time never share bytes; dead ones are reused. The barriers between
-dispatches that touch the same bytes. Both the same as a plain quadratic reference, in seconds at 20,000 tensors."""
+dispatches that touch the same bytes. Both the same as a plain quadratic reference, in seconds at 20,000 tensors.
+The device's memory: a plan that cannot fit is refused before anything is allocated."""
+import dataclasses
 import itertools
 import random
 import time
@@ -10,8 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
-from minirt import Session
-from minirt.planner.memory_plan import assign_offsets
+from minirt import Session, UnsupportedError
+from minirt.device_profile import KNOWN_PROFILES
+from minirt.infer import prepare
+from minirt.loaders import load
+from minirt.planner import make_plan
+from minirt.planner.memory_plan import assign_offsets, memory_needs
 from minirt.vk.recorder import barrier_points
 from oracle import make_model
 
@@ -182,3 +188,110 @@ def test_a_gather_of_20000_shuffled_indices_plans_and_runs_in_seconds():
     elapsed = time.perf_counter() - t0
     np.testing.assert_array_equal(y, x[idx])
     assert elapsed < 30, f"{elapsed:.0f} s"
+
+
+# -- what a plan needs of the device's memory -----------------------------------------------------------------------
+
+def _expand(shape):
+    """x [1] -> Expand -> y of `shape`: one output of any size from nothing."""
+    return make_model([helper.make_node("Expand", ["x", "s"], ["y"])], {"x": [1]}, ["y"],
+                      {"s": np.array(shape, np.int64)})
+
+
+def _plan(model, profile, **options):
+    return make_plan(prepare(load(model)), profile, "buffer", options)
+
+
+def test_memory_needs_add_up_what_the_executor_allocates():
+    """Output y of 2^18 floats (1 MiB): the arena holds it and x (4 bytes, alive with it), its readback buffer another
+    copy of y."""
+    p = KNOWN_PROFILES["lavapipe"]
+    needs = {what: (heap, n) for what, heap, n in memory_needs(_plan(_expand([512, 512]), p), p)}
+    assert needs == {"activations": ("device", (1 << 20) + 4), "input 'x' staging": ("host", 4),
+                     "output 'y' readback": ("host", 1 << 20)}, needs
+    with Session(_expand([512, 512]), storage="buffer") as s:
+        assert next(iter(s._execs.values())).res.arena_bytes == needs["activations"][1]
+
+
+def test_a_plan_beyond_a_heap_is_refused():
+    """Each heap on its own (a discrete GPU: device-local memory, and host-visible memory for staging and readback),
+    or one sum where one heap holds both. Unknown sizes (0, as in the fake profiles) are not checked."""
+    p = KNOWN_PROFILES["nvidia-h200"]
+    model = _expand([512, 512])                   # 1 MiB in the arena, 1 MiB of readback
+    _plan(model, p)
+    for changes, match in [(dict(device_heap=1 << 19), "'y' .* needs 1.0 MiB; .* device-local memory heap of 512.0 KiB"),
+                           (dict(host_heap=1 << 19), "host-visible memory heap .* of 512.0 KiB"),
+                           (dict(max_allocation=1 << 19), "maxMemoryAllocationSize"),
+                           (dict(device_heap=3 << 19), None),        # fits: 1.5 MiB of device-local memory
+                           (dict(device_heap=3 << 19, host_heap=3 << 19, unified_heap=True),
+                            r"needs 2.0 MiB of device and host-visible memory .* more than its 1.5 MiB heap: "
+                            r"activations 1.0 MiB, input 'x' staging 4 bytes, output 'y' readback 1.0 MiB; the "
+                            r"largest tensors: 'y' \[512, 512\] \(output\) 1.0 MiB")]:
+        q = dataclasses.replace(p, **changes)
+        if match is None:
+            _plan(model, q)
+        else:
+            with pytest.raises(UnsupportedError, match=match):
+                _plan(model, q)
+    # with direct I/O the output lives in host memory only: 1 MiB of each heap
+    q = dataclasses.replace(p, device_heap=3 << 19, host_heap=3 << 19)
+    _plan(model, q, direct_io="out")
+    with pytest.raises(UnsupportedError, match="host-visible"):
+        _plan(model, dataclasses.replace(q, host_heap=1 << 19), direct_io="out")
+
+
+def _allocations(monkeypatch):
+    """Counts vkAllocateMemory calls from here on."""
+    import vulkan
+    real, calls = vulkan.vkAllocateMemory, []
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+    monkeypatch.setattr(vulkan, "vkAllocateMemory", counted)
+    return calls
+
+
+def test_an_output_beyond_the_device_heap_is_refused_before_allocating(monkeypatch):
+    """On a device whose heap is smaller than the plan (here a 1 MiB heap in the device's profile): an output too big
+    for it alone, or outputs that fit alone but not with their readback copies, are refused at Session creation with
+    the tensor and the sizes, before any memory is allocated and with no Vulkan object left; Sessions that fit still
+    run, and a model with a symbolic dim is refused at the run whose shape does not fit, and stays usable."""
+    from minirt.session import get_device
+    from minirt.vk.executor import live_objects
+    dev = get_device()
+    monkeypatch.setattr(dev, "profile", dataclasses.replace(dev.profile, device_heap=1 << 20, host_heap=1 << 20,
+                                                            unified_heap=True, max_allocation=1 << 20))
+    before, calls = live_objects(), _allocations(monkeypatch)
+    for storage in ("buffer", "texture"):
+        with pytest.raises(UnsupportedError, match=r"tensor 'y' \[2, 512, 512\] \(output\) needs 2.0 MiB; '.*' "
+                                                   r"allows at most 1.0 MiB in one allocation"):
+            Session(_expand([2, 512, 512]), storage=storage)
+        with pytest.raises(UnsupportedError, match=r"needs 1.\d MiB of device and host-visible memory .* more than "
+                                                   r"its 1.0 MiB heap: .*output 'y' readback 640.0 KiB.*'y' \[640, 256\]"):
+            Session(_expand([640, 256]), storage=storage)      # 640 KiB: in the arena and again in its readback
+    assert not calls and live_objects() == before
+    x = np.ones(1, np.float32)
+    with Session(_expand([256, 256]), storage="buffer") as s:
+        np.testing.assert_array_equal(s.run(x), np.ones((256, 256), np.float32))
+    m = make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": ["n"]}, ["y"])
+    with Session(m, storage="buffer") as s:
+        np.testing.assert_array_equal(s.run(-np.ones(1000, np.float32)), np.zeros(1000, np.float32))
+        with pytest.raises(UnsupportedError, match="device and host-visible memory"):
+            s.run(np.ones(100_000, np.float32))                # 400 KB in, 400 KB out, each twice
+        np.testing.assert_array_equal(s.run(np.ones(1000, np.float32)), np.ones(1000, np.float32))
+    assert live_objects() == before
+
+
+def test_the_heap_the_device_reports_is_checked(monkeypatch):
+    """An output of 2.25 GiB (a texture: 4096 x 4096 x 9 texels) on the device as it is: refused where the device
+    reports a smaller heap (lavapipe: 2 GiB), without allocating."""
+    from minirt.session import get_device
+    from minirt.vk.executor import live_objects
+    p = get_device().profile
+    if not p.device_heap or p.device_heap >= 5 << 30:
+        pytest.skip(f"'{p.name}' reports a heap of {p.device_heap} bytes")
+    before, calls = live_objects(), _allocations(monkeypatch)
+    with pytest.raises(UnsupportedError, match=r"tensor 'y' \[1, 36, 4096, 4096\] \(output\) needs 2.25 GiB"):
+        Session(_expand([1, 36, 4096, 4096]), storage="texture")
+    assert not calls and live_objects() == before

@@ -16,7 +16,8 @@ Pass order (each pass is one module of this package):
  11. fuse_reduce_layer_norm (fuse_reduce_layer_norm.py)  on the Plan: a split GEMM's reduce pass also does the
                                             LayerNorm that reads its output
  12. local sizes      (minirt.lwg)          one deterministic local size per dispatch
- 13. memory plan      (memory_plan.py)      lifetimes for memory reuse (option memory_reuse=False: none)
+ 13. memory plan      (memory_plan.py)      lifetimes for memory reuse (option memory_reuse=False: none), and
+                                            the check that the device can hold what the plan allocates
 The planner never imports vulkan: everything it decides is plain data in the Plan. Each graph pass is
 fn(graph, options, profile): the Session's Options (storage resolved for the device) and the DeviceProfile."""
 from __future__ import annotations
@@ -84,6 +85,7 @@ def make_plan(graph, profile, storage=None, options=None) -> Plan:
         plan.lifetimes = {k: (-1, len(plan.dispatches)) for k in plan.lifetimes}
     plan.poison = options.poison
     _run_settings(plan, options, profile)
+    memory_plan.check_memory(plan, profile)
     return plan
 
 

@@ -1,4 +1,5 @@
-"""Memory plan: when each tensor is alive, and offsets that let dead tensors' memory be reused.
+"""Memory plan: when each tensor is alive, offsets that let dead tensors' memory be reused, and what a plan
+allocates, checked against the device's memory before anything is allocated.
 
 Pure functions: the planner uses them with tensor byte sizes, the executor with the sizes and
 alignments the driver reports for images.
@@ -8,9 +9,11 @@ from __future__ import annotations
 import random
 from bisect import bisect_left, bisect_right
 
+from ..errors import UnsupportedError
 from ..plan import CONSTANT, HOST_IN, HOST_OUT, WEIGHT, Plan
 
 PINNED = (CONSTANT, WEIGHT, HOST_IN, HOST_OUT)   # never aliased: they hold data across runs
+UPLOAD_CHUNK = 64 << 20     # the weight upload's staging buffer holds at most this (minirt/vk/upload.py)
 
 
 def lifetimes(plan: Plan) -> dict[str, tuple[int, int]]:
@@ -33,6 +36,101 @@ def lifetimes(plan: Plan) -> dict[str, tuple[int, int]]:
         span = live.setdefault(r, [n, n])
         span[1] = n
     return {k: (v[0], v[1]) for k, v in live.items()}
+
+
+def buffer_alignment(profile) -> int:
+    """Where buffer tensors may start in the arena and the weights buffer: the device's storage buffer offset
+    alignment, at least 16 bytes."""
+    return max(profile.min_storage_buffer_offset_alignment, 16)
+
+
+def _arena_tensors(plan: Plan):
+    """The root tensors of plan.lifetimes in buffer storage, except those bound in host memory (plan.direct_io)."""
+    return [t for t in plan.tensors.values()
+            if t.name in plan.lifetimes and not t.view_of and t.storage == "buffer" and t.role not in plan.direct_io]
+
+
+def arena(plan: Plan, align: int):
+    """The activation arena, one buffer for the buffer activations: ({name: byte offset}, bytes)."""
+    return assign_offsets([(t.name, t.nbytes, align, *plan.lifetimes[t.name]) for t in _arena_tensors(plan)], align)
+
+
+def _peak(items) -> int:
+    """The most bytes alive at once: [(size, first, last)]."""
+    events = sorted([(f, s) for s, f, _ in items] + [(l + 1, -s) for s, _, l in items])    # ends before starts
+    live = most = 0
+    for _, s in events:
+        live += s
+        most = max(most, live)
+    return most
+
+
+def memory_needs(plan: Plan, profile, reuse: bool = True) -> list[tuple[str, str, int]]:
+    """What an executor allocates for the plan and keeps until it closes (minirt/vk/resources.py and upload.py):
+    [(what, "device" or "host" memory, bytes)]. Buffers as laid out there (the driver may round each up a little);
+    textures at their texel bytes, which the driver's image sizes and alignments only add to, the activation ones as
+    the most alive at once (their memory plan uses the driver's sizes). Device-local: the weights buffer, the constant
+    textures, the activation arena and textures; host-visible: each input's staging and output's readback, and the
+    weight upload's staging. reuse=False: the arena as if no two activations shared bytes (no memory plan to make;
+    never less than the real one)."""
+    align = buffer_alignment(profile)
+    consts = [t for t in plan.tensors.values() if t.role in (WEIGHT, CONSTANT) and not t.view_of]
+    out = [("weights", "device", sum(-(-t.nbytes // align) * align for t in consts if t.storage == "buffer")),
+           ("constant textures", "device", sum(t.nbytes for t in consts if t.storage == "texture"))]
+    if reuse:
+        out.append(("activations", "device", arena(plan, align)[1]))
+    else:
+        out.append(("activations", "device", sum(-(-t.nbytes // align) * align for t in _arena_tensors(plan))))
+    out.append(("activation textures", "device", _peak(
+        [(t.nbytes, *plan.lifetimes[t.name]) for t in plan.tensors.values()
+         if t.name in plan.lifetimes and not t.view_of and t.storage == "texture"])))
+    out += [(f"input '{n}' staging", "host", plan.tensors[n].nbytes) for n in plan.inputs]
+    out += [(f"output '{n}' readback", "host", plan.tensors[n].nbytes) for n in plan.outputs]
+    uploads = [t.nbytes if t.storage == "texture" else t.data.size * t.itemsize for t in consts if t.data is not None]
+    if uploads:
+        out.append(("weight upload staging", "host", min(UPLOAD_CHUNK, max(uploads))))
+    return [(what, heap, n) for what, heap, n in out if n]
+
+
+def _size(n) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.{2 if shift == 30 else 1}f} {unit}"
+    return f"{n} bytes"
+
+
+def check_memory(plan: Plan, profile) -> None:
+    """Refuses a plan the device cannot hold, before anything is allocated: a tensor beyond the largest allocation
+    (maxMemoryAllocationSize) or beyond the memory heap it lives in, or a plan whose allocations (memory_needs) add up
+    to more than their heap (one sum on a device with one heap). Where the profile does not know a size (0: the
+    fakes in KNOWN_PROFILES), that size is not checked."""
+    p = profile
+    roots = [t for t in plan.tensors.values() if not t.view_of]
+    for t in roots:
+        host = t.name in plan.inputs or t.name in plan.outputs
+        device = not (t.role in plan.direct_io and t.storage == "buffer")
+        for limit, what in ((p.max_allocation, "allows at most {} in one allocation (maxMemoryAllocationSize)"),
+                            (p.device_heap if device else 0, "has a device-local memory heap of {}"),
+                            (p.host_heap if host else 0, "has a host-visible memory heap (staging, readback) of {}")):
+            if limit and t.nbytes > limit:
+                raise UnsupportedError(f"tensor '{t.name}' {list(t.shape)} ({t.role}) needs {_size(t.nbytes)}; "
+                                       f"'{p.name}' " + what.format(_size(limit)), [t.name])
+    if not (p.device_heap or p.host_heap):
+        return
+    for reuse in (False, True):        # the memory plan is made only where the plan would not fit without it
+        needs = memory_needs(plan, p, reuse)
+        heaps = ([("device and host-visible", p.device_heap, needs)] if p.unified_heap else
+                 [("device-local", p.device_heap, [n for n in needs if n[1] == "device"]),
+                  ("host-visible", p.host_heap, [n for n in needs if n[1] == "host"])])
+        over = [(heap, limit, parts) for heap, limit, parts in heaps if limit and sum(n for *_, n in parts) > limit]
+        if not over:
+            return
+    heap, limit, parts = over[0]
+    big = sorted(roots, key=lambda t: -t.nbytes)[:3]
+    raise UnsupportedError(
+        f"this plan needs {_size(sum(n for *_, n in parts))} of {heap} memory on '{p.name}', more than its "
+        f"{_size(limit)} heap: " + ", ".join(f"{what} {_size(n)}" for what, _, n in parts) + "; the largest tensors: "
+        + ", ".join(f"'{t.name}' {list(t.shape)} ({t.role}) {_size(t.nbytes)}" for t in big), [t.name for t in big])
 
 
 def assign_offsets(items, alignment: int = 256):

@@ -171,7 +171,9 @@ def read_profile(vk, pd) -> DeviceProfile:
     head = sms if SM_BUILTINS in exts else cus if AMD_CORES in exts else sub
     drv = ffi.new("VkPhysicalDeviceDriverProperties*", {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES,
                                                         "pNext": head})
-    p2 = ffi.new("VkPhysicalDeviceProperties2*", {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, "pNext": drv})
+    m3 = ffi.new("VkPhysicalDeviceMaintenance3Properties*",
+                 {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES, "pNext": drv})
+    p2 = ffi.new("VkPhysicalDeviceProperties2*", {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, "pNext": m3})
     vk.vkGetPhysicalDeviceProperties2(pd, p2)
     units = sms.shaderSMCount if head is sms else cus.activeComputeUnitCount if head is cus else 0
     f16 = ffi.new("VkPhysicalDeviceShaderFloat16Int8Features*",
@@ -190,6 +192,12 @@ def read_profile(vk, pd) -> DeviceProfile:
     qf = vk.vkGetPhysicalDeviceQueueFamilyProperties(pd)
     bits = next((q.timestampValidBits for q in qf if q.queueFlags & vk.VK_QUEUE_COMPUTE_BIT), 0)
     name = props.deviceName
+    # the heaps that Device.memory_type's first choice for device-local and for host-visible memory come from
+    mp = vk.vkGetPhysicalDeviceMemoryProperties(pd)
+    heaps = [next((mp.memoryTypes[i].heapIndex for i in range(mp.memoryTypeCount)
+                   if mp.memoryTypes[i].propertyFlags & flag), None)
+             for flag in (vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT)]
+    device_heap, host_heap = (0 if h is None else int(mp.memoryHeaps[h].size) for h in heaps)
     return DeviceProfile(
         name=name, vendor=classify_vendor(props.vendorID, name), vendor_id=props.vendorID,
         device_type=_TYPES.get(props.deviceType, "other"), api_version=_version(props.apiVersion),
@@ -204,7 +212,9 @@ def read_profile(vk, pd) -> DeviceProfile:
         min_storage_buffer_offset_alignment=lim.minStorageBufferOffsetAlignment,
         fp16=bool(f16.shaderFloat16), storage16=bool(s16.storageBuffer16BitAccess),
         cooperative_matrix=bool(shapes and f16.shaderFloat16 and s16.storageBuffer16BitAccess), coopmat_shapes=shapes,
-        timestamp_period=float(lim.timestampPeriod), timestamp_valid_bits=int(bits), compute_units=int(units))
+        timestamp_period=float(lim.timestampPeriod), timestamp_valid_bits=int(bits), compute_units=int(units),
+        device_heap=device_heap, host_heap=host_heap, unified_heap=heaps[0] is not None and heaps[0] == heaps[1],
+        max_allocation=int(m3.maxMemoryAllocationSize))
 
 
 COOPMAT = "VK_KHR_cooperative_matrix"

@@ -14,7 +14,7 @@ from collections import namedtuple
 import numpy as np
 
 from ..errors import DeviceError, MinirtError, UnsupportedError
-from ..planner.memory_plan import assign_offsets
+from ..planner.memory_plan import arena, assign_offsets, buffer_alignment
 from .commands import color_range
 
 _Req = namedtuple("_Req", "size memoryTypeBits")   # a memory requirement covering several resources
@@ -131,10 +131,9 @@ class Resources:
         vk, plan = self.vk, self.plan
         roots = [t for t in plan.tensors.values() if t.name in plan.lifetimes and not t.view_of
                  and not self.is_direct(t)]
-        align = max(self.dev.profile.min_storage_buffer_offset_alignment, 16)
+        align = buffer_alignment(self.dev.profile)
         bufs = [t for t in roots if t.storage == "buffer"]
-        items = [(t.name, t.nbytes, align, *plan.lifetimes[t.name]) for t in bufs]
-        offsets, total = assign_offsets(items, align)
+        offsets, total = arena(plan, align)
         usage = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
                  | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
         self.arena, _, _ = self.buffer(total, usage, vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, "activations")

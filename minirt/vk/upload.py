@@ -7,9 +7,9 @@ import numpy as np
 from ..errors import DeviceError, MinirtError
 from ..layout import to_texels
 from ..plan import CONSTANT, WEIGHT, as_dtype
+from ..planner.memory_plan import UPLOAD_CHUNK, buffer_alignment
 from .commands import image_barrier, region
 
-UPLOAD_CHUNK = 64 << 20
 TIMEOUT_HINT = "the Session option timeout_s (or MINIRT_TIMEOUT_S) raises the limit"
 
 
@@ -17,7 +17,7 @@ def place_constants(res, timeout_ns):
     """Places every weight and constant of res.plan (sets res.where and res.const_buf) and uploads its data."""
     vk = res.vk
     consts = [t for t in res.plan.tensors.values() if t.role in (WEIGHT, CONSTANT) and not t.view_of]
-    align = max(res.dev.profile.min_storage_buffer_offset_alignment, 16)
+    align = buffer_alignment(res.dev.profile)
     buf_items = [t for t in consts if t.storage == "buffer"]
     img_items = [t for t in consts if t.storage == "texture"]
     off, offsets = 0, {}

@@ -4,12 +4,13 @@
 // variants: storage=buffer,texture dtype=float,half
 // Merges attention_split.comp's S partials (fp32 scratch, layout in attention.glslh) into out [B, Tq, D]:
 //   out = sum_s 2^(m_s - M) O_s / sum_s 2^(m_s - M) l_s,  M = max_s m_s  (m is in the log2 domain).
-// One invocation per (vec4 column c4, row t, batch b); an empty split (m = -1e30, l = 0, O = 0) adds nothing.
+// One invocation per (vec4 column c4, row t, batch b); an empty split (m = NEG, l = 0, O = 0) adds nothing.
 #include "common.glslh"
 
 layout(constant_id = 3) const int DH = 64;  // head dim, a multiple of 4
 const int DH4 = DH / 4;
 const int FAST_S = 4;   // up to this many splits, all loads first (the same sums in the same order)
+const float NEG = -3.402823466e38;   // attention.glslh's running-max start: an empty split's m
 
 layout(push_constant) uniform Params {
   ivec4 dims;   // Tq, heads, D / 4, S
@@ -38,7 +39,7 @@ void main() {
     const int seg = (b * H + c4 / DH4) * QB + t / p.stream.y;
     S = ((seg * nb + nb) * G - 1) / U - ((seg * nb + 1) * G - 1) / U + 1;
   }
-  float mx = -1.0e30;
+  float mx = NEG;
   float den = 0.0;
   vec4 acc = vec4(0.0);
   if (S <= FAST_S) {
@@ -46,7 +47,7 @@ void main() {
     vec2 ml[FAST_S];
     vec4 o[FAST_S];
     [[unroll]] for (int s = 0; s < FAST_S; ++s) {
-      ml[s] = s < S ? t_ml[p.base.y + r0 + s * Tq] : vec2(-1.0e30, 0.0);
+      ml[s] = s < S ? t_ml[p.base.y + r0 + s * Tq] : vec2(NEG, 0.0);
       o[s] = s < S ? t_po[(r0 + s * Tq) * DH4 + c4 % DH4] : vec4(0.0);
     }
     [[unroll]] for (int s = 0; s < FAST_S; ++s)

@@ -17,12 +17,17 @@ layout(push_constant) uniform Params {
   ivec4 pd;  // packed dims of out, a, b
 } p;
 
+// C's pow (as onnxruntime's Pow), case by case where GLSL's pow is undefined (a base of 0 or below, NaN): 1 for b = 0
+// or a = 1 whatever the other is, even NaN; otherwise a NaN gives NaN; an infinite exponent gives 0, 1 or inf by |a|
+// alone; a negative base needs an integer exponent (the result then signed by its parity), except -inf and -0, whose
+// non-integer powers are those of +inf and +0.
 float pow_f(float a, float b) {
-  if (b == 0.0) return 1.0;
-  if (isnan(a) || isnan(b)) return a + b;   // GLSL pow of NaN is undefined
-  float r = pow(abs(a), b);
-  if (a < 0.0) {
-    if (fract(b) != 0.0) return NAN_F;
+  if (b == 0.0 || a == 1.0) return 1.0;
+  if (isnan(a) || isnan(b)) return a + b;
+  if (isinf(b)) return abs(a) == 1.0 ? 1.0 : (abs(a) > 1.0) == (b > 0.0) ? abs(b) : 0.0;
+  float r = a == 0.0 ? (b < 0.0 ? uintBitsToFloat(0x7f800000u) : 0.0) : pow(abs(a), b);
+  if (floatBitsToUint(a) >= 0x80000000u) {   // a < 0, or -0
+    if (fract(b) != 0.0) return a < 0.0 && !isinf(a) ? NAN_F : r;
     if (mod(b, 2.0) == 1.0) r = -r;
   }
   return r;

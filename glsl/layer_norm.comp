@@ -5,11 +5,24 @@
 // LayerNormalization over the WHCN dims in `mask` (all dims from the axis inwards), two-pass in fp32:
 // mean, then mean of squared deviations (no cancellation for large offsets). Both passes work on x minus
 // the row's first element, so a large common offset costs no precision in the mean either. See rows.glslh.
+// Huge values: a row of finite values never gives NaN. The mean adds (x - pivot) / n, which does not overflow. The
+// pivot is the first element only where that is below PIVOT_MAX, else 0, so x - pivot stays in range; every add of
+// the scaled terms within an invocation is `precise`, as compilers may otherwise add first and scale after (Mesa's
+// and NVIDIA's do; GLSL's fma() would not be covered). Across invocations the sum goes through shared memory.
+// The squared deviations are added unscaled, as onnxruntime adds them: where their sum passes the float range the
+// variance is inf, 1 / std is 0 and the row comes out as B (x - mean, itself inf where the row spans more than the
+// float range, counts as 0 there).
 // io=out32 (fp16): the output is a float32 graph output, written as it is.
 #include "common.glslh"
 #include "rows.glslh"
 
 layout(constant_id = 3) const bool HAS_BIAS = true;
+
+// 2^102: a pivot below it leaves x - pivot finite for every finite x (past FLT_MAX by less than half its ulp). In a
+// row whose first element is this large, two elements differ by 0 or by at least 2^79 (its ulp), so unless all are
+// equal some deviation from the mean is at least 2^78, its square overflows and the output is B whatever the pivot:
+// the precision a pivot buys is not needed there.
+const float PIVOT_MAX = 5.0706024e30;
 
 TENSOR_OUT(t_out, 0)
 TENSOR_IN(t_in, 1)
@@ -33,13 +46,14 @@ void main() {
 
   vec4 pivot = live ? LOAD4(t_in, row_origin(g, 0, ts, mask, pd), s, pd) : vec4(0.0);
   if (lanes_in_row) pivot = vec4(pivot.x);
+  pivot = mix(pivot, vec4(0.0), greaterThanEqual(abs(pivot), vec4(PIVOT_MAX)));
 
-  vec4 sum = vec4(0.0);
+  precise vec4 sum = vec4(0.0);
   for (int r = int(gl_LocalInvocationID.x); live && r < n; r += step) {
     ivec4 o = row_origin(g, r, ts, mask, pd);
-    sum += mix(vec4(0.0), LOAD4(t_in, o, s, pd) - pivot, lanes_valid(o, s, pd));
+    sum += mix(vec4(0.0), (LOAD4(t_in, o, s, pd) - pivot) * inv_len, lanes_valid(o, s, pd));
   }
-  vec4 shift = fold_sum(group_sum(sum), lanes_in_row) * inv_len;  // mean - pivot
+  vec4 shift = fold_sum(group_sum(sum), lanes_in_row);  // mean - pivot
 
   vec4 sq = vec4(0.0);
   for (int r = int(gl_LocalInvocationID.x); live && r < n; r += step) {
@@ -51,7 +65,8 @@ void main() {
 
   for (int r = int(gl_LocalInvocationID.x); live && r < n; r += step) {
     ivec4 o = row_origin(g, r, ts, mask, pd);
-    vec4 y = ((LOAD4(t_in, o, s, pd) - pivot) - shift) * rstd * W4(w_affine, r);
+    vec4 d = (LOAD4(t_in, o, s, pd) - pivot) - shift;
+    vec4 y = mix(d * rstd, vec4(0.0), equal(rstd, vec4(0.0))) * W4(w_affine, r);
     if (HAS_BIAS) y += W4(w_affine, n + r);
     STORE4(t_out, o, s, pd, mix(vec4(0.0), y, lanes_valid(o, s, pd)));
   }

@@ -29,7 +29,8 @@ layout(set = 0, binding = 3, std430) readonly buffer r4_buf { ELEM4 res4[]; };
 layout(constant_id = 5) const bool LN_BIAS = true;  // the LayerNorm has a bias
 layout(set = 0, binding = 4, std430) readonly buffer w_buf { ELEM4 lnw[]; };   // LayerNorm scale [N4] then bias [N4]
 layout(set = 0, binding = 5, std430) writeonly buffer y_buf { ELEM4 y4[]; };   // the GEMM's output
-const int REG = 4;
+const int REG = 4;   // (the mean's sum below is written out for 4)
+const float PIVOT_MAX = 5.0706024e30;   // 2^102, as in layer_norm.comp
 layout(push_constant) uniform Params {
   ivec4 dims;   // M, N4, rows per work group, S
   vec4 eps;
@@ -56,7 +57,7 @@ vec4 row_value(vec4 v, vec4 bias, vec4 r) {
 const int FAST_S = 4;
 
 // The LayerNorm is layer_norm_rows.comp's register path: two passes over the row less its first element (here taken
-// from lane 0, which holds it, instead of computed again by every lane).
+// from lane 0, which holds it, instead of computed again by every lane), huge values as in layer_norm.comp.
 void main() {
   const int M = p.dims.x, L4 = p.dims.y, S = p.dims.w;
   const float inv_len = 1.0 / float(4 * L4);
@@ -104,13 +105,13 @@ void main() {
         y4[base + i] = to_elem4(v[j]);
       }
     }
-    const float pivot = subgroupBroadcastFirst(v[0].x);   // the row's first element (lane 0 is active)
-    vec4 s = vec4(0.0);
-    [[unroll]] for (int j = 0; j < REG; ++j) {
-      v[j] = lane + j * width < L4 ? v[j] - pivot : vec4(0.0);
-      s += v[j];
-    }
-    const float shift = subgroupAdd(s.x + s.y + s.z + s.w) * inv_len;
+    float pivot = subgroupBroadcastFirst(v[0].x);   // the row's first element (lane 0 is active)
+    if (abs(pivot) >= PIVOT_MAX) pivot = 0.0;
+    [[unroll]] for (int j = 0; j < REG; ++j) v[j] = lane + j * width < L4 ? v[j] - pivot : vec4(0.0);
+    // one `precise` expression, not a loop, for REG = 4: as in layer_norm_rows.comp
+    precise vec4 s = (v[0] * inv_len + v[1] * inv_len) + (v[2] * inv_len + v[3] * inv_len);
+    precise float h = s.x + s.y + s.z + s.w;
+    const float shift = subgroupAdd(h);
     vec4 q = vec4(0.0);
     [[unroll]] for (int j = 0; j < REG; ++j) {
       const vec4 d = v[j] - shift;
@@ -120,7 +121,7 @@ void main() {
     [[unroll]] for (int j = 0; j < REG; ++j) {
       const int i = lane + j * width;
       if (i >= L4) break;
-      vec4 z = (v[j] - shift) * rstd * lw[j];
+      vec4 z = (rstd == 0.0 ? vec4(0.0) : (v[j] - shift) * rstd) * lw[j];
       if (LN_BIAS) z += lb[j];
       o4[base + i] = to_out4(z);
     }

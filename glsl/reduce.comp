@@ -28,6 +28,7 @@ void main() {
   ivec4 keep = p.in_sizes;  // the keepdims output shape
   for (int d = 0; d < 4; ++d) if (((mask >> d) & 1) != 0) { red[d] = p.in_sizes[d]; keep[d] = 1; }
   int n = red.x * red.y * red.z * red.w;
+  float inv_n = 1.0 / float(n);
   vec4 r = vec4(0.0);
   for (int l = 0; l < 4; ++l) {
     ivec4 i = o;
@@ -37,9 +38,22 @@ void main() {
     float acc = OP == 2 ? -INF_F : OP == 3 ? INF_F : 0.0;
     for (int k = 0; k < n; ++k) {
       float v = LOAD(t_in, base + unlin(k, red), p.in_sizes, p.cfg.y);
-      acc = OP == 2 ? max(acc, v) : OP == 3 ? min(acc, v) : acc + v;
+      // GLSL leaves max() and min() of a NaN undefined (drivers tend to return the other operand): compare
+      // instead, so a NaN element is taken and then kept (no comparison with it is true), as ONNX's max and min do
+      acc = OP == 2 ? (v > acc || isnan(v) ? v : acc) : OP == 3 ? (v < acc || isnan(v) ? v : acc) : acc + v;
     }
-    r[l] = OP == 1 ? acc / float(n) : acc;
+    if (OP <= 1 && (isinf(acc) || isnan(acc))) {
+      // The running sum overflowed, or the elements hold inf or NaN: again with every element scaled by 1/n,
+      // so only a sum whose own value is past the float range (never a mean of finite values) ends up infinite,
+      // whatever the order of the elements. An inf or NaN element gives inf or NaN again.
+      // (`precise`: else a compiler may add first and scale after)
+      precise float scaled = 0.0;
+      for (int k = 0; k < n; ++k) scaled += LOAD(t_in, base + unlin(k, red), p.in_sizes, p.cfg.y) * inv_n;
+      acc = OP == 0 ? scaled * float(n) : scaled;
+    } else if (OP == 1) {
+      acc /= float(n);
+    }
+    r[l] = acc;
   }
   STORE4(t_out, o, p.out_sizes, p.cfg.x, r);
 }

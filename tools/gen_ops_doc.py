@@ -11,6 +11,41 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+SPECIAL_VALUES_INTRO = (
+    "NaN and ±inf inputs give NaN and ±inf where onnxruntime (CPU provider, 1.32) gives them, with the same finite "
+    "values elsewhere, for every GPU op in both storages; so do huge finite values, up to float32's limit "
+    "(tests/test_bad_input.py). Where the two differ, minirt keeps to the exact result where onnxruntime's own "
+    "intermediate overflows, and to ONNX's reference where onnxruntime's kernel departs from it:")
+SPECIAL_VALUES = [
+    "ReduceMax, ReduceMin: a NaN among the reduced elements gives NaN, as ONNX's reference implementation (numpy's max "
+    "and min) does. onnxruntime's CPU kernel gives NaN only where the NaN is the first reduced element; elsewhere it "
+    "skips it (and, by its vector order, can miss the elements beside it).",
+    "ReduceSum, ReduceMean: where the running sum overflows, the sum is taken again with every element scaled by 1/n, "
+    "so the mean of finite values is always finite and a sum is ±inf only where its own value is past float32's "
+    "range, whatever the elements' order. onnxruntime adds in its vector order and gives ±inf (the mean of a row of "
+    "1e38s) or NaN (3e38, -3e38, 3e38, -3e38) wherever that running sum overflows.",
+    "LayerNormalization: a row of finite values never gives NaN. As in onnxruntime, a row whose squared deviations "
+    "from its mean add up past float32's range (deviations of about 1.8e19 / sqrt(n) and more, n the row's length) "
+    "comes out as B "
+    "(its 1 / std is 0), and a row holding inf or NaN as NaN. A finite row that spans more than float32's range "
+    "(max - min > 3.4e38) comes out as B too, where onnxruntime gives NaN for most (its running mean's update "
+    "overflows). The same holds for LayerNorm spelt out by exporters (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, "
+    "Div, Mul, Add): B where onnxruntime's ReduceMean overflows and its graph gives NaN.",
+    "Attention (fuse_attention): the fp32 kernel scales Q before Q K^T, so scores that overflow only before the "
+    "scale in "
+    "the unfused graph stay finite (there onnxruntime's MatMul gives inf and its Softmax NaN). V values within a "
+    "factor of the key count of float32's limit (|v| > 3.4e38 / keys) can overflow the kernel's unnormalised sum of "
+    "P V to ±inf where the unfused graph, which normalises P first, stays finite.",
+    "Pow follows C's pow, as onnxruntime does: 1 ** NaN = 1, (-2) ** inf = inf, (-0.5) ** inf = 0, (-inf) ** 0.5 = "
+    "inf, (-0) ** -1 = -inf.",
+    "Results below float32's normal range (|y| < 1.2e-38, such as Pow(3e38, -1)) may come out as 0: GPU drivers "
+    "need not keep subnormal values.",
+    "precision \"fp16\": every fp16 store saturates at ±65504 instead of overflowing to inf (inf and NaN pass "
+    "through), so huge finite float32 inputs give finite results unlike float32's, but never NaN where float32 "
+    "gives none.",
+]
+
+
 def render() -> str:
     from minirt import ops
     conf_path = ROOT / "docs" / "conformance.json"
@@ -33,6 +68,8 @@ def render() -> str:
             out.append(f"| {n} | {res} | {lim} |")
         else:
             out.append(f"| {n} | {lim} |")
+    out += ["", "## NaN, inf and huge values", "", SPECIAL_VALUES_INTRO, ""]
+    out += [f"- {line}" for line in SPECIAL_VALUES]
     out += ["", "## Shape arithmetic (folded at load)", "",
             "These run only on values known at load time (constants, or shapes of static tensors): exporters use them "
             "to compute reshape targets. A model that needs them at run time is refused at load, naming the node.", "",

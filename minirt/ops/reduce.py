@@ -40,7 +40,11 @@ class Reduce(Op):
         ax = self.axes(node, x.ndim, axes)
         if ax is None:
             return [x]
-        return [np.asarray(self.fn(x, ax, keepdims=bool(attr(node, "keepdims", 1)))).astype(x.dtype)]
+        # float sums in float64: the kernel's do not overflow on the way either (a running sum that overflows is
+        # taken again, scaled), so only a sum whose value is past float32's range is inf
+        xs = x.astype(np.float64) if x.dtype.kind == "f" and self.code <= 1 else x
+        with np.errstate(over="ignore"):
+            return [np.asarray(self.fn(xs, ax, keepdims=bool(attr(node, "keepdims", 1)))).astype(x.dtype)]
 
     def check(self, node, ins):
         if len(ins) > 1 and ins[1] is not None and not ins[1].is_const:

@@ -778,12 +778,28 @@ def _shapes(plan, names):
     return " ".join(str(list(plan.tensors[n].shape)).replace(" ", "") for n in names) or "-"
 
 
+def _state_lines(p) -> list:
+    """The plan's inputs (with their dtypes), state tensors and run-time parameters, where it has state or parameters."""
+    if not p.state and not p.params:
+        return []
+    written = {p.root(n) for d in p.dispatches for n in d.writes}
+    ins = ", ".join(f"{n} {_shapes(p, [n])} {p.tensors[n].dtype}" for n in p.inputs) or "none"
+    st = ", ".join(f"{n} {_shapes(p, [n])} {'written' if n in written else 'read'}" for n in p.state)
+    lines = [f"inputs {ins}"]
+    if p.state:
+        lines.append(f"state (kept across runs, shared by name with the program's other plans): {st}")
+    if p.params:
+        lines.append("params " + ", ".join(f"{n} (slot {i})" for i, n in enumerate(p.params))
+                     + ": int32, written before each run into a uniform buffer the kernels read (no re-recording)")
+    return lines
+
+
 def format_plan(p) -> str:
     """Per node (in dispatch order): op, input and output shapes, then one line per dispatch with its
     kernel, global and local size; then the planner's notes per node (conv1d rewrite, conv route and the
     rule that decided it). Nodes that dispatch nothing (free reshapes, folded shape arithmetic) appear
     only through their notes, if any."""
-    from .plan import CONSTANT, SCRATCH, WEIGHT
+    from .plan import CONSTANT, PARAMS, SCRATCH, WEIGHT
     by_node, order = {}, []
     for d in p.dispatches:
         if d.node not in by_node:
@@ -806,6 +822,8 @@ def format_plan(p) -> str:
         for d in ds:
             for n in d.reads:
                 role = p.tensors[p.root(n)].role
+                if role == PARAMS:      # the parameter block: its own line above
+                    continue
                 if role in params:
                     consts += role != SCRATCH and n not in ins
                     continue
@@ -835,6 +853,7 @@ def format_plan(p) -> str:
              f"{sum(d.flops for d in p.dispatches) / 1e9:.3f} GFLOP",
              f"run: inputs and outputs {io}, zero-copy outputs {'on' if p.zero_copy else 'off'}, "
              f"fence spin {p.spin_ms:g} ms",
+             *_state_lines(p),
              f"{'node':<{nw}}  {'op':<{ow}}  {'inputs':<{iw}}  {'outputs':<{uw}}  "
              + (f"{'conv':<{cw}}  " if cw > 0 else "") + f"{'kernel':<{kw}}  {'global':<16} local"]
 

@@ -712,6 +712,9 @@ def _param(ctx, name):
 @click.option("--no-timestamps", is_flag=True, help="Decode without timestamp tokens (one segment per 30 s window).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
               help="fp16 rounds the weights to float16 (the numpy reference still computes in float32).")
+@click.option("--backend", type=click.Choice(["reference", "vulkan"]), default="reference", show_default=True,
+              help="reference: the numpy decoder on the CPU; vulkan: encoder and decoder on the GPU (fp32, beams "
+                   "up to 5).")
 @click.option("--format", "fmt", type=click.Choice(["txt", "json", "srt", "vtt"]), default="txt", show_default=True,
               help='txt: a line per segment; json: {"text", "language", "duration", "segments": [{"id", "start", '
                    '"end", "text", "tokens"}]}; srt, vtt: subtitles.')
@@ -720,12 +723,13 @@ def _param(ctx, name):
                    "default: stdout.")
 @quiet_opt
 @click.pass_context
-def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, precision, fmt, output, quiet):
+def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, precision, backend, fmt, output, quiet):
     """Transcribe speech in AUDIO files (WAV at any rate; FLAC, OGG, ... with the soundfile package) with a
     Whisper model, as faster-whisper does (its default options: beam search, temperature fallback, previous text
     as the prompt).
 
-    The decoder runs minirt.whisper's numpy reference on the CPU.
+    The decoder runs minirt.whisper's numpy reference on the CPU, or with --backend vulkan the encoder and
+    decoder run on the GPU.
 
     \b
     Examples:
@@ -734,6 +738,9 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
       minirt transcribe a.wav b.wav --model whisper-base --format json -o transcripts/
     """
     targets = _output_targets(ctx, audio, output, fmt)
+    if backend == "vulkan" and beam_size > 5:
+        raise click.BadParameter(f"{beam_size}: the vulkan backend holds 5 rows (beams) at most", ctx=ctx,
+                                 param=_param(ctx, "beam_size"))
     from .whisper.model import WhisperModel
     from .whisper.output import render
     try:
@@ -742,7 +749,7 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
                 raise InputError(f"{a}: no such file")
         with _Status(quiet) as status:
             status("loading the model")
-            model = WhisperModel(model_path, precision=precision)
+            model = WhisperModel(model_path, precision=precision, backend=backend)
             status.done()
         if language is not None:
             if not model.is_multilingual and language != "en":

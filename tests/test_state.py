@@ -112,3 +112,23 @@ def test_runtime_gather_and_param_rows(program):
         prog.run("embed", {"ids": ids.astype(np.float32)}, {"pos": 4})
     with pytest.raises(Exception, match="missing"):
         prog.run("embed", {"ids": ids})
+
+
+def test_onnx_gather_with_runtime_int32_indices():
+    """An ONNX embedding lookup whose indices are an int32 graph input runs in a Session (buffer storage)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from minirt import Session
+    table = np.random.default_rng(2).standard_normal((11, 8)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["y"], axis=0)], "embed",
+                          [helper.make_tensor_value_info("ids", TensorProto.INT32, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 8])],
+                          [numpy_helper.from_array(table, "table")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    ids = np.array([[0, 10, 3], [3, 3, 7]], np.int32)
+    with Session(model, storage="buffer") as s:
+        assert s.inputs[0].dtype == "int32"
+        np.testing.assert_array_equal(s.run(ids), table[ids])
+        np.testing.assert_array_equal(s.run(ids[::-1].copy()), table[ids[::-1]])
+        with pytest.raises(Exception, match="must be int32"):
+            s.run(ids.astype(np.float32))

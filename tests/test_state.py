@@ -132,3 +132,20 @@ def test_onnx_gather_with_runtime_int32_indices():
         np.testing.assert_array_equal(s.run(ids[::-1].copy()), table[ids[::-1]])
         with pytest.raises(Exception, match="must be int32"):
             s.run(ids.astype(np.float32))
+
+
+def test_program_frees_everything_and_checks_shared_state():
+    from minirt.errors import MinirtError
+    from minirt.vk.executor import live_objects
+    a = graph("a", [("x", (1, 1, D), "float32")], (), {"s": ((2, T, D), "s@new")}, ["pos"],
+              [("CacheWrite", ["s", "x"], ["s@new"], {"param": "pos"})])
+    b = graph("b", [("q", (2, 1, D), "float32")], ["y"], {"s": ((2, T + 1, D), "s")}, [],
+              [("CachedAttention", ["q", "s", "s"], ["y"], {"heads": 1})])
+    before = live_objects()
+    with Program({"a": plan_of(a)}) as prog:
+        prog.run("a", {"x": np.ones((1, 1, D), np.float32)}, {"pos": 2})
+        assert live_objects() > before
+    assert live_objects() == before
+    with pytest.raises(MinirtError, match="state tensor 's' is"):
+        Program({"a": plan_of(a), "b": plan_of(b)})
+    assert live_objects() == before

@@ -101,6 +101,29 @@ def test_plans_show_state_and_steps_replay(small):
     assert recordings() == before
 
 
+def test_minirt_plan_of_a_whisper_folder(tmp_path):
+    """`minirt plan FOLDER` prints the plans of the Vulkan program: int32 inputs, state, parameters."""
+    import json
+
+    from click.testing import CliRunner
+    from safetensors.numpy import save_file
+
+    from minirt.cli import main
+    w, cfg = small_whisper()
+    save_file(w, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "whisper", **cfg}))
+    (tmp_path / "tokenizer.json").write_text("{}")      # only looked for: planning reads no tokens
+    r = CliRunner().invoke(main, ["plan", str(tmp_path), "--batch", "2"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    for entry in ("encode", "step", "reorder"):
+        assert f"entry point {entry}" in r.output
+    assert "tokens [2,1] int32" in r.output and "rows [2] int32" in r.output
+    assert "cross_v.1 [1,24,64] written" in r.output and "self_k.0 [2,448,64] written" in r.output
+    assert "params pos (slot 0)" in r.output and "params len (slot 0)" in r.output
+    r = CliRunner().invoke(main, ["plan", str(tmp_path), "--entry", "reorder"], catch_exceptions=False)
+    assert "entry point step" not in r.output and "ReorderRows" in r.output
+
+
 def test_errors(small):
     vb, _ = small
     vb.encode(np.zeros((N_MELS, 2 * N_AUDIO), np.float32))

@@ -23,6 +23,21 @@ from ..errors import UnsupportedError
 from . import decoder_graph
 
 
+def plan_program(weights: dict, config: dict, profile, max_batch: int = 5, options=None) -> dict:
+    """{entry point: Plan} of the Whisper program (decoder_graph.py) for a device profile, in buffer storage at
+    fp32 (options: other Session options for planning)."""
+    from ..infer import prepare
+    from ..options import Options
+    from ..planner import make_plan
+    opts = Options.of(options)
+    if opts.precision != "fp32" or opts.storage not in ("auto", "buffer"):
+        raise UnsupportedError(f"the Vulkan Whisper program runs in buffer storage at precision fp32 (asked: "
+                               f"{opts.storage}, {opts.precision})")
+    opts = opts.replace(storage="buffer")
+    graphs = decoder_graph.program_graphs(weights, decoder_graph.dims_of(weights, config), int(max_batch))
+    return {k: make_plan(prepare(g), profile, "buffer", opts) for k, g in graphs.items()}
+
+
 class VulkanBackend:
     """weights and config as checkpoint.load_checkpoint returns them; device: a Vulkan device index (None: the
     default one); max_batch: cache rows; options: minirt Session options for planning (storage and precision are
@@ -32,9 +47,7 @@ class VulkanBackend:
 
     def __init__(self, weights: dict, config: dict, precision: str = "fp32", device=None, max_batch: int = 5,
                  options=None):
-        from ..infer import prepare
         from ..options import Options
-        from ..planner import make_plan
         from ..program import Program
         from ..session import get_device
         if precision != "fp32":
@@ -45,12 +58,8 @@ class VulkanBackend:
         self.n_mels, self.n_vocab, self.n_text_ctx = dm.n_mels, dm.n_vocab, dm.n_text_ctx
         self.multilingual = self.n_vocab >= 51865
         self.max_batch = int(max_batch)
-        opts = Options.make(options, storage="buffer", precision="fp32")
-        profile = get_device(device).profile
-        graphs = decoder_graph.program_graphs(weights, dm, self.max_batch)
-        self.plans = {k: make_plan(prepare(g), profile, "buffer", opts) for k, g in graphs.items()}
-        del graphs
-        self.program = Program(self.plans, device, timeout_s=opts.timeout_s)
+        self.plans = plan_program(weights, config, get_device(device).profile, self.max_batch, options)
+        self.program = Program(self.plans, device, timeout_s=Options.of(options).timeout_s)
         self._len = 0             # positions in the cache
         self._batch = 0           # rows in use
         self._encoded = False

@@ -28,7 +28,7 @@ def check_feeds(plan: Plan, feeds: dict, params: dict) -> dict:
     extra = [k for k in feeds if k not in plan.inputs] + [k for k in params if k not in plan.params]
     missing = [k for k in plan.inputs if k not in feeds] + [k for k in plan.params if k not in params]
     if extra or missing:
-        raise InputError(f"inputs and parameters do not match the plan: "
+        raise InputError("inputs and parameters do not match the plan: "
                          + (f"unknown {extra} " if extra else "") + (f"missing {missing} " if missing else "")
                          + f"(inputs {plan.inputs}, parameters {plan.params})")
     out = {}

@@ -542,18 +542,26 @@ def options_cmd(markdown):
 
 
 @main.command()
-@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("model", type=click.Path())
 @storage_opt
 @device_opt
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=D0,D1,...", callback=_parse_shapes,
               help="Concrete shape for an input with symbolic dims.")
+@click.option("--entry", type=click.Choice(["encode", "step", "reorder"]), default=None,
+              help="A Whisper model folder: only this entry point of its Vulkan program.")
+@click.option("--batch", type=click.IntRange(min=1), default=5, show_default=True,
+              help="A Whisper model folder: the rows (beams) of its Vulkan program.")
 @precision_opt
 @local_size_opt
 @rewrite_opt
 @option_opt
-def plan(model, storage, device, shapes, precision, local_size, no_conv1d_rewrite, options):
+def plan(model, storage, device, shapes, entry, batch, precision, local_size, no_conv1d_rewrite, options):
     """Print the plan: per node its op, input and output shapes, the kernels it dispatches (with global
     and local sizes), then the planner's notes (conv1d rewrite, conv routing and why).
+
+    MODEL may also be a Whisper model folder (as `minirt transcribe` takes): then the plans of its Vulkan
+    program, one per entry point (encode, step, reorder), with their int32 inputs, state tensors and
+    run-time parameters.
 
     Nothing runs and no weights are uploaded: the model is loaded, checked and planned for the device.
 
@@ -562,6 +570,7 @@ def plan(model, storage, device, shapes, precision, local_size, no_conv1d_rewrit
       minirt plan models/whisper-tiny-encoder.onnx
       minirt plan models/whisper-tiny-encoder.onnx --storage texture --no-conv1d-rewrite
       minirt plan dynamic.onnx --shape input_features=1,80,3000
+      minirt plan whisper-tiny.en --entry step
     """
     from .infer import bind_inputs, prepare
     from .loaders import load
@@ -571,6 +580,8 @@ def plan(model, storage, device, shapes, precision, local_size, no_conv1d_rewrit
     try:
         _check_device(device)
         _check_local_size(local_size, device, options)
+        if os.path.isdir(model):
+            return _plan_whisper_program(model, entry, batch, device, options, precision, storage, local_size)
         given = dict(shapes)
         max_load = Options.make(options).max_load_bytes
         g = load(model, max_load_bytes=max_load)
@@ -715,6 +726,9 @@ def _param(ctx, name):
 @click.option("--no-timestamps", is_flag=True, help="Decode without timestamp tokens (one segment per 30 s window).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
               help="fp16 rounds the weights to float16 (the numpy reference still computes in float32).")
+@click.option("--backend", type=click.Choice(["reference", "vulkan"]), default="reference", show_default=True,
+              help="reference: the numpy decoder on the CPU; vulkan: encoder and decoder on the GPU (fp32, beams "
+                   "up to 5).")
 @click.option("--format", "fmt", type=click.Choice(["txt", "json", "srt", "vtt"]), default="txt", show_default=True,
               help='txt: a line per segment; json: {"text", "language", "duration", "segments": [{"id", "start", '
                    '"end", "text", "tokens"}]}; srt, vtt: subtitles.')
@@ -723,12 +737,13 @@ def _param(ctx, name):
                    "default: stdout.")
 @quiet_opt
 @click.pass_context
-def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, precision, fmt, output, quiet):
+def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, precision, backend, fmt, output, quiet):
     """Transcribe speech in AUDIO files (WAV at any rate; FLAC, OGG, ... with the soundfile package) with a
     Whisper model, as faster-whisper does (its default options: beam search, temperature fallback, previous text
     as the prompt).
 
-    The decoder runs minirt.whisper's numpy reference on the CPU.
+    The decoder runs minirt.whisper's numpy reference on the CPU, or with --backend vulkan the encoder and
+    decoder run on the GPU.
 
     \b
     Examples:
@@ -737,6 +752,9 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
       minirt transcribe a.wav b.wav --model whisper-base --format json -o transcripts/
     """
     targets = _output_targets(ctx, audio, output, fmt)
+    if backend == "vulkan" and beam_size > 5:
+        raise click.BadParameter(f"{beam_size}: the vulkan backend holds 5 rows (beams) at most", ctx=ctx,
+                                 param=_param(ctx, "beam_size"))
     from .whisper.model import WhisperModel
     from .whisper.output import render
     try:
@@ -745,7 +763,7 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
                 raise InputError(f"{a}: no such file")
         with _Status(quiet) as status:
             status("loading the model")
-            model = WhisperModel(model_path, precision=precision)
+            model = WhisperModel(model_path, precision=precision, backend=backend)
             status.done()
         if language is not None:
             if not model.is_multilingual and language != "en":
@@ -777,8 +795,44 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
         _fail(e)
 
 
+def _plan_whisper_program(folder, entry, batch, device, options, precision, storage, local_size):
+    """`minirt plan` of a Whisper model folder: the plans of its Vulkan program (minirt/whisper/vulkan.py)."""
+    from .options import Options
+    from .session import get_device
+    from .whisper.checkpoint import load_checkpoint
+    from .whisper.vulkan import plan_program
+    given = {k: v for k, v in dict(precision=precision, storage=storage, local_size=local_size).items()
+             if v is not None}
+    opts = Options.make(options, **given)
+    ckpt = load_checkpoint(folder)
+    dev = get_device(device)
+    plans = plan_program(ckpt.weights, ckpt.config, dev.profile, batch, opts)
+    click.echo(f"device {dev.profile.name}")
+    for name, p in plans.items():
+        if entry in (None, name):
+            click.echo(f"\nentry point {name}")
+            click.echo(format_plan(p))
+
+
 def _shapes(plan, names):
     return " ".join(str(list(plan.tensors[n].shape)).replace(" ", "") for n in names) or "-"
+
+
+def _state_lines(p) -> list:
+    """The plan's inputs (with their dtypes), state tensors and run-time parameters, where it has state or parameters."""
+    if not p.state and not p.params:
+        return []
+    written = {p.root(n) for d in p.dispatches for n in d.writes}
+    ins = ", ".join(f"{n} {_shapes(p, [n])} {p.tensors[n].dtype}" for n in p.inputs) or "none"
+    st = [f"{n} {_shapes(p, [n])} {'written' if n in written else 'read'}" for n in p.state]
+    lines = [f"inputs {ins}"]
+    if p.state:
+        lines.append("state (kept across runs, shared by name with the program's other plans):")
+        lines += [f"  {s}" for s in st]
+    if p.params:
+        lines.append("params " + ", ".join(f"{n} (slot {i})" for i, n in enumerate(p.params))
+                     + ": int32, written before each run into a uniform buffer the kernels read (no re-recording)")
+    return lines
 
 
 def format_plan(p) -> str:
@@ -786,7 +840,7 @@ def format_plan(p) -> str:
     kernel, global and local size; then the planner's notes per node (conv1d rewrite, conv route and the
     rule that decided it). Nodes that dispatch nothing (free reshapes, folded shape arithmetic) appear
     only through their notes, if any."""
-    from .plan import CONSTANT, SCRATCH, WEIGHT
+    from .plan import CONSTANT, PARAMS, SCRATCH, WEIGHT
     by_node, order = {}, []
     for d in p.dispatches:
         if d.node not in by_node:
@@ -805,12 +859,15 @@ def format_plan(p) -> str:
     for node in order:
         ds = by_node[node]
         written = {w for d in ds for w in d.writes}
-        ins, consts, outs = [], 0, []
+        ins, consts, outs = [], set(), []
         for d in ds:
             for n in d.reads:
                 role = p.tensors[p.root(n)].role
+                if role == PARAMS:      # the parameter block: its own line above
+                    continue
                 if role in params:
-                    consts += role != SCRATCH and n not in ins
+                    if role != SCRATCH:
+                        consts.add(n)
                     continue
                 if n not in written and n not in ins:
                     ins.append(n)
@@ -825,7 +882,7 @@ def format_plan(p) -> str:
             conv = "1d->2d " if "conv1d rewrite: yes" in notes else ""
             route = next((n.split()[1] for n in p.notes.get(node, []) if n.startswith("route: ")), "")
             conv += route
-        ins_s = _shapes(p, ins) + (f" +{consts} const" if consts else "")
+        ins_s = _shapes(p, ins) + (f" +{len(consts)} const" if consts else "")
         rows.append((node, ds[0].op, ins_s, _shapes(p, outs), conv, ds))
     nw = min(max([4] + [len(r[0]) for r in rows]), 36)
     ow = max([2] + [len(r[1]) for r in rows])
@@ -838,6 +895,7 @@ def format_plan(p) -> str:
              f"{sum(d.flops for d in p.dispatches) / 1e9:.3f} GFLOP",
              f"run: inputs and outputs {io}, zero-copy outputs {'on' if p.zero_copy else 'off'}, "
              f"fence spin {p.spin_ms:g} ms",
+             *_state_lines(p),
              f"{'node':<{nw}}  {'op':<{ow}}  {'inputs':<{iw}}  {'outputs':<{uw}}  "
              + (f"{'conv':<{cw}}  " if cw > 0 else "") + f"{'kernel':<{kw}}  {'global':<16} local"]
 

@@ -60,6 +60,12 @@ class Graph:
     source: str = "<memory>"          # where it was loaded from, for error messages
     opset: int = 0
     notes: dict = field(default_factory=dict)   # node name -> planner notes (why a rewrite fired or not)
+    # Tensors that live across runs: state name -> the name of its value after this graph's run (the state's own
+    # name where the graph only reads it). The state tensor itself is declared (shape, dtype) and read by name; its
+    # new value is a tensor that the planner places in the state's memory, so the node making it writes the state
+    # (whole, or in place: an op such as CacheWrite writes only some rows of its input, which is that state).
+    state: dict = field(default_factory=dict)
+    params: list = field(default_factory=list)  # names of the run-time int32 parameters nodes read (Plan.params)
     max_load_bytes: int | None = None           # None: MAX_LOAD_BYTES
     made_bytes: int = 0                         # bytes of constants made at load so far (charge())
     _fresh: dict = field(default_factory=dict, repr=False, compare=False)   # base -> last fresh_name suffix
@@ -155,17 +161,18 @@ class Graph:
                    for n in self.nodes]
         g.inputs, g.outputs = list(self.inputs), list(self.outputs)
         g.notes = {k: list(v) for k, v in self.notes.items()}
+        g.state, g.params = dict(self.state), list(self.params)
         g._fresh = dict(self._fresh)
         return g
 
     def remove_unused(self) -> None:
         """Drop nodes whose outputs nobody needs, then tensors nothing refers to."""
-        needed = set(self.outputs)
+        needed = set(self.outputs) | set(self.state.values())
         keep = []
         for n in reversed(self.nodes):
             if any(o in needed for o in n.outputs):
                 keep.append(n)
                 needed.update(i for i in n.inputs if i)
         self.nodes = keep[::-1]
-        used = needed | set(self.inputs) | {o for n in self.nodes for o in n.outputs}
+        used = needed | set(self.inputs) | set(self.state) | {o for n in self.nodes for o in n.outputs}
         self.tensors = {k: v for k, v in self.tensors.items() if k in used}

@@ -9,6 +9,11 @@ import numpy as np
 # Roles of tensors in a plan.
 INPUT, OUTPUT, INTERMEDIATE, CONSTANT, WEIGHT, SCRATCH, HOST_IN, HOST_OUT = (
     "input", "output", "intermediate", "constant", "weight", "scratch", "host_in", "host_out")
+# STATE: a tensor that lives across runs (Plan.state): allocated once, zero-filled, never aliased, never read back;
+# the Plans of one Program share it by name. PARAMS: the run-time parameter block (Plan.params).
+STATE, PARAMS = "state", "params"
+PARAMS_TENSOR = "params"     # the name of the parameter block in Plan.tensors and Dispatch.args
+PARAMS_MAX = 64              # int32 scalars a parameter block holds (a 256-byte uniform buffer)
 
 
 FP16_MAX = 65504.0
@@ -43,7 +48,8 @@ class TensorSpec:
     view_of: str | None = None       # shares the memory of another tensor (a free reshape)
     view_offset: int = 0             # a view's first element within view_of's memory (buffers only; elements
                                      # of dtype, e.g. one part of a merged GEMM's part-major output)
-    dtype: str = "float32"           # element type in GPU memory: "float32" or "float16"
+    dtype: str = "float32"           # element type in GPU memory: "float32", "float16", or "int32" (integer
+                                     # graph inputs, the parameter block)
 
     @property
     def numel(self) -> int:
@@ -123,6 +129,12 @@ class Plan:
     direct_io: tuple = ()       # roles (INPUT, OUTPUT) whose graph tensors live in host memory the kernels use directly
     zero_copy: bool = False     # outputs copied by the GPU into host arrays handed to the caller (where the driver can)
     spin_ms: float = 0.0        # poll the run's fence this long before a sleeping wait
+    # Across runs (buffer storage, fp32):
+    state: list[str] = field(default_factory=list)     # tensors (role STATE) that persist across runs; shared by
+                                                       # name with the other Plans of a Program (minirt/program.py)
+    params: list[str] = field(default_factory=list)    # int32 scalars of the run-time parameter block, by slot: the
+                                                       # host writes them before each submission, kernels read them
+                                                       # from the uniform buffer PARAMS_TENSOR (no re-recording)
 
     def root(self, name: str) -> str:
         while self.tensors[name].view_of:

@@ -162,8 +162,9 @@ class Session:
         for name, x in feed.items():
             if not isinstance(x, np.ndarray):
                 raise InputError(f"input '{name}' must be a numpy array, got {type(x).__name__}")
-            if x.dtype != np.float32:
-                raise InputError(f"input '{name}' must be float32, got {x.dtype}")
+            expect = np.dtype(np.int32 if want[name].dtype == "int32" else np.float32)   # int32: runtime indices
+            if x.dtype != expect:
+                raise InputError(f"input '{name}' must be {expect.name}, got {x.dtype}")
             decl = want[name].shape
             if decl is not None and (len(decl) != x.ndim or any(isinstance(d, int) and d != s for d, s in zip(decl, x.shape))):
                 raise InputError(f"input '{name}' expects shape {list(decl)}, got {list(x.shape)}")

@@ -296,7 +296,25 @@ class Expand(Affine):
 class Gather(ShapeOp):
     name, consts = "Gather", (1,)
     limits = ("on the GPU: float32 data with constant indices (runs of evenly spaced indices become one copy "
-              "each, joined by Concat); runtime indices are not supported")
+              "each, joined by Concat), or int32 indices computed at run time (a graph input: an embedding "
+              "lookup) along axis 0 in buffer storage at fp32, clamped to the axis (no negative indices)")
+
+    @staticmethod
+    def runtime(ins) -> bool:
+        return len(ins) > 1 and ins[1] is not None and not ins[1].is_const
+
+    def check(self, node, ins):
+        if not self.runtime(ins):
+            return super().check(node, ins)
+        if int(attr(node, "axis", 0)) != 0 or ins[1].dtype != "int32":
+            return (f"indices computed at run time ('{node.inputs[1]}', {ins[1].dtype}) are supported as int32 "
+                    f"along axis 0 only")
+        return None
+
+    def infer(self, node, ins):
+        if self.runtime(ins):
+            return [(tuple(ins[1].shape) + tuple(ins[0].shape[1:]), ins[0].dtype)]
+        return super().infer(node, ins)
 
     def _idx(self, node, shape, indices):
         axis = norm_axis(node, int(attr(node, "axis", 0)), len(shape))
@@ -318,6 +336,11 @@ class Gather(ShapeOp):
 
     def lower(self, node, ctx):
         out, src = ctx.t(node.outputs[0]), ctx.t(node.inputs[0])
+        if not ctx.graph.tensor(node.inputs[1]).is_const:      # runtime indices: one row copy by index
+            from .state import _fp32_buffers, _width, copy_rows
+            _fp32_buffers(ctx, node)
+            idx = ctx.t(node.inputs[1])
+            return copy_rows(ctx, out, src, idx.numel, _width(src.shape), index=idx)
         axis, idx = self._idx(node, src.shape, ctx.graph.tensor(node.inputs[1]).data)
         rank = len(src.shape)
         if idx.ndim == 0:          # a fixed index; the axis disappears

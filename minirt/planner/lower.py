@@ -16,8 +16,8 @@ import numpy as np
 from .. import ops
 from ..errors import UnsupportedError
 from ..kernels import variant
-from ..plan import (CONSTANT, INPUT, INTERMEDIATE, OUTPUT, SCRATCH, WEIGHT, Dispatch, Plan, Push,
-                   TensorSpec, as_dtype)
+from ..plan import (CONSTANT, INPUT, INTERMEDIATE, OUTPUT, PARAMS, PARAMS_MAX, PARAMS_TENSOR, SCRATCH, STATE,
+                   WEIGHT, Dispatch, Plan, Push, TensorSpec, as_dtype)
 from .storage_layout import packed_dim_for
 
 
@@ -37,6 +37,16 @@ class LowerCtx:
         self.half_inputs, self.half_outputs, self.direct_outputs = {}, {}, set()
         self.consumers = graph.consumers()      # tensor -> the nodes that read it
         self.read_by_nodes = set(self.consumers)
+        # state: the new value of a state tensor lives in its memory (a view of it from the start)
+        self.state_of = {new: name for name, new in graph.state.items() if new != name}
+        if (graph.state or graph.params) and (storage != "buffer" or self.half):
+            raise UnsupportedError(f"{graph.source}: state tensors and run-time parameters need buffer storage and "
+                                   f"precision fp32 (this plan: {storage}, {precision})")
+        self.plan.state = list(graph.state)
+        if len(graph.params) > PARAMS_MAX:
+            raise UnsupportedError(f"{graph.source}: {len(graph.params)} run-time parameters; a parameter block "
+                                   f"holds {PARAMS_MAX}")
+        self.plan.params = list(graph.params)
 
     def read_by_op(self, name: str, op: str) -> bool:
         """Whether a graph node of type `op` reads tensor `name` (for a lowering that depends on what comes next)."""
@@ -54,18 +64,28 @@ class LowerCtx:
         gt = self.graph.tensor(name)
         if not gt.is_static:
             raise UnsupportedError(f"{self.graph.source}: tensor '{name}' has no static shape ({gt.shape})")
-        if gt.dtype not in ("float32", None) and not gt.is_const:
+        integer_input = gt.dtype == "int32" and name in self.graph.inputs
+        if gt.dtype not in ("float32", None) and not gt.is_const and not integer_input:
             raise UnsupportedError(f"{self.graph.source}: tensor '{name}' is {gt.dtype}; minirt runs float32 tensors "
-                                   f"on the GPU (integer tensors must be shape arithmetic that folds at load)")
+                                   f"on the GPU, and int32 graph inputs (integer tensors must otherwise be shape "
+                                   f"arithmetic that folds at load)")
+        if integer_input and self.storage != "buffer":
+            raise UnsupportedError(f"{self.graph.source}: int32 input '{name}' needs buffer storage")
         role = (INPUT if name in self.graph.inputs else OUTPUT if name in self.graph.outputs
-                else CONSTANT if gt.is_const else INTERMEDIATE)
+                else STATE if name in self.graph.state else CONSTANT if gt.is_const else INTERMEDIATE)
         shape = tuple(gt.shape)
         if len(shape) > 4:
             raise UnsupportedError(f"{self.graph.source}: tensor '{name}' has rank {len(shape)}; kernels take rank <= 4")
         data = np.ascontiguousarray(gt.data, np.float32) if gt.is_const else None
-        dtype = "float32" if role in (INPUT, OUTPUT) else self.dtype
+        dtype = "int32" if integer_input else "float32" if role in (INPUT, OUTPUT, STATE) else self.dtype
         spec = TensorSpec(name, shape, role, self.storage, packed_dim_for(shape, self.storage), data, dtype=dtype)
         self.plan.tensors[name] = spec
+        if name in self.state_of:         # a state's new value: written where the state lives
+            st = self.t(self.state_of[name])
+            if st.shape != shape:
+                raise UnsupportedError(f"{self.graph.source}: '{name}', the new value of state '{st.name}' "
+                                       f"{list(st.shape)}, has shape {list(shape)}")
+            spec.view_of, spec.dtype = st.name, st.dtype
         if self.half and role == OUTPUT and name in self.read_by_nodes:
             return self.plan.tensors[self._half_output(name)]
         return spec
@@ -109,6 +129,8 @@ class LowerCtx:
         root = self.plan.tensors[self.plan.root(src.name)].role   # src may itself be a view of an input
         if root == CONSTANT or dst.role == OUTPUT and root == INPUT:
             return False
+        if dst.view_of or dst.role == STATE:     # already placed: a state's new value lives in the state
+            return False
         if self.storage == "buffer":
             return True
         return (dst.packed_dim == src.packed_dim and dst.texel_extents == src.texel_extents
@@ -127,6 +149,23 @@ class LowerCtx:
         dst.view_of = src.name
         dst.view_offset = int(offset)
         dst.dtype = src.dtype      # what the memory holds: a view of a graph input is float32 at fp16 too
+
+    def param(self, name: str) -> int:
+        """The slot of run-time parameter `name` in the parameter block (Plan.params); a dispatch that reads it binds
+        params_block() and passes the slot in its push constants."""
+        if name not in self.plan.params:
+            raise UnsupportedError(f"{self.node}: run-time parameter '{name}' is not declared by the graph "
+                                   f"(graph.params: {self.plan.params})")
+        return self.plan.params.index(name)
+
+    def params_block(self) -> TensorSpec:
+        """The run-time parameter block: PARAMS_MAX int32 scalars in a uniform buffer the host writes before each
+        submission (kernels include glsl/params.glslh)."""
+        spec = self.plan.tensors.get(PARAMS_TENSOR)
+        if spec is None:
+            spec = TensorSpec(PARAMS_TENSOR, (PARAMS_MAX,), PARAMS, "buffer", 0, dtype="int32")
+            self.plan.tensors[PARAMS_TENSOR] = spec
+        return spec
 
     # -- dispatches -------------------------------------------------------------------------
     def dispatch(self, stem, args, push=b"", spec=(), global_size=(1, 1, 1), family="elementwise",

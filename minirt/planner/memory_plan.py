@@ -10,9 +10,9 @@ import random
 from bisect import bisect_left, bisect_right
 
 from ..errors import UnsupportedError
-from ..plan import CONSTANT, HOST_IN, HOST_OUT, WEIGHT, Plan
+from ..plan import CONSTANT, HOST_IN, HOST_OUT, PARAMS, STATE, WEIGHT, Plan
 
-PINNED = (CONSTANT, WEIGHT, HOST_IN, HOST_OUT)   # never aliased: they hold data across runs
+PINNED = (CONSTANT, WEIGHT, HOST_IN, HOST_OUT, STATE, PARAMS)   # never aliased: they hold data across runs
 UPLOAD_CHUNK = 64 << 20     # the weight upload's staging buffer holds at most this (minirt/vk/upload.py)
 
 
@@ -33,6 +33,8 @@ def lifetimes(plan: Plan) -> dict[str, tuple[int, int]]:
         live.setdefault(r, [-1, -1])[0] = -1
     for name in plan.outputs:
         r = plan.root(name)
+        if plan.tensors[r].role in PINNED:    # an output that is a view of a state tensor
+            continue
         span = live.setdefault(r, [n, n])
         span[1] = n
     return {k: (v[0], v[1]) for k, v in live.items()}

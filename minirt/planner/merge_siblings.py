@@ -12,6 +12,7 @@ j // N), so each part is one contiguous range and SplitParts lowers to free view
 to take a row stride. A view's offset becomes a descriptor offset, which Vulkan wants a multiple of
 minStorageBufferOffsetAlignment: groups whose part size (M * N elements) is not are left alone.
 
+Linears that write a state tensor (Graph.state) are left out: their output already has its own memory.
 Left alone as well, with a note: texture storage (an image cannot be viewed at an offset, and its GEMM has no
 part-major output: merging would need a copy per part), the general GEMM fallback (K not a multiple of 4, or
 Session option fast_gemm off), and parts of different widths. Option merge_siblings=False turns the
@@ -32,7 +33,7 @@ def _candidate(graph, node):
         return None
     ins = list(node.inputs) + [""] * (4 - len(node.inputs))
     x, w, b, r = ins[:4]
-    if r:
+    if r or node.outputs[0] in graph.state.values():     # a state's new value: written where the state lives
         return None
     wt, xt = graph.tensor(w), graph.tensor(x)
     if not wt.is_const or wt.data.ndim != 2 or not xt.is_static or not xt.shape or xt.shape[-1] != wt.data.shape[0]:

@@ -32,9 +32,10 @@ def _kernel_objects(k) -> int:
 class Executor:
     """profile: True (a timestamp after every dispatch), "span" (one before the first dispatch and one after the last:
     the run's GPU time without whatever per-dispatch stamps cost) or False. timeout_s bounds each wait for the GPU.
-    How a run moves its data comes from the plan: plan.direct_io, plan.zero_copy, plan.spin_ms."""
+    How a run moves its data comes from the plan: plan.direct_io, plan.zero_copy, plan.spin_ms. state: the
+    StateBuffers (minirt/vk/state.py) holding plan.state, shared with the executors of the program's other plans."""
 
-    def __init__(self, dev, plan, profile=False, progress=None, timeout_s=600.0):
+    def __init__(self, dev, plan, profile=False, progress=None, timeout_s=600.0, state=None):
         self.dev, self.vk, self.plan, self.d = dev, dev.vk, plan, dev.device
         self.startup_ms = {}      # phase -> ms (alloc, upload, pipelines, record): Session.startup_ms
         phase = Phases(self.startup_ms, progress)
@@ -60,6 +61,7 @@ class Executor:
             place_constants(res, self.timeout_ns)
             phase("alloc")
             res.place_host()
+            res.place_state(state)
             self.inputs, self.outputs = res.inputs, res.outputs
             res.place_views()
             self.slots = make_slots(res)
@@ -88,8 +90,14 @@ class Executor:
                                   f"{type(e).__name__}") from e
             raise
 
-    def run(self, feeds: dict) -> dict:
-        """feeds: {input name: float32 array of the planned shape}. Returns {output name: array}."""
+    def run(self, feeds: dict, params: dict | None = None) -> dict:
+        """feeds: {input name: array of the planned shape and dtype (float32, or int32 for integer inputs)};
+        params: {name: int} for every run-time parameter of the plan (plan.params), written into the parameter block
+        before the submission. Returns {output name: array}."""
+        if self.plan.params:
+            given = params or {}
+            for slot, name in enumerate(self.plan.params):
+                self.res.params[slot] = int(given[name])
         for name, (_, view, t) in self.inputs.items():
             x = feeds[name]
             if self.texture:

@@ -6,9 +6,16 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
 
+from ..plan import PARAMS
 from .commands import color_range, image_barrier, memory_barrier, region
 
 QUERIES_PER_POOL = 4096
+_recorded = 0     # command buffers recorded by every Recorder of the process
+
+
+def recordings() -> int:
+    """Command buffers recorded so far in this process (tests check that replaying a plan records none)."""
+    return _recorded
 
 
 def make_query_pools(res, n):
@@ -81,6 +88,8 @@ class Recorder:
 
     def _descriptor_type(self, name, access):
         vk = self.vk
+        if self.plan.tensors[name].role == PARAMS:
+            return vk.VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER
         if self.res.where[name][0] == "buffer":
             return vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
         return vk.VK_DESCRIPTOR_TYPE_STORAGE_IMAGE if access == "w" else vk.VK_DESCRIPTOR_TYPE_COMBINED_IMAGE_SAMPLER
@@ -155,13 +164,17 @@ class Recorder:
     def _record_cmd(self, cmd, bound, dests, barriers):
         """Records the whole run into cmd; dests: output name -> the buffer its result is copied to; barriers: the
         indices of the dispatches that need a barrier before them (barrier_points)."""
+        global _recorded
         vk, plan, res = self.vk, self.plan, self.res
         where, ranges = res.where, res.ranges
         profiling = self.query_pools is not None
         vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(flags=0))
+        _recorded += 1
         C, T = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_PIPELINE_STAGE_TRANSFER_BIT
         SR, SW = vk.VK_ACCESS_SHADER_READ_BIT, vk.VK_ACCESS_SHADER_WRITE_BIT
         TR, TW = vk.VK_ACCESS_TRANSFER_READ_BIT, vk.VK_ACCESS_TRANSFER_WRITE_BIT
+        if plan.state:     # state written by an earlier submission (of this plan or another) is read and written here
+            memory_barrier(vk, cmd, C | T, SW | TW, C | T, SR | SW | TR | TW)
         if plan.poison:   # before the inputs arrive: in textures, poisoned images may alias them
             self._poison(cmd)
             memory_barrier(vk, cmd, T, TW, T, TW)

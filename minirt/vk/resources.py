@@ -50,6 +50,7 @@ class Resources:
         self.imported = []        # host memory imported into Vulkan: kept alive until its memory objects are freed
         self.where, self.ranges = {}, {}
         self.inputs, self.outputs, self.direct = {}, {}, set()
+        self.params = None        # int32 view of the mapped parameter block (place_state)
         self.sampler = None
         self.arena, self.arena_bytes, self.image_bytes = None, 0, 0
         self.const_buf = None     # weights and constants in buffer storage (minirt/vk/upload.py)
@@ -190,7 +191,8 @@ class Resources:
                                        hv | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, f"input '{name}' staging")
             if d:
                 direct(name, t, buf)
-            self.inputs[name] = (buf, np.frombuffer(self.map(mem, t.nbytes), np.float32, t.nbytes // 4), t)
+            dtype = np.int32 if t.dtype == "int32" else np.float32
+            self.inputs[name] = (buf, np.frombuffer(self.map(mem, t.nbytes), dtype, t.nbytes // 4), t)
         for name in self.plan.outputs:
             t = self.plan.tensors[name]
             d = self.is_direct(t)
@@ -202,6 +204,30 @@ class Resources:
             self.outputs[name] = (buf, np.frombuffer(self.map(mem, t.nbytes), np.float32, t.nbytes // 4), t,
                                   None if coherent else vk.VkMappedMemoryRange(
                                       memory=mem, offset=0, size=vk.VK_WHOLE_SIZE & 0xFFFFFFFFFFFFFFFF))
+
+    def place_state(self, state):
+        """The plan's state tensors, in the StateBuffers `state` (shared with the other plans of a Program; hazard
+        ranges after everything else's), and the run-time parameter block: a host-visible uniform buffer whose int32
+        view (self.params) the executor writes before each submission."""
+        from ..plan import PARAMS_TENSOR
+        vk, plan = self.vk, self.plan
+        self.params = None
+        if plan.state:
+            if state is None:
+                raise MinirtError("this plan has state tensors: run it in a minirt.program.Program")
+            base = max((e for _, e in self.ranges.values()), default=0) + 16
+            for name, w in state.bind(plan).items():
+                self.where[name] = w
+                self.ranges[name] = (base, base + w[3])
+                base += w[3] + 16
+        if PARAMS_TENSOR in plan.tensors:
+            t = plan.tensors[PARAMS_TENSOR]
+            buf, mem, _ = self.buffer(t.nbytes, vk.VK_BUFFER_USAGE_UNIFORM_BUFFER_BIT,
+                                      vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
+                                      "the parameter block")
+            self.where[PARAMS_TENSOR] = ("buffer", buf, 0, t.nbytes)
+            self.params = np.frombuffer(self.map(mem, t.nbytes), np.int32, t.nbytes // 4)
+            self.params[:] = 0
 
     def place_views(self):
         """A view's resource is its root's, in buffers from the root's offset + the view's byte offset (hazards and
@@ -224,7 +250,7 @@ class Resources:
     def unmap_all(self, errors):
         """Unmap every mapped memory; failures are appended to `errors`. The numpy views of the mapped memory are
         dropped first, so nothing can touch it afterwards."""
-        self.inputs, self.outputs = None, None
+        self.inputs, self.outputs, self.params = None, None, None
         for mem in self.maps:
             try:
                 self.vk.vkUnmapMemory(self.d, mem)

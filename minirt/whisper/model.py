@@ -32,7 +32,8 @@ class WhisperModel:
     when present) or a CTranslate2 / faster-whisper folder (model.bin, config.json, tokenizer.json).
     precision: "fp32" or "fp16" (weights rounded to float16; arithmetic stays float32 in the reference).
     device: the Vulkan device index for the GPU decoder (the numpy reference runs on the CPU and ignores it).
-    backend: a DecoderBackend to use instead of the numpy reference (built from the checkpoint's weights)."""
+    backend: "reference" (default: the numpy reference), "vulkan" (minirt.whisper.vulkan.VulkanBackend: encoder and
+    decoder on the GPU, fp32, beams and best_of up to 5), or a DecoderBackend to use as it is."""
 
     def __init__(self, path, precision: str = "fp32", device=None, backend=None):
         if precision not in ("fp32", "fp16"):
@@ -42,9 +43,14 @@ class WhisperModel:
         self.precision, self.device = precision, device
         self.config = ckpt.config
         self.tokenizer = WhisperTokenizer.from_file(ckpt.tokenizer_path, ckpt.multilingual)
-        if backend is None:
+        if backend is None or backend == "reference":
             from .reference import ReferenceBackend
             backend = ReferenceBackend(ckpt.weights, ckpt.config, precision)
+        elif backend == "vulkan":
+            from .vulkan import VulkanBackend
+            backend = VulkanBackend(ckpt.weights, ckpt.config, precision, device)
+        elif isinstance(backend, str):
+            raise ValueError(f"backend must be 'reference', 'vulkan' or a DecoderBackend, got {backend!r}")
         self.backend = backend
         del ckpt.weights
         self.n_mels = int(self.config.get("num_mel_bins", backend.n_mels))

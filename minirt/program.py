@@ -1,0 +1,116 @@
+"""Program: several Plans (entry points) on one device over one set of state tensors.
+
+A Plan with state (Plan.state) reads and writes tensors that live across runs; the Plans of a Program share them by
+name, so one entry point's run leaves in them what another's reads (an encoder fills a decoder's cross-attention
+keys and values, a step appends to a key/value cache, a reorder permutes its rows). Each entry point is recorded
+once (an Executor: its weights, activations and command buffers); a run writes its inputs and its run-time
+parameters (Plan.params: positions, lengths) into host-visible memory and replays the recording, so nothing is
+recorded again however many runs follow.
+
+    program = Program({"encode": plan_a, "step": plan_b}, device=None)
+    program.run("encode", {"input_features": x})
+    logits = program.run("step", {"tokens": ids}, {"pos": 3})["logits"]
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from .errors import InputError, MinirtError
+from .plan import Plan
+
+
+def check_feeds(plan: Plan, feeds: dict, params: dict) -> dict:
+    """feeds as the executor takes them: every input of the plan, of its shape, as float32 (or int32 for integer
+    inputs: integers are converted when they fit); every parameter of the plan given as an int."""
+    feeds, params = dict(feeds or {}), dict(params or {})
+    extra = [k for k in feeds if k not in plan.inputs] + [k for k in params if k not in plan.params]
+    missing = [k for k in plan.inputs if k not in feeds] + [k for k in plan.params if k not in params]
+    if extra or missing:
+        raise InputError("inputs and parameters do not match the plan: "
+                         + (f"unknown {extra} " if extra else "") + (f"missing {missing} " if missing else "")
+                         + f"(inputs {plan.inputs}, parameters {plan.params})")
+    out = {}
+    for name, x in feeds.items():
+        t = plan.tensors[name]
+        x = np.asarray(x)
+        if tuple(x.shape) != tuple(t.shape):
+            raise InputError(f"input '{name}' expects shape {list(t.shape)}, got {list(x.shape)}")
+        if t.dtype == "int32":
+            if x.dtype.kind not in "iu" or (x.size and (x.min() < -2**31 or x.max() >= 2**31)):
+                raise InputError(f"input '{name}' takes int32 values, got {x.dtype}")
+            x = x.astype(np.int32)
+        elif x.dtype != np.float32:
+            raise InputError(f"input '{name}' must be float32, got {x.dtype}")
+        out[name] = np.ascontiguousarray(x)
+    for name, v in params.items():
+        if not isinstance(v, (int, np.integer)) or not -2**31 <= int(v) < 2**31:
+            raise InputError(f"parameter '{name}' must be an int32 value, got {v!r}")
+    return out
+
+
+class Program:
+    """plans: {entry point: Plan}, each planned for `device` (an index as `minirt devices` lists them, or None) in
+    buffer storage. Executors are made at creation, all of them, with one StateBuffers for every plan's state.
+    Runs are serialised by the Program's lock."""
+
+    def __init__(self, plans: dict, device=None, timeout_s: float = 600.0, progress=None):
+        from .session import get_device
+        from .vk.executor import Executor
+        from .vk.state import StateBuffers
+        self.plans = dict(plans)
+        self.device = get_device(device)
+        self._lock = threading.Lock()
+        self.state = StateBuffers(self.device, timeout_s)
+        self.executors = {}
+        try:
+            for name, plan in self.plans.items():
+                self.executors[name] = Executor(self.device, plan, progress=progress, timeout_s=timeout_s,
+                                                state=self.state)
+        except BaseException:
+            self.close()
+            raise
+
+    def run(self, entry: str, feeds: dict | None = None, params: dict | None = None) -> dict:
+        """Run entry point `entry`: {output name: array}."""
+        plan = self.plans.get(entry)
+        if plan is None:
+            raise InputError(f"'{entry}' is not an entry point of this program ({', '.join(self.plans)})")
+        feeds = check_feeds(plan, feeds, params)
+        with self._lock:
+            if self.executors is None:
+                raise MinirtError("this Program is closed")
+            return self.executors[entry].run(feeds, params)
+
+    def close(self):
+        """Free every GPU resource (executors first, then the state they share); idempotent."""
+        with self._lock:
+            execs, self.executors = self.executors or {}, None
+            first = None
+            for ex in execs.values():
+                try:
+                    ex.close()
+                except Exception as e:
+                    first = first or e
+            if self.state is not None:
+                try:
+                    self.state.close()
+                except Exception as e:
+                    first = first or e
+                self.state = None
+            if first is not None:
+                raise first
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            if self.executors:
+                self.close()
+        except Exception:
+            pass

@@ -1,0 +1,167 @@
+"""The graphs of a Whisper model as a minirt Program (minirt/program.py): three entry points over shared state.
+
+  encode   input_features [1, n_mels, 2 n_audio_ctx] -> the encoder (minirt.loaders.safetensors_loader's graph), then
+           per decoder layer the cross-attention keys and values of its output, written into the state tensors
+           cross_k.<i>, cross_v.<i> [1, n_audio_ctx, d_model]. Nothing comes back to the host.
+  step     tokens [B, 1] int32, parameter pos -> logits [B, 1, n_vocab]: one token per row at position pos (the
+           token embedding is a runtime Gather, the positional one ParamRows at pos); per layer the new keys and
+           values are written at row pos of the state tensors self_k.<i>, self_v.<i> [B, n_text_ctx, d_model]
+           (CacheWrite) and self-attention is causal over rows 0 .. pos (CachedAttention), cross-attention reads
+           cross_k / cross_v; the logits are the final layer norm times the token embedding transposed.
+  reorder  rows [B] int32, parameter len -> nothing: new cache row i = old row rows[i], positions 0 .. len - 1
+           (ReorderRows on every self_k / self_v).
+
+B is the program's batch (the most rows a search uses; a step with fewer rows computes them all). Weights are
+Hugging Face-named (model.encoder.*, model.decoder.*, proj_out.weight when not tied), as checkpoint.load_checkpoint
+gives them. fp32, buffer storage."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ModelError
+from ..graph import Graph, Node, Tensor
+from ..loaders.safetensors_loader import LN_EPS, build_whisper_encoder_graph
+
+
+@dataclass(frozen=True)
+class Dims:
+    d_model: int
+    encoder_heads: int
+    decoder_heads: int
+    encoder_layers: int
+    decoder_layers: int
+    n_mels: int
+    n_audio_ctx: int
+    n_text_ctx: int
+    n_vocab: int
+
+    @property
+    def frames(self) -> int:
+        return 2 * self.n_audio_ctx
+
+
+def dims_of(weights: dict, config: dict) -> Dims:
+    def shape(name):
+        if name not in weights:
+            raise ModelError(f"the checkpoint has no '{name}'")
+        return tuple(weights[name].shape)
+
+    d, n_mels, _ = shape("model.encoder.conv1.weight")
+    vocab, d_dec = shape("model.decoder.embed_tokens.weight")
+    if d_dec != d:
+        raise ModelError(f"the decoder's d_model {d_dec} is not the encoder's {d}")
+    return Dims(d, int(config["encoder_attention_heads"]), int(config["decoder_attention_heads"]),
+                int(config["encoder_layers"]), int(config["decoder_layers"]), n_mels,
+                shape("model.encoder.embed_positions.weight")[0], shape("model.decoder.embed_positions.weight")[0],
+                vocab)
+
+
+class _Builder:
+    """Nodes and constants of one graph, named by scope."""
+
+    def __init__(self, g: Graph, weights: dict):
+        self.g, self.w = g, weights
+
+    def param(self, name, data=None):
+        """A constant: checkpoint tensor `name` (or `data`) as float32."""
+        if name not in self.g.tensors:
+            self.g.const(name, np.ascontiguousarray(self.w[name] if data is None else data, np.float32))
+        return name
+
+    def node(self, op, ins, out, domain="", **attrs):
+        self.g.nodes.append(Node(op, out, list(ins), [out], attrs, domain))
+        self.g.tensors.setdefault(out, Tensor(out))
+        return out
+
+    def linear(self, x, prefix, out, bias=True, act="", residual=""):
+        w = self.param(f"{prefix}.weight^T", np.asarray(self.w[f"{prefix}.weight"], np.float32).T)
+        b = self.param(f"{prefix}.bias") if bias else ""
+        return self.node("Linear", [x, w, b, residual], out, "minirt", act=act, scale=1.0)
+
+    def layer_norm(self, x, prefix, out):
+        return self.node("LayerNormalization", [x, self.param(f"{prefix}.weight"), self.param(f"{prefix}.bias")],
+                         out, axis=-1, epsilon=LN_EPS)
+
+    def state(self, name, shape, new=None):
+        self.g.add_tensor(Tensor(name, tuple(shape), "float32"))
+        self.g.state[name] = new or name
+        return name
+
+
+def encoder_graph(weights: dict, dm: Dims) -> Graph:
+    cfg = {"d_model": dm.d_model, "encoder_attention_heads": dm.encoder_heads, "num_mel_bins": dm.n_mels,
+           "max_source_positions": dm.n_audio_ctx, "encoder_layers": dm.encoder_layers}
+    g = build_whisper_encoder_graph(cfg, lambda k: weights[f"model.encoder.{k}"], prefix="model.encoder.",
+                                    source="whisper encode")
+    g.outputs = []
+    b = _Builder(g, weights)
+    for i in range(dm.decoder_layers):
+        p = f"model.decoder.layers.{i}.encoder_attn"
+        for kv, bias in (("k", False), ("v", True)):
+            name = f"cross_{kv}.{i}"
+            b.state(name, (1, dm.n_audio_ctx, dm.d_model), f"{name}@new")
+            b.linear("last_hidden_state", f"{p}.{kv}_proj", f"{name}@new", bias=bias)
+    return g
+
+
+def step_graph(weights: dict, dm: Dims, batch: int) -> Graph:
+    g = Graph(name="whisper step", source="whisper step")
+    b = _Builder(g, weights)
+    d, dd = "model.decoder", dm.d_model
+    g.inputs.append("tokens")
+    g.add_tensor(Tensor("tokens", (batch, 1), "int32"))
+    g.params = ["pos"]
+    scale = float((dd // dm.decoder_heads) ** -0.5)
+    x = b.node("Gather", [b.param(f"{d}.embed_tokens.weight"), "tokens"], "embed", axis=0)      # [B, 1, D]
+    pe = b.node("ParamRows", [b.param(f"{d}.embed_positions.weight")], "embed_pos", "minirt", param="pos", rows=1)
+    x = b.node("Add", [x, pe], "x.in")
+    for i in range(dm.decoder_layers):
+        p, s = f"{d}.layers.{i}", f"layers.{i}"
+        a = b.layer_norm(x, f"{p}.self_attn_layer_norm", f"{s}/ln1")
+        q = b.linear(a, f"{p}.self_attn.q_proj", f"{s}/q")
+        k = b.linear(a, f"{p}.self_attn.k_proj", f"{s}/k", bias=False)
+        v = b.linear(a, f"{p}.self_attn.v_proj", f"{s}/v")
+        caches = []
+        for name, new in ((f"self_k.{i}", k), (f"self_v.{i}", v)):
+            b.state(name, (batch, dm.n_text_ctx, dd), f"{name}@new")
+            caches.append(b.node("CacheWrite", [name, new], f"{name}@new", "minirt", param="pos"))
+        o = b.node("CachedAttention", [q, *caches], f"{s}/self_attn", "minirt", heads=dm.decoder_heads, scale=scale,
+                   param="pos")
+        x = b.linear(o, f"{p}.self_attn.out_proj", f"{s}/x1", residual=x)
+        a = b.layer_norm(x, f"{p}.encoder_attn_layer_norm", f"{s}/ln2")
+        q = b.linear(a, f"{p}.encoder_attn.q_proj", f"{s}/cq")
+        ck = b.state(f"cross_k.{i}", (1, dm.n_audio_ctx, dd))
+        cv = b.state(f"cross_v.{i}", (1, dm.n_audio_ctx, dd))
+        o = b.node("CachedAttention", [q, ck, cv], f"{s}/cross_attn", "minirt", heads=dm.decoder_heads, scale=scale)
+        x = b.linear(o, f"{p}.encoder_attn.out_proj", f"{s}/x2", residual=x)
+        a = b.layer_norm(x, f"{p}.final_layer_norm", f"{s}/ln3")
+        h = b.linear(a, f"{p}.fc1", f"{s}/fc1", act="gelu")
+        x = b.linear(h, f"{p}.fc2", f"{s}/x3", residual=x)
+    x = b.layer_norm(x, f"{d}.layer_norm", "ln_out")
+    proj = "proj_out.weight" if "proj_out.weight" in weights else f"{d}.embed_tokens.weight"   # tied by default
+    w = b.param("logits.weight^T", np.asarray(weights[proj], np.float32).T)
+    b.node("Linear", [x, w, "", ""], "logits", "minirt", act="", scale=1.0)
+    g.outputs.append("logits")
+    return g
+
+
+def reorder_graph(dm: Dims, batch: int) -> Graph:
+    g = Graph(name="whisper reorder", source="whisper reorder")
+    b = _Builder(g, {})
+    g.inputs.append("rows")
+    g.add_tensor(Tensor("rows", (batch,), "int32"))
+    g.params = ["len"]
+    for i in range(dm.decoder_layers):
+        for kind in ("k", "v"):
+            name = f"self_{kind}.{i}"
+            b.state(name, (batch, dm.n_text_ctx, dm.d_model), f"{name}@new")
+            b.node("ReorderRows", [name, "rows"], f"{name}@new", "minirt", valid="len")
+    return g
+
+
+def program_graphs(weights: dict, dm: Dims, batch: int) -> dict:
+    """{entry point: Graph}: encode, step, reorder (see the module doc)."""
+    return {"encode": encoder_graph(weights, dm), "step": step_graph(weights, dm, batch),
+            "reorder": reorder_graph(dm, batch)}

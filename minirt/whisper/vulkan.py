@@ -1,0 +1,133 @@
+"""A DecoderBackend whose encoder and decoder run on Vulkan: a minirt Program (minirt/program.py) of three entry
+points over state tensors that stay on the GPU (minirt/whisper/decoder_graph.py):
+
+  encode(features)  the encode entry point: the encoder, then every decoder layer's cross-attention keys and values
+                    into state; nothing comes back.
+  step(tokens)      the step entry point, one submission of a recorded command buffer: the tokens go in (int32), the
+                    position goes in through the parameter block, the key/value cache grows by a row on the GPU,
+                    and only the logits come back.
+  start(prompt, ..) the prompt a token at a time through the step entry point (row 0; the other rows compute what
+                    nobody reads).
+  reorder(rows)     the reorder entry point (a gather of cache rows on the GPU), or nothing where rows only drops
+                    the last rows.
+
+The cache holds max_batch rows (the most a search uses: beam_size, or best_of when sampling; 5 by default); every
+step computes all of them and returns the first `batch`."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import UnsupportedError
+from . import decoder_graph
+
+
+def plan_program(weights: dict, config: dict, profile, max_batch: int = 5, options=None) -> dict:
+    """{entry point: Plan} of the Whisper program (decoder_graph.py) for a device profile, in buffer storage at
+    fp32 (options: other Session options for planning)."""
+    from ..infer import prepare
+    from ..options import Options
+    from ..planner import make_plan
+    opts = Options.of(options)
+    if opts.precision != "fp32" or opts.storage not in ("auto", "buffer"):
+        raise UnsupportedError(f"the Vulkan Whisper program runs in buffer storage at precision fp32 (asked: "
+                               f"{opts.storage}, {opts.precision})")
+    opts = opts.replace(storage="buffer")
+    graphs = decoder_graph.program_graphs(weights, decoder_graph.dims_of(weights, config), int(max_batch))
+    return {k: make_plan(prepare(g), profile, "buffer", opts) for k, g in graphs.items()}
+
+
+class VulkanBackend:
+    """weights and config as checkpoint.load_checkpoint returns them; device: a Vulkan device index (None: the
+    default one); max_batch: cache rows; options: minirt Session options for planning (storage and precision are
+    buffer and fp32)."""
+
+    name = "Vulkan (float32)"
+
+    def __init__(self, weights: dict, config: dict, precision: str = "fp32", device=None, max_batch: int = 5,
+                 options=None):
+        from ..options import Options
+        from ..program import Program
+        from ..session import get_device
+        if precision != "fp32":
+            raise UnsupportedError(f"the Vulkan Whisper decoder runs at precision fp32 (asked: {precision})")
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        self.dims = dm = decoder_graph.dims_of(weights, config)
+        self.n_mels, self.n_vocab, self.n_text_ctx = dm.n_mels, dm.n_vocab, dm.n_text_ctx
+        self.multilingual = self.n_vocab >= 51865
+        self.max_batch = int(max_batch)
+        self.plans = plan_program(weights, config, get_device(device).profile, self.max_batch, options)
+        self.program = Program(self.plans, device, timeout_s=Options.of(options).timeout_s)
+        self._len = 0             # positions in the cache
+        self._batch = 0           # rows in use
+        self._encoded = False
+
+    # -- DecoderBackend ----------------------------------------------------------------------------------------
+    def encode(self, features: np.ndarray) -> None:
+        x = np.asarray(features, np.float32)
+        if x.ndim == 3 and x.shape[0] == 1:
+            x = x[0]
+        want = (self.n_mels, self.dims.frames)
+        if x.shape != want:
+            raise ValueError(f"features must be {list(want)}, got {list(x.shape)}")
+        self.program.run("encode", {"input_features": np.ascontiguousarray(x[None])})
+        self._encoded, self._len, self._batch = True, 0, 0
+
+    def start(self, prompt: Sequence[int], positions: Sequence[int]) -> np.ndarray:
+        if not self._encoded:
+            raise RuntimeError("start() before encode()")
+        prompt, positions = [int(t) for t in prompt], [int(p) for p in positions]
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if any(not 0 <= p < len(prompt) for p in positions):
+            raise ValueError(f"positions {positions} are not all in the prompt of {len(prompt)} tokens")
+        self._len, self._batch = 0, 1
+        wanted, rows = set(positions), {}
+        for i, t in enumerate(prompt):
+            logits = self._step(np.array([t]))
+            if i in wanted:
+                rows[i] = np.array(logits[0])
+        return np.stack([rows[p] for p in positions]) if positions else np.zeros((0, self.n_vocab), np.float32)
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        tokens = np.asarray(tokens).reshape(-1)
+        if not self._batch or len(tokens) != self._batch:
+            raise ValueError(f"step() got {len(tokens)} tokens for a batch of {self._batch}")
+        return self._step(tokens)
+
+    def reorder(self, rows: np.ndarray) -> None:
+        rows = np.asarray(rows, np.int64).reshape(-1)
+        n = len(rows)
+        if not 1 <= n <= self.max_batch:
+            raise ValueError(f"reorder() to {n} rows; this backend holds 1 to {self.max_batch} "
+                             f"(VulkanBackend(max_batch=...))")
+        if rows.min() < 0 or rows.max() >= max(self._batch, 1):
+            raise ValueError(f"reorder() rows {rows.tolist()} for a batch of {self._batch}")
+        if not np.array_equal(rows, np.arange(n)):      # else: the first n rows stay where they are
+            full = np.arange(self.max_batch, dtype=np.int32)
+            full[:n] = rows
+            self.program.run("reorder", {"rows": full}, {"len": self._len})
+        self._batch = n
+
+    # -- the rest --------------------------------------------------------------------------------------------
+    def _step(self, tokens):
+        if self._len >= self.n_text_ctx:
+            raise ValueError(f"the decoder has {self.n_text_ctx} positions; {self._len + 1} needed")
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.n_vocab):
+            raise ValueError(f"token ids must be in [0, {self.n_vocab}), got {tokens.min()}..{tokens.max()}")
+        full = np.zeros((self.max_batch, 1), np.int32)
+        full[:len(tokens), 0] = tokens
+        logits = self.program.run("step", {"tokens": full}, {"pos": self._len})["logits"]
+        self._len += 1
+        return logits[:len(tokens), 0]
+
+    def close(self):
+        self.program.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

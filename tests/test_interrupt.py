@@ -40,7 +40,16 @@ def check_runs(s, ws, n=10):
         assert np.max(np.abs(y - ref)) <= 1e-3 * np.max(np.abs(ref)), f"run {i} after the stop is not its own result"
 
 
-def test_ctrl_c_mid_run_then_ten_correct_runs():
+@pytest.fixture
+def ctrl_c():
+    """Python's own SIGINT handler, whatever a library loaded earlier in this test process installed (a handler
+    set at the C level leaves Ctrl-C without its KeyboardInterrupt)."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def test_ctrl_c_mid_run_then_ten_correct_runs(ctrl_c):
     model, ws = chain_model()
     with Session(model, storage="buffer") as s:
         x = rand(N, N, seed=1)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import real_whisper
-from minirt.loaders.safetensors_loader import encoder_param_shapes
 from minirt.whisper.conformance import drive
+from minirt.whisper.synthetic import random_checkpoint
 
 D, HEADS, LAYERS, VOCAB, N_TEXT, N_MELS, N_AUDIO = 64, 2, 2, 500, 448, 80, 24
 
@@ -15,36 +15,10 @@ D, HEADS, LAYERS, VOCAB, N_TEXT, N_MELS, N_AUDIO = 64, 2, 2, 500, 448, 80, 24
 def small_whisper(seed=0):
     """HF-named random weights and config of a small Whisper: d_model 64, 2 heads, 2 layers each side, 500 tokens,
     448 text positions, 80 mel bins, 24 audio positions (48 frames)."""
-    rng = np.random.default_rng(seed)
-    cfg = {"d_model": D, "num_mel_bins": N_MELS, "max_source_positions": N_AUDIO, "encoder_layers": LAYERS,
-           "decoder_layers": LAYERS, "encoder_attention_heads": HEADS, "decoder_attention_heads": HEADS,
-           "vocab_size": VOCAB}
-
-    def rand(shape, name):
-        if name.endswith("layer_norm.weight"):
-            return (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
-        if name.endswith(".bias"):
-            return (0.1 * rng.standard_normal(shape)).astype(np.float32)
-        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
-        scale = 1.0 if "embed" in name else fan_in ** -0.5
-        return (scale * rng.standard_normal(shape)).astype(np.float32)
-
-    w = {f"model.encoder.{k}": rand(s, k) for k, s in encoder_param_shapes(cfg).items()}
-    dec = {"embed_tokens.weight": (VOCAB, D), "embed_positions.weight": (N_TEXT, D),
-           "layer_norm.weight": (D,), "layer_norm.bias": (D,)}
-    for i in range(LAYERS):
-        p = f"layers.{i}."
-        for att in ("self_attn", "encoder_attn"):
-            for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
-                dec[f"{p}{att}.{proj}.weight"] = (D, D)
-                if proj != "k_proj":
-                    dec[f"{p}{att}.{proj}.bias"] = (D,)
-        for ln in ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"):
-            dec[f"{p}{ln}.weight"], dec[f"{p}{ln}.bias"] = (D,), (D,)
-        dec[f"{p}fc1.weight"], dec[f"{p}fc1.bias"] = (4 * D, D), (4 * D,)
-        dec[f"{p}fc2.weight"], dec[f"{p}fc2.bias"] = (D, 4 * D), (D,)
-    w.update({f"model.decoder.{k}": rand(s, k) for k, s in dec.items()})
-    return w, cfg
+    return random_checkpoint({"d_model": D, "num_mel_bins": N_MELS, "max_source_positions": N_AUDIO,
+                              "max_target_positions": N_TEXT, "encoder_layers": LAYERS, "decoder_layers": LAYERS,
+                              "encoder_attention_heads": HEADS, "decoder_attention_heads": HEADS,
+                              "vocab_size": VOCAB}, seed)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""Whisper decoding benchmark: minirt's Vulkan encoder and decoder (minirt.whisper.vulkan) beside Hugging Face
+transformers on CUDA (when torch with CUDA and transformers import; --torch-device cpu for the CPU), on the same seeded random weights, the same
+log-mel window and a fixed number of decoded tokens (no end of text: both sides do the same work).
+
+  python tools/bench_transcribe.py --sizes tiny,base --tokens 224 --beams 1,5 --json transcribe.json
+
+Figures, each a median over --runs windows after one untimed window:
+  encoder ms     encode() alone (the encoder and every layer's cross-attention keys and values)
+  step ms        one decode step, wall: the submission, the logits back, and the host's selection of the next
+                 tokens (greedy: argmax; beam: log-softmax, the top beam_size of beam_size x vocab, cache reorder)
+  window ms      a 30 s window end to end: encode, the 4-token prompt, --tokens steps
+transformers peers (each where it runs): `loop`, a hand-written loop over the model with its key/value cache
+(greedy: argmax on the GPU); `generate` (greedy and beam search, min_new_tokens = max_new_tokens = --tokens), with
+the dynamic cache and with cache_implementation="static". fp32 peers run with TF32 off.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PROMPT = [50258, 50259, 50359, 50363]     # <|startoftranscript|><|en|><|transcribe|><|notimestamps|> (multilingual)
+
+
+def log_softmax(x):
+    m = x.max(-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+def minirt_window(vb, feats, tokens, beams, times):
+    """One window: encode, prompt, `tokens` steps; appends (encode ms, prompt ms, [step ms]) to times."""
+    t0 = time.perf_counter()
+    vb.encode(feats)
+    t1 = time.perf_counter()
+    logits = vb.start(PROMPT, [len(PROMPT) - 1])
+    t2 = time.perf_counter()
+    steps = []
+    if beams == 1:
+        tok = int(np.argmax(logits[0]))
+        for _ in range(tokens):
+            s = time.perf_counter()
+            logits = vb.step(np.array([tok]))
+            tok = int(np.argmax(logits[0]))
+            steps.append(time.perf_counter() - s)
+    else:
+        lp = log_softmax(logits[0])
+        best = np.argpartition(-lp, beams)[:beams]
+        scores, toks = lp[best], best
+        vb.reorder(np.zeros(beams, np.int64))
+        n_vocab = logits.shape[-1]
+        for _ in range(tokens):
+            s = time.perf_counter()
+            logits = vb.step(toks)
+            cand = (scores[:, None] + log_softmax(logits)).reshape(-1)
+            best = np.argpartition(-cand, beams)[:beams]
+            rows, toks, scores = best // n_vocab, best % n_vocab, cand[best]
+            vb.reorder(rows)
+            steps.append(time.perf_counter() - s)
+    times.append(((t1 - t0) * 1e3, (t2 - t1) * 1e3, [x * 1e3 for x in steps]))
+    return toks if beams > 1 else tok
+
+
+def summarise(times, tokens):
+    enc = statistics.median(t[0] for t in times)
+    prompt = statistics.median(t[1] for t in times)
+    step = statistics.median(x for t in times for x in t[2])
+    window = statistics.median(t[0] + t[1] + sum(t[2]) for t in times)
+    return {"encoder_ms": enc, "prompt_ms": prompt, "step_ms": step, "window_ms": window, "tokens": tokens}
+
+
+def bench_minirt(weights, cfg, args, precision, beams):
+    from minirt.whisper.vulkan import VulkanBackend
+    feats = np.random.default_rng(1).standard_normal((cfg["num_mel_bins"], 3000)).astype(np.float32)
+    t0 = time.perf_counter()
+    with VulkanBackend(weights, cfg, precision=precision, max_batch=beams) as vb:
+        setup = time.perf_counter() - t0
+        times = []
+        for i in range(args.runs + 1):
+            minirt_window(vb, feats, args.tokens, beams, times)
+        res = summarise(times[1:], args.tokens)
+        res["setup_s"] = setup
+        res["dispatches"] = {k: len(p.dispatches) for k, p in vb.plans.items()}
+    return res
+
+
+# -- transformers --------------------------------------------------------------------------------------------------
+def hf_model(cfg, seed):
+    import torch
+    import transformers
+    torch.manual_seed(seed)
+    hc = transformers.WhisperConfig(
+        vocab_size=cfg["vocab_size"], num_mel_bins=cfg["num_mel_bins"], d_model=cfg["d_model"],
+        encoder_layers=cfg["encoder_layers"], decoder_layers=cfg["decoder_layers"],
+        encoder_attention_heads=cfg["encoder_attention_heads"], decoder_attention_heads=cfg["decoder_attention_heads"],
+        encoder_ffn_dim=4 * cfg["d_model"], decoder_ffn_dim=4 * cfg["d_model"],
+        max_source_positions=cfg["max_source_positions"], max_target_positions=cfg["max_target_positions"])
+    return transformers.WhisperForConditionalGeneration(hc).eval()
+
+
+def weights_of(model):
+    """minirt's weights dict (HF names, float32 numpy) from a transformers Whisper."""
+    return {k: v.detach().float().cpu().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def torch_ms(fn, runs):
+    import torch
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    fn()
+    sync()
+    ts = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ts)
+
+
+def bench_hf(model, cfg, args, precision, beams):
+    """{peer: {"window_ms", "step_ms", "encoder_ms"}} for what runs; failures as {"error": ...}."""
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dt = torch.float16 if precision == "fp16" else torch.float32
+    dev = args.torch_device
+    m = model.to(dev, dt)
+    feats = torch.from_numpy(np.random.default_rng(1).standard_normal((1, cfg["num_mel_bins"], 3000))
+                             .astype(np.float32)).to(dev, dt)
+    prompt = torch.tensor([PROMPT], device=dev)
+    out = {}
+    with torch.inference_mode():
+        enc = torch_ms(lambda: m.model.encoder(feats), args.runs)
+        if beams == 1:
+            def loop():
+                h = m.model.encoder(feats).last_hidden_state
+                r = m(encoder_outputs=(h,), decoder_input_ids=prompt, use_cache=True)
+                past, tok = r.past_key_values, r.logits[:, -1:].argmax(-1)
+                for _ in range(args.tokens):
+                    r = m(encoder_outputs=(h,), decoder_input_ids=tok, past_key_values=past, use_cache=True)
+                    past, tok = r.past_key_values, r.logits[:, -1:].argmax(-1)
+                return tok
+            try:
+                w = torch_ms(loop, args.runs)
+                out["loop"] = {"window_ms": w, "step_ms": (w - enc) / args.tokens, "encoder_ms": enc}
+            except Exception as e:      # a transformers version without this call shape
+                out["loop"] = {"error": f"{type(e).__name__}: {e}"[:200]}
+        for cache in ("dynamic", "static"):
+            kw = dict(decoder_input_ids=prompt, max_new_tokens=args.tokens, min_new_tokens=args.tokens,
+                      num_beams=beams, do_sample=False)
+            if cache == "static":
+                kw["cache_implementation"] = "static"
+
+            def gen():
+                # GenerationMixin's generate: Whisper's own adds its language / timestamp logic, not wanted here
+                return super(type(m), m).generate(input_features=feats, **kw)
+            try:
+                n = gen().shape[-1]     # the new tokens, or the prompt and the new tokens
+                if n not in (args.tokens, args.tokens + len(PROMPT)):
+                    raise RuntimeError(f"generated {n} tokens, not {args.tokens}")
+                w = torch_ms(gen, args.runs)
+                out[f"generate/{cache}"] = {"window_ms": w, "step_ms": (w - enc) / args.tokens, "encoder_ms": enc}
+            except Exception as e:
+                out[f"generate/{cache}"] = {"error": f"{type(e).__name__}: {e}"[:200]}
+    model.to("cpu", torch.float32)
+    return out
+
+
+def torch_ready(device):
+    try:
+        import torch
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return device != "cuda" or torch.cuda.is_available()
+
+
+def main(argv=None):
+    from minirt.whisper.synthetic import SIZES, random_checkpoint
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="tiny", help=f"comma-separated, of {', '.join(SIZES)}")
+    ap.add_argument("--tokens", type=int, default=224, help="decoded tokens a window (default 224)")
+    ap.add_argument("--beams", default="1,5", help="beam sizes, comma-separated (1: greedy)")
+    ap.add_argument("--precision", default="fp32", help="fp32 and/or fp16, comma-separated")
+    ap.add_argument("--runs", type=int, default=5, help="timed windows per figure (default 5)")
+    ap.add_argument("--no-torch", action="store_true", help="leave out the transformers peers")
+    ap.add_argument("--torch-device", default="cuda", help="where the transformers peers run (default cuda)")
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args(argv)
+    sizes = [s for s in args.sizes.split(",") if s]
+    bad = [s for s in sizes if s not in SIZES]
+    if bad:
+        ap.error(f"unknown size(s) {bad}: choose from {', '.join(SIZES)}")
+    if not 1 <= args.tokens <= 448 - len(PROMPT):
+        ap.error(f"--tokens must be 1..{448 - len(PROMPT)}")
+    use_torch = not args.no_torch and torch_ready(args.torch_device)
+    results = []
+    for size in sizes:
+        cfg = SIZES[size]
+        model = hf_model(cfg, 0) if use_torch else None
+        weights = weights_of(model) if use_torch else random_checkpoint(cfg, 0)[0]
+        for precision in args.precision.split(","):
+            for beams in (int(b) for b in args.beams.split(",")):
+                row = {"size": size, "precision": precision, "beams": beams}
+                try:
+                    row["minirt"] = bench_minirt(weights, cfg, args, precision, beams)
+                except Exception as e:
+                    row["minirt"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+                if use_torch:
+                    row["transformers"] = bench_hf(model, cfg, args, precision, beams)
+                results.append(row)
+                print_row(row)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+def print_row(row):
+    head = f"{row['size']} {row['precision']} beams={row['beams']}"
+    mr = row["minirt"]
+    if "error" in mr:
+        print(f"{head}: minirt failed: {mr['error']}")
+        return
+    print(f"{head}: minirt encoder {mr['encoder_ms']:.3f} ms, prompt {mr['prompt_ms']:.3f} ms, "
+          f"step {mr['step_ms']:.4f} ms, window {mr['window_ms']:.2f} ms ({mr['tokens']} tokens; "
+          f"dispatches {mr['dispatches']})")
+    for peer, r in row.get("transformers", {}).items():
+        if "error" in r:
+            print(f"    transformers {peer}: {r['error']}")
+        else:
+            print(f"    transformers {peer}: step {r['step_ms']:.4f} ms ({r['step_ms'] / mr['step_ms']:.2f}x minirt), "
+                  f"window {r['window_ms']:.2f} ms ({r['window_ms'] / mr['window_ms']:.2f}x), "
+                  f"encoder {r['encoder_ms']:.3f} ms")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -327,12 +327,30 @@ def pick_local_size(family: str, global_size, profile: DeviceProfile,
     _check_family(family)
     g = _ints3(global_size, "global size", 0)
     if forced is not None:
-        return check_local_size(forced, profile)
+        loc = check_local_size(forced, profile)
+        if shared_xy and shared_xy[0] * loc[0] + shared_xy[1] * loc[1] > profile.max_shared_memory:
+            raise ValueError(f"local size {loc}: the {family} kernel's shared memory, "
+                             f"{shared_xy[0] * loc[0] + shared_xy[1] * loc[1]} bytes, exceeds "
+                             f"maxComputeSharedMemorySize={profile.max_shared_memory} on device {profile.name!r}")
+        return loc
     if 0 in g:
         return (1, 1, 1)
     if family == "gemm":
-        return _gemm(g, profile, shared_xy)
+        return fit_shared(_gemm(g, profile, shared_xy), profile, shared_xy)
     return _PICKERS[family](g, profile)
+
+
+def fit_shared(local, profile: DeviceProfile, shared_xy=()) -> tuple[int, int, int]:
+    """`local` halved on the axis that holds the most shared memory until the kernel's shared memory (`shared_xy`
+    bytes per local x and per local y) fits the device's: a group over the limit does not run (on NVIDIA the
+    device is lost), however few its rows (a 1-row GEMM over a 51865-column vocabulary grows x to 256)."""
+    loc = list(local)
+    if not shared_xy:
+        return tuple(loc)
+    while shared_xy[0] * loc[0] + shared_xy[1] * loc[1] > profile.max_shared_memory and loc[0] * loc[1] > 1:
+        i = 0 if (shared_xy[0] * loc[0] >= shared_xy[1] * loc[1] and loc[0] > 1) or loc[1] == 1 else 1
+        loc[i] //= 2
+    return tuple(loc)
 
 
 def describe_rule(family: str, profile: DeviceProfile) -> str:

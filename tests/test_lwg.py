@@ -276,3 +276,22 @@ def test_attention_combine_shape_on_nvidia_only():
     assert head_rows_shape(24, h200) is None
     for name in ("lavapipe", "adreno-840", "mali-g715"):
         assert head_rows_shape(16, KNOWN_PROFILES[name]) is None
+
+
+@pytest.mark.parametrize("pname", PROFILES)
+def test_gemm_groups_fit_shared_memory(pname):
+    """A GEMM's group never declares more shared memory than the device has (a 1-row GEMM over a vocabulary-wide
+    output grew to 256 x 1 on an H200, 131 KiB of a 48 KiB limit, and lost the device); a forced size over it is an
+    error that names the limit."""
+    from minirt.ops.gemm import LINEAR_TILES, linear_shared_xy
+    p = PROFILES[pname]
+    for tile in LINEAR_TILES:
+        sxy = linear_shared_xy(tile)
+        for g in [(12967, 1, 1), (12967, 2, 1), (1, 12967, 1), (96, 375, 1), (10**7, 3, 1)] + GLOBALS[::97]:
+            loc = pick_local_size("gemm", g, p, shared_xy=sxy)
+            assert_within(loc, p)
+            if 0 not in g:
+                assert sxy[0] * loc[0] + sxy[1] * loc[1] <= p.max_shared_memory, (g, loc, tile)
+    h200 = KNOWN_PROFILES["nvidia-h200"]
+    with pytest.raises(ValueError, match=r"shared memory, 131584 bytes, exceeds maxComputeSharedMemorySize=49152"):
+        pick_local_size("gemm", (12967, 1, 1), h200, forced=(256, 1, 1), shared_xy=linear_shared_xy("t44k32"))

@@ -547,8 +547,9 @@ def options_cmd(markdown):
 @device_opt
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=D0,D1,...", callback=_parse_shapes,
               help="Concrete shape for an input with symbolic dims.")
-@click.option("--entry", type=click.Choice(["encode", "step", "reorder"]), default=None,
-              help="A Whisper model folder: only this entry point of its Vulkan program.")
+@click.option("--entry", default=None, metavar="NAME",
+              help="A Whisper model folder: only this entry point of its Vulkan program (encode, step1, "
+                   "stepN for N = --batch, reorder).")
 @click.option("--batch", type=click.IntRange(min=1), default=5, show_default=True,
               help="A Whisper model folder: the rows (beams) of its Vulkan program.")
 @precision_opt
@@ -560,8 +561,8 @@ def plan(model, storage, device, shapes, entry, batch, precision, local_size, no
     and local sizes), then the planner's notes (conv1d rewrite, conv routing and why).
 
     MODEL may also be a Whisper model folder (as `minirt transcribe` takes): then the plans of its Vulkan
-    program, one per entry point (encode, step, reorder), with their int32 inputs, state tensors and
-    run-time parameters.
+    program, one per entry point (encode, a step of 1 row and one of --batch rows, reorder), with their int32
+    inputs, state tensors and run-time parameters.
 
     Nothing runs and no weights are uploaded: the model is loaded, checked and planned for the device.
 
@@ -570,7 +571,7 @@ def plan(model, storage, device, shapes, entry, batch, precision, local_size, no
       minirt plan models/whisper-tiny-encoder.onnx
       minirt plan models/whisper-tiny-encoder.onnx --storage texture --no-conv1d-rewrite
       minirt plan dynamic.onnx --shape input_features=1,80,3000
-      minirt plan whisper-tiny.en --entry step
+      minirt plan whisper-tiny.en --entry step1
     """
     from .infer import bind_inputs, prepare
     from .loaders import load
@@ -807,6 +808,9 @@ def _plan_whisper_program(folder, entry, batch, device, options, precision, stor
     ckpt = load_checkpoint(folder)
     dev = get_device(device)
     plans = plan_program(ckpt.weights, ckpt.config, dev.profile, batch, opts)
+    if entry is not None and entry not in plans:
+        raise click.BadParameter(f"{entry!r} is not an entry point of this program ({', '.join(plans)})",
+                                 param_hint="'--entry'")
     click.echo(f"device {dev.profile.name}")
     for name, p in plans.items():
         if entry in (None, name):

@@ -3,7 +3,8 @@
 A Plan with state (Plan.state) reads and writes tensors that live across runs; the Plans of a Program share them by
 name, so one entry point's run leaves in them what another's reads (an encoder fills a decoder's cross-attention
 keys and values, a step appends to a key/value cache, a reorder permutes its rows). Each entry point is recorded
-once (an Executor: its weights, activations and command buffers); a run writes its inputs and its run-time
+once (an Executor: its activations and command buffers; weights with the same name and bytes in several Plans are
+uploaded once and shared); a run writes its inputs and its run-time
 parameters (Plan.params: positions, lengths) into host-visible memory and replays the recording, so nothing is
 recorded again however many runs follow.
 
@@ -59,15 +60,17 @@ class Program:
         from .session import get_device
         from .vk.executor import Executor
         from .vk.state import StateBuffers
+        from .vk.upload import SharedConstants
         self.plans = dict(plans)
         self.device = get_device(device)
         self._lock = threading.Lock()
         self.state = StateBuffers(self.device, timeout_s)
+        self.constants = SharedConstants(self.device)
         self.executors = {}
         try:
             for name, plan in self.plans.items():
                 self.executors[name] = Executor(self.device, plan, progress=progress, timeout_s=timeout_s,
-                                                state=self.state)
+                                                state=self.state, constants=self.constants)
         except BaseException:
             self.close()
             raise
@@ -84,7 +87,7 @@ class Program:
             return self.executors[entry].run(feeds, params)
 
     def close(self):
-        """Free every GPU resource (executors first, then the state they share); idempotent."""
+        """Free every GPU resource (executors first, then the state and weights they share); idempotent."""
         with self._lock:
             execs, self.executors = self.executors or {}, None
             first = None
@@ -93,12 +96,13 @@ class Program:
                     ex.close()
                 except Exception as e:
                     first = first or e
-            if self.state is not None:
-                try:
-                    self.state.close()
-                except Exception as e:
-                    first = first or e
-                self.state = None
+            for shared in (self.state, self.constants):
+                if shared is not None:
+                    try:
+                        shared.close()
+                    except Exception as e:
+                        first = first or e
+            self.state = self.constants = None
             if first is not None:
                 raise first
 

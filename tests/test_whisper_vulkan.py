@@ -54,7 +54,8 @@ def test_plans_show_state_and_steps_replay(small):
     from minirt.cli import format_plan
     from minirt.vk.recorder import recordings
     vb, _ = small
-    step, enc, reorder = vb.plans["step"], vb.plans["encode"], vb.plans["reorder"]
+    step, enc, reorder = vb.plans["step4"], vb.plans["encode"], vb.plans["reorder"]
+    assert sorted(vb.plans) == ["encode", "reorder", "step1", "step4"]
     assert step.params == ["pos"] and reorder.params == ["len"] and enc.params == []
     assert sorted(enc.state) == sorted(f"cross_{k}.{i}" for k in "kv" for i in range(LAYERS))
     assert set(step.state) == set(enc.state) | set(reorder.state)
@@ -64,6 +65,14 @@ def test_plans_show_state_and_steps_replay(small):
     assert "self_k.0 [4,448,64] written" in text and "cross_k.1 [1,24,64] read" in text
     assert "params pos (slot 0)" in text and "tokens [4,1] int32" in text
     assert "cached_attention" in text and "copy_rows" in text
+    one = vb.plans["step1"]      # one row of the same 4-row cache
+    assert one.tensors["tokens"].shape == (1, 1) and one.tensors["self_k.0"].shape == (4, 448, D)
+    # the step entry points hold the same weights, uploaded once: each constant has one place on the GPU
+    weights = {n for p in (step, one) for n, t in p.tensors.items() if t.role == "weight"}
+    placed = vb.program.constants.placed
+    assert weights and all(len(placed[k]) == 1 for k in placed)
+    assert {k[0] for k in placed} >= weights
+    assert vb.program.executors["step1"].res.const_buf is None
     vb.encode(np.zeros((N_MELS, 2 * N_AUDIO), np.float32))
     vb.start([1, 2], [1])
     vb.reorder(np.array([0, 0, 0]))
@@ -89,13 +98,16 @@ def test_minirt_plan_of_a_whisper_folder(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{}")      # only looked for: planning reads no tokens
     r = CliRunner().invoke(main, ["plan", str(tmp_path), "--batch", "2"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
-    for entry in ("encode", "step", "reorder"):
+    for entry in ("encode", "step1", "step2", "reorder"):
         assert f"entry point {entry}" in r.output
     assert "tokens [2,1] int32" in r.output and "rows [2] int32" in r.output
     assert "cross_v.1 [1,24,64] written" in r.output and "self_k.0 [2,448,64] written" in r.output
     assert "params pos (slot 0)" in r.output and "params len (slot 0)" in r.output
     r = CliRunner().invoke(main, ["plan", str(tmp_path), "--entry", "reorder"], catch_exceptions=False)
     assert "entry point step" not in r.output and "ReorderRows" in r.output
+    r = CliRunner().invoke(main, ["plan", str(tmp_path), "--entry", "step"])
+    assert r.exit_code == 2 and "'step' is not an entry point of this program (encode, step1, step5, reorder)" \
+        in r.output
 
 
 def test_errors(small):

@@ -12,7 +12,8 @@ All minirt-domain ops (made by a graph builder, such as minirt/whisper/decoder_g
   CachedAttention(q, k, v) [heads, scale, param p, offset o]
                                                softmax(scale q k^T) v per head over keys 0 .. param(p) + o + t of
                                                query t (causal over a growing cache), or every key without p; K and
-                                               V may have one batch row shared by all query rows
+                                               V may have one batch row shared by all query rows, or more rows
+                                               than q (a cache of max_batch rows read by a step of fewer)
 The runtime Gather (ONNX Gather with int32 indices computed at run time, minirt/ops/shape_ops.py) uses the same
 row copy."""
 from __future__ import annotations
@@ -150,10 +151,10 @@ class CachedAttention(_ParamOp):
 
     def infer(self, node, ins):
         q, k, v = (t.shape for t in ins)
-        if (len(q) != 3 or len(k) != 3 or k != v or k[0] not in (1, q[0]) or q[2] != k[2]
+        if (len(q) != 3 or len(k) != 3 or k != v or not (k[0] == 1 or k[0] >= q[0]) or q[2] != k[2]
                 or q[2] % int(attr(node, "heads", 1))):
-            raise ModelError(f"{node}: expects q [B, Tq, D], k and v [B or 1, Tk, D] (D divisible by the heads), "
-                             f"got {list(q)} {list(k)} {list(v)}")
+            raise ModelError(f"{node}: expects q [B, Tq, D], k and v [1 or at least B, Tk, D] (D divisible by the "
+                             f"heads), got {list(q)} {list(k)} {list(v)}")
         return [(q, ins[0].dtype)]
 
     def check(self, node, ins):
@@ -166,7 +167,7 @@ class CachedAttention(_ParamOp):
         """offset: the parameter's value plus the offset attribute (None: every key)."""
         h, scale = int(attr(node, "heads", 1)), float(attr(node, "scale", 1.0))
         B, Tq, D = q.shape
-        k, v = np.broadcast_to(k, (B,) + k.shape[1:]), np.broadcast_to(v, (B,) + v.shape[1:])
+        k, v = (np.broadcast_to(x, (B,) + x.shape[1:]) if x.shape[0] == 1 else x[:B] for x in (k, v))
 
         def split(x):
             return x.reshape(x.shape[0], x.shape[1], h, -1).transpose(0, 2, 1, 3)

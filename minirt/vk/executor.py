@@ -35,7 +35,7 @@ class Executor:
     How a run moves its data comes from the plan: plan.direct_io, plan.zero_copy, plan.spin_ms. state: the
     StateBuffers (minirt/vk/state.py) holding plan.state, shared with the executors of the program's other plans."""
 
-    def __init__(self, dev, plan, profile=False, progress=None, timeout_s=600.0, state=None):
+    def __init__(self, dev, plan, profile=False, progress=None, timeout_s=600.0, state=None, constants=None):
         self.dev, self.vk, self.plan, self.d = dev, dev.vk, plan, dev.device
         self.startup_ms = {}      # phase -> ms (alloc, upload, pipelines, record): Session.startup_ms
         phase = Phases(self.startup_ms, progress)
@@ -58,7 +58,7 @@ class Executor:
                 res.make_sampler()
             res.place_activations()
             phase("upload", "uploading weights")
-            place_constants(res, self.timeout_ns)
+            place_constants(res, self.timeout_ns, constants)
             phase("alloc")
             res.place_host()
             res.place_state(state)

@@ -13,13 +13,48 @@ from .commands import image_barrier, region
 TIMEOUT_HINT = "the Session option timeout_s (or MINIRT_TIMEOUT_S) raises the limit"
 
 
-def place_constants(res, timeout_ns):
-    """Places every weight and constant of res.plan (sets res.where and res.const_buf) and uploads its data."""
+class SharedConstants:
+    """Weights and constants in buffer storage that the Executors of one Program (minirt/program.py) share: a
+    constant that another plan of the program placed already, with the same name, dtype, shape and bytes, is bound
+    where it is instead of uploaded again (a Whisper decoder's step plans for 1 row and for 5 hold the same
+    weights). The buffers belong to this object: close() frees them, after the executors that use them."""
+
+    def __init__(self, dev):
+        from .resources import Resources
+        self.res = Resources(dev, None)
+        self.placed = {}      # (name, dtype, shape) -> [(host data, where)]
+
+    def find(self, t):
+        for data, where in self.placed.get((t.name, t.dtype, tuple(t.shape)), ()):
+            if data is t.data or np.array_equal(data, t.data):
+                return where
+        return None
+
+    def add(self, t, where):
+        self.placed.setdefault((t.name, t.dtype, tuple(t.shape)), []).append((t.data, where))
+
+    def close(self):
+        errors = []
+        self.res.destroy_all(errors)
+        self.placed = {}
+        if errors:
+            raise errors[0]
+
+
+def place_constants(res, timeout_ns, shared: SharedConstants | None = None):
+    """Places every weight and constant of res.plan (sets res.where and res.const_buf) and uploads its data; with
+    `shared`, buffer constants it holds already are bound there and the others are placed in it."""
     vk = res.vk
     consts = [t for t in res.plan.tensors.values() if t.role in (WEIGHT, CONSTANT) and not t.view_of]
     align = buffer_alignment(res.dev.profile)
     buf_items = [t for t in consts if t.storage == "buffer"]
     img_items = [t for t in consts if t.storage == "texture"]
+    if shared is not None:
+        for t in buf_items:
+            found = shared.find(t)
+            if found is not None:
+                res.where[t.name] = found
+        buf_items = [t for t in buf_items if t.name not in res.where]
     off, offsets = 0, {}
     for t in buf_items:
         offsets[t.name] = off
@@ -27,10 +62,15 @@ def place_constants(res, timeout_ns):
     uploads = []     # (bytes-like array, dst kind, dst, offset/extents)
     if buf_items:
         usage = vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT
-        res.const_buf, _, _ = res.buffer(off, usage, vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, "weights")
+        owner = res if shared is None else shared.res
+        buf, _, _ = owner.buffer(off, usage, vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, "weights")
+        if shared is None:
+            res.const_buf = buf
         for t in buf_items:
-            res.where[t.name] = ("buffer", res.const_buf, offsets[t.name], t.nbytes)
-            uploads.append((as_dtype(t.data, t.dtype).reshape(-1), "buffer", res.const_buf, offsets[t.name]))
+            res.where[t.name] = ("buffer", buf, offsets[t.name], t.nbytes)
+            if shared is not None:
+                shared.add(t, res.where[t.name])
+            uploads.append((as_dtype(t.data, t.dtype).reshape(-1), "buffer", buf, offsets[t.name]))
     # constants are all alive at once (span (0, 0)): laid end to end
     res.place_images(img_items, lambda t: (0, 0), "constant textures")
     for t in img_items:

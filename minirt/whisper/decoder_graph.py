@@ -3,15 +3,17 @@
   encode   input_features [1, n_mels, 2 n_audio_ctx] -> the encoder (minirt.loaders.safetensors_loader's graph), then
            per decoder layer the cross-attention keys and values of its output, written into the state tensors
            cross_k.<i>, cross_v.<i> [1, n_audio_ctx, d_model]. Nothing comes back to the host.
-  step     tokens [B, 1] int32, parameter pos -> logits [B, 1, n_vocab]: one token per row at position pos (the
+  stepN    tokens [N, 1] int32, parameter pos -> logits [N, 1, n_vocab]: one token per row at position pos (the
            token embedding is a runtime Gather, the positional one ParamRows at pos); per layer the new keys and
            values are written at row pos of the state tensors self_k.<i>, self_v.<i> [B, n_text_ctx, d_model]
-           (CacheWrite) and self-attention is causal over rows 0 .. pos (CachedAttention), cross-attention reads
+           (CacheWrite, into the first N of their B rows) and self-attention is causal over rows 0 .. pos
+           (CachedAttention), cross-attention reads
            cross_k / cross_v; the logits are the final layer norm times the token embedding transposed.
   reorder  rows [B] int32, parameter len -> nothing: new cache row i = old row rows[i], positions 0 .. len - 1
            (ReorderRows on every self_k / self_v).
 
-B is the program's batch (the most rows a search uses; a step with fewer rows computes them all). Weights are
+B is the program's batch (the most rows a search uses); there is a step entry point for 1 row and for B (greedy
+decoding and the prompt run the first, beam search the second), and the Program shares their weights. Weights are
 Hugging Face-named (model.encoder.*, model.decoder.*, proj_out.weight when not tied), as checkpoint.load_checkpoint
 gives them. fp32, buffer storage."""
 from __future__ import annotations
@@ -106,8 +108,13 @@ def encoder_graph(weights: dict, dm: Dims) -> Graph:
     return g
 
 
-def step_graph(weights: dict, dm: Dims, batch: int) -> Graph:
-    g = Graph(name="whisper step", source="whisper step")
+def step_graph(weights: dict, dm: Dims, batch: int, cache_rows: int | None = None) -> Graph:
+    """One token for each of `batch` rows, over a key/value cache of `cache_rows` rows (default: batch), of which
+    it reads and writes the first `batch`."""
+    rows = cache_rows or batch
+    if rows < batch:
+        raise ValueError(f"a step of {batch} rows over a cache of {rows}")
+    g = Graph(name=f"whisper step ({batch} rows)", source="whisper step")
     b = _Builder(g, weights)
     d, dd = "model.decoder", dm.d_model
     g.inputs.append("tokens")
@@ -125,7 +132,7 @@ def step_graph(weights: dict, dm: Dims, batch: int) -> Graph:
         v = b.linear(a, f"{p}.self_attn.v_proj", f"{s}/v")
         caches = []
         for name, new in ((f"self_k.{i}", k), (f"self_v.{i}", v)):
-            b.state(name, (batch, dm.n_text_ctx, dd), f"{name}@new")
+            b.state(name, (rows, dm.n_text_ctx, dd), f"{name}@new")
             caches.append(b.node("CacheWrite", [name, new], f"{name}@new", "minirt", param="pos"))
         o = b.node("CachedAttention", [q, *caches], f"{s}/self_attn", "minirt", heads=dm.decoder_heads, scale=scale,
                    param="pos")
@@ -161,7 +168,18 @@ def reorder_graph(dm: Dims, batch: int) -> Graph:
     return g
 
 
-def program_graphs(weights: dict, dm: Dims, batch: int) -> dict:
-    """{entry point: Graph}: encode, step, reorder (see the module doc)."""
-    return {"encode": encoder_graph(weights, dm), "step": step_graph(weights, dm, batch),
-            "reorder": reorder_graph(dm, batch)}
+def step_entry(rows: int) -> str:
+    """The entry point of a step of `rows` rows."""
+    return f"step{rows}"
+
+
+def program_graphs(weights: dict, dm: Dims, batch: int, step_rows=None) -> dict:
+    """{entry point: Graph}: encode, a step for each row count in step_rows (default: 1 and batch; entry points
+    step1, step5, ..., step_entry()), reorder, over a cache of `batch` rows (see the module doc)."""
+    sizes = sorted(set(step_rows or (1, batch)))
+    if not sizes or sizes[0] < 1 or sizes[-1] > batch:
+        raise ValueError(f"step row counts {sizes} must be in 1..{batch}")
+    graphs = {"encode": encoder_graph(weights, dm)}
+    graphs.update({step_entry(n): step_graph(weights, dm, n, batch) for n in sizes})
+    graphs["reorder"] = reorder_graph(dm, batch)
+    return graphs

@@ -3,16 +3,16 @@ points over state tensors that stay on the GPU (minirt/whisper/decoder_graph.py)
 
   encode(features)  the encode entry point: the encoder, then every decoder layer's cross-attention keys and values
                     into state; nothing comes back.
-  step(tokens)      the step entry point, one submission of a recorded command buffer: the tokens go in (int32), the
+  step(tokens)      a step entry point, one submission of a recorded command buffer: the tokens go in (int32), the
                     position goes in through the parameter block, the key/value cache grows by a row on the GPU,
-                    and only the logits come back.
-  start(prompt, ..) the prompt a token at a time through the step entry point (row 0; the other rows compute what
-                    nobody reads).
+                    and only the logits come back. step1 for one row (greedy decoding), stepB for up to max_batch
+                    (beam search; fewer rows are padded and their logits dropped).
+  start(prompt, ..) the prompt a token at a time through step1.
   reorder(rows)     the reorder entry point (a gather of cache rows on the GPU), or nothing where rows only drops
                     the last rows.
 
-The cache holds max_batch rows (the most a search uses: beam_size, or best_of when sampling; 5 by default); every
-step computes all of them and returns the first `batch`."""
+The cache holds max_batch rows (the most a search uses: beam_size, or best_of when sampling; 5 by default). The step
+entry points share their weights on the GPU (minirt/program.py)."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -58,6 +58,7 @@ class VulkanBackend:
         self.n_mels, self.n_vocab, self.n_text_ctx = dm.n_mels, dm.n_vocab, dm.n_text_ctx
         self.multilingual = self.n_vocab >= 51865
         self.max_batch = int(max_batch)
+        self._step_rows = sorted({1, self.max_batch})
         self.plans = plan_program(weights, config, get_device(device).profile, self.max_batch, options)
         self.program = Program(self.plans, device, timeout_s=Options.of(options).timeout_s)
         self._len = 0             # positions in the cache
@@ -117,11 +118,16 @@ class VulkanBackend:
             raise ValueError(f"the decoder has {self.n_text_ctx} positions; {self._len + 1} needed")
         if tokens.size and (tokens.min() < 0 or tokens.max() >= self.n_vocab):
             raise ValueError(f"token ids must be in [0, {self.n_vocab}), got {tokens.min()}..{tokens.max()}")
-        full = np.zeros((self.max_batch, 1), np.int32)
+        entry, rows = self._entry(len(tokens))
+        full = np.zeros((rows, 1), np.int32)
         full[:len(tokens), 0] = tokens
-        logits = self.program.run("step", {"tokens": full}, {"pos": self._len})["logits"]
+        logits = self.program.run(entry, {"tokens": full}, {"pos": self._len})["logits"]
         self._len += 1
         return logits[:len(tokens), 0]
+
+    def _entry(self, rows: int):
+        """(entry point, its rows) of the smallest step entry point for `rows` rows."""
+        return min(((decoder_graph.step_entry(n), n) for n in self._step_rows if n >= rows), key=lambda e: e[1])
 
     def close(self):
         self.program.close()

@@ -54,9 +54,10 @@ def check_feeds(plan: Plan, feeds: dict, params: dict) -> dict:
 class Program:
     """plans: {entry point: Plan}, each planned for `device` (an index as `minirt devices` lists them, or None) in
     buffer storage. Executors are made at creation, all of them, with one StateBuffers for every plan's state.
-    Runs are serialised by the Program's lock."""
+    Runs are serialised by the Program's lock. profile=True: a GPU timestamp after every dispatch
+    (dispatch_times)."""
 
-    def __init__(self, plans: dict, device=None, timeout_s: float = 600.0, progress=None):
+    def __init__(self, plans: dict, device=None, timeout_s: float = 600.0, progress=None, profile=False):
         from .session import get_device
         from .vk.executor import Executor
         from .vk.state import StateBuffers
@@ -69,8 +70,8 @@ class Program:
         self.executors = {}
         try:
             for name, plan in self.plans.items():
-                self.executors[name] = Executor(self.device, plan, progress=progress, timeout_s=timeout_s,
-                                                state=self.state, constants=self.constants)
+                self.executors[name] = Executor(self.device, plan, profile=profile, progress=progress,
+                                                timeout_s=timeout_s, state=self.state, constants=self.constants)
         except BaseException:
             self.close()
             raise
@@ -85,6 +86,13 @@ class Program:
             if self.executors is None:
                 raise MinirtError("this Program is closed")
             return self.executors[entry].run(feeds, params)
+
+    def dispatch_times(self, entry: str) -> list:
+        """[(node, kernel, GPU microseconds)] of entry point `entry`'s last run, a row per dispatch (profile=True), or
+        [] where the device gives no usable clock."""
+        ex, plan = self.executors[entry], self.plans[entry]
+        ns = ex.dispatch_times_ns() if ex.profiling else None
+        return [] if ns is None else [(d.node, d.kernel, t / 1e3) for d, t in zip(plan.dispatches, ns)]
 
     def close(self):
         """Free every GPU resource (executors first, then the state and weights they share); idempotent."""

@@ -89,6 +89,11 @@ def bench_minirt(weights, cfg, args, precision, beams):
         res = summarise(times[1:], args.tokens)
         res["setup_s"] = setup
         res["dispatches"] = {k: len(p.dispatches) for k, p in vb.plans.items()}
+    if args.profile:
+        with VulkanBackend(weights, cfg, precision=precision, max_batch=beams, profile=True) as vb:
+            minirt_window(vb, feats, args.tokens, beams, [])
+            entry = f"step{beams}"
+            res["profile"] = {e: vb.program.dispatch_times(e) for e in ("encode", entry)}
     return res
 
 
@@ -193,6 +198,8 @@ def main(argv=None):
     ap.add_argument("--precision", default="fp32", help="fp32 and/or fp16, comma-separated")
     ap.add_argument("--runs", type=int, default=5, help="timed windows per figure (default 5)")
     ap.add_argument("--no-torch", action="store_true", help="leave out the transformers peers")
+    ap.add_argument("--profile", action="store_true",
+                    help="also GPU time per dispatch of the encoder and of the window's last step")
     ap.add_argument("--torch-device", default="cuda", help="where the transformers peers run (default cuda)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
@@ -232,6 +239,11 @@ def print_row(row):
     print(f"{head}: minirt encoder {mr['encoder_ms']:.3f} ms, prompt {mr['prompt_ms']:.3f} ms, "
           f"step {mr['step_ms']:.4f} ms, window {mr['window_ms']:.2f} ms ({mr['tokens']} tokens; "
           f"dispatches {mr['dispatches']})")
+    for entry, rows in mr.get("profile", {}).items():
+        total = sum(t for _, _, t in rows)
+        print(f"    {entry}: {total:.1f} us of GPU time in {len(rows)} dispatches; the most:")
+        for node, kernel, t in sorted(rows, key=lambda r: -r[2])[:12]:
+            print(f"      {t:8.1f} us  {kernel:32s} {node}")
     for peer, r in row.get("transformers", {}).items():
         if "error" in r:
             print(f"    transformers {peer}: {r['error']}")

@@ -276,6 +276,29 @@ def _win(a_win):
     return (*a_win, 0, 0) if a_win is not None else (0, 0, 0, 0)
 
 
+# glsl/linear_rows.comp: Linears of at most this many rows (a decoder step: one token a beam) split K across the
+# invocations of a group instead of tiling M; LX vec4 columns a group.
+ROWS_MAX, ROWS_LX = 8, 8
+
+
+def linear_rows_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, act=None, residual=None, part_n=0):
+    """out = act(A @ B + bias) (+ residual) for m <= ROWS_MAX rows, row-major or (part_n > 0) part-major
+    [n / part_n][m][part_n]: glsl/linear_rows.comp, LX = 8 vec4 columns by
+    LY k-lanes (32, or what the device's group size allows) a group, so even N = 384 makes N4 / 8 = 12 groups and a
+    51865-wide vocabulary 1621, each lane reading K / (4 LY) vec4 rows of B."""
+    ly, prof = 32, ctx.profile
+    while ly > 1 and (ROWS_LX * ly > prof.max_invocations or ly > prof.max_local_size[1]):
+        ly //= 2
+    res = residual if residual is not None else bt
+    groups = -(-n4 // ROWS_LX)
+    ctx.dispatch("linear_rows", [(out.name, "w"), (a.name, "r"), (wt.row_major(ctx).name, "r"), (bt.name, "r"),
+                                 (res.name, "r")],
+                 Push().ivec4(m, n, k, n4).ivec4(part_n, 0, 0, 0), spec("linear_rows", ACT=act_code(act), HAS_RES=residual is not None),
+                 (groups * ROWS_LX, ly, 1), "gemm", flops=2 * m * n * k,
+                 nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)),
+                 local_size=(ROWS_LX, ly, 1), info={"rows": m})
+
+
 def _linear_spec(ctx, out_mode, act, has_res, a_win):
     """linear.comp's specialization constants: after HAS_RES, A_WIN and PAIR_LANES (minirt.lwg.paired_lanes), left
     out from the last one on that is off."""
@@ -410,6 +433,11 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
     if out_mode == OUT_PARTS and (part_n <= 0 or n % part_n or m_total < m0 + m):
         raise MinirtError(f"part-major GEMM output needs N ({n}) a multiple of the part width ({part_n}) "
                           f"and M_total ({m_total}) covering the rows")
+    if m <= ROWS_MAX and out_mode in (OUT_ROWS, OUT_PARTS) and m0 == 0 and lda4 is None and a_win is None and \
+            (out_mode == OUT_ROWS or m_total == m):
+        linear_rows_dispatch(ctx, out, a, wt, bt, m, n, k, n4, act=act, residual=residual,
+                             part_n=part_n if out_mode == OUT_PARTS else 0)
+        return
     cm = cm_kernel(ctx, m, n)
     if cm is not None:
         linear_cm_dispatch(ctx, *cm, out, a, wt, bt, m, n, k, n4, out_mode=out_mode, act=act, m0=m0, lda4=lda4,

@@ -41,12 +41,12 @@ def plan_program(weights: dict, config: dict, profile, max_batch: int = 5, optio
 class VulkanBackend:
     """weights and config as checkpoint.load_checkpoint returns them; device: a Vulkan device index (None: the
     default one); max_batch: cache rows; options: minirt Session options for planning (storage and precision are
-    buffer and fp32)."""
+    buffer and fp32); profile: GPU time per dispatch (self.program.dispatch_times(entry))."""
 
     name = "Vulkan (float32)"
 
     def __init__(self, weights: dict, config: dict, precision: str = "fp32", device=None, max_batch: int = 5,
-                 options=None):
+                 options=None, profile=False):
         from ..options import Options
         from ..program import Program
         from ..session import get_device
@@ -60,7 +60,7 @@ class VulkanBackend:
         self.max_batch = int(max_batch)
         self._step_rows = sorted({1, self.max_batch})
         self.plans = plan_program(weights, config, get_device(device).profile, self.max_batch, options)
-        self.program = Program(self.plans, device, timeout_s=Options.of(options).timeout_s)
+        self.program = Program(self.plans, device, timeout_s=Options.of(options).timeout_s, profile=profile)
         self._len = 0             # positions in the cache
         self._batch = 0           # rows in use
         self._encoded = False

@@ -19,7 +19,7 @@ pytest.importorskip("soxr", reason="the whisper extra (soxr) is not installed")
 
 def write_wav(path, frames: np.ndarray, rate: int):
     """frames: int16 [n] or [n, channels], or uint8 for 8-bit."""
-    frames = frames.reshape(len(frames), -1)
+    frames = frames if frames.ndim == 2 else frames[:, None]
     with wave.open(str(path), "wb") as w:
         w.setnchannels(frames.shape[1])
         w.setsampwidth(frames.dtype.itemsize)

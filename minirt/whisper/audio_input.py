@@ -76,8 +76,8 @@ def resample(samples: np.ndarray, rate: int, target: int = SAMPLE_RATE) -> np.nd
     """Mono float32 samples at `target` Hz (soxr, high quality) from samples at `rate`."""
     if rate == target or len(samples) == 0:
         return samples.astype(np.float32, copy=False)
-    return _soxr(rate, target).resample(samples.astype(np.float32, copy=False), rate, target).astype(np.float32,
-                                                                                                    copy=False)
+    out = _soxr(rate, target).resample(samples.astype(np.float32, copy=False), rate, target)
+    return out.astype(np.float32, copy=False)
 
 
 def _soxr(rate, target):
@@ -287,6 +287,8 @@ class AudioStream:
         return self._n
 
     def _restart(self):
+        if getattr(self, "_blocks", None) is not None:
+            self._blocks.close()            # closes the file now, not when the generator is collected
         self._blocks = self._resampled()
         self._buf, self._start, self._ended = np.zeros(0, np.float32), 0, False
 

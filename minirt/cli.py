@@ -736,21 +736,28 @@ def _param(ctx, name):
 @click.option("-o", "--output", type=click.Path(), default=None,
               help="Write the transcript to this file (one AUDIO) or into this folder as <name>.<format> (several); "
                    "default: stdout.")
+@click.option("--progress", "progress_lines", is_flag=True,
+              help="A line on stderr after each 30 s window (seconds done, of the total), also when stderr is not a "
+                   "terminal (a log file); on a terminal the status line shows the same without it.")
 @quiet_opt
 @click.pass_context
-def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, precision, backend, fmt, output, quiet):
+def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, precision, backend, fmt, output,
+               progress_lines, quiet):
     """Transcribe speech in AUDIO files (WAV at any rate; FLAC, OGG, ... with the soundfile package) with a
     Whisper model, as faster-whisper does (its default options: beam search, temperature fallback, previous text
     as the prompt).
 
     The decoder runs minirt.whisper's numpy reference on the CPU, or with --backend vulkan the encoder and
-    decoder run on the GPU.
+    decoder run on the GPU. Files are read 10 s at a time, so hours of audio need no more memory than a minute.
+    Exit codes as for `minirt run`: 3 for a model or audio file that cannot be used (the message names it), 4 for
+    a runtime failure, 2 for a usage error.
 
     \b
     Examples:
       minirt transcribe speech.wav --model whisper-tiny.en
       minirt transcribe talk.flac --model faster-whisper-small --format srt -o talk.srt
       minirt transcribe a.wav b.wav --model whisper-base --format json -o transcripts/
+      minirt transcribe meeting.wav --model whisper-tiny.en --progress 2>progress.log
     """
     targets = _output_targets(ctx, audio, output, fmt)
     if backend == "vulkan" and beam_size > 5:
@@ -780,7 +787,10 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
                 status(f"transcribing {name}")
 
                 def progress(done, total, status=status, name=name):
-                    status(f"transcribing {name}: {done:.0f} of {total:.0f} s")
+                    if progress_lines and not quiet:
+                        click.echo(_progress_line(name, done, total), err=True)
+                    else:
+                        status(f"transcribing {name}: {done:.0f} of {total:.0f} s")
                 segments, info = model.transcribe(a, beam_size=beam_size, language=language,
                                                   without_timestamps=no_timestamps, progress=progress)
                 text = render(fmt, segments, info)
@@ -794,6 +804,11 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
                     click.echo(f"wrote {target}", err=True)
     except (MinirtError, MemoryError) as e:
         _fail(e)
+
+
+def _progress_line(name, done, total) -> str:
+    """'talk.wav: 90 of 3600 s (2%)'."""
+    return f"{name}: {done:.0f} of {total:.0f} s ({100 * done / total if total else 100:.0f}%)"
 
 
 def _plan_whisper_program(folder, entry, batch, device, options, precision, storage, local_size):

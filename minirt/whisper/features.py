@@ -8,7 +8,8 @@ from openai-whisper and Hugging Face, which pad the audio with silence before th
 normalised log-mel is not silence, and the two conventions give different greedy tokens on many short clips.
 
 Here the frames are computed in chunks (a pass for the global maximum, then one window at a time), so memory
-follows the window rather than the length of the audio; the values are faster-whisper's.
+follows the window rather than the length of the audio; the values are faster-whisper's. A file is read the same
+way (audio_input.AudioStream): its samples are decoded as the chunks need them.
 """
 from __future__ import annotations
 
@@ -54,21 +55,49 @@ def _mel(padded: np.ndarray, filters: np.ndarray) -> np.ndarray:
     return filters @ (np.abs(spec) ** 2)
 
 
-class LogMel:
-    """The log-mel frames of one audio signal (float32, 16 kHz), faster-whisper's values, computed on demand.
+class ArraySamples:
+    """Samples held in memory, read as AudioStream (audio_input.py) reads a file."""
 
-    n_frames is faster-whisper's features.shape[-1]: len(audio) // 160 + 1; the last frame (from the 160 appended
-    zeros) counts only towards the maximum, never as content (content_frames = n_frames - 1)."""
-
-    def __init__(self, audio: np.ndarray, n_mels: int = 80):
+    def __init__(self, audio: np.ndarray):
         audio = np.asarray(audio)
         if audio.ndim != 1:
             raise ValueError(f"audio must be 1-D samples, got shape {list(audio.shape)}")
         self.audio = audio if audio.dtype == np.float32 else audio.astype(np.float32)
+
+    def __len__(self) -> int:
+        return len(self.audio)
+
+    def read(self, a: int, b: int) -> np.ndarray:
+        return self.audio[a:b]
+
+    def settle(self) -> bool:
+        return True
+
+
+class LogMel:
+    """The log-mel frames of one audio signal (float32, 16 kHz), faster-whisper's values, computed on demand.
+
+    `audio` is an array of samples or an AudioStream over a file (audio_input.py), which is read forward: the
+    pass for the maximum reads it through once, then each window reads its own samples (and 200 before them),
+    so the file is never held whole. Both give the same values for the same samples.
+
+    n_frames is faster-whisper's features.shape[-1]: len(audio) // 160 + 1; the last frame (from the 160 appended
+    zeros) counts only towards the maximum, never as content (content_frames = n_frames - 1)."""
+
+    def __init__(self, audio, n_mels: int = 80):
+        self.samples = audio if hasattr(audio, "read") else ArraySamples(audio)
         self.filters = mel_filters(n_mels)
         self.n_mels = n_mels
+        while True:
+            self._measure()
+            if self.samples.settle():       # a file's header gave its length; else measure again with the real one
+                break
+
+    def _measure(self):
+        """n_frames and the maximum over all frames (the whole audio's, as faster-whisper takes it)."""
+        n = len(self.samples)
         # the signal faster-whisper transforms: audio, 160 zeros, reflect-padded by 200 at both ends
-        self._n_ext = len(self.audio) + HOP_LENGTH
+        self._n_ext = n + HOP_LENGTH
         self.n_frames = (self._n_ext + 2 * (N_FFT // 2) - N_FFT) // HOP_LENGTH + 1 - 1      # last STFT frame dropped
         self._whole = None
         if self.n_frames <= 2 * _CHUNK:       # short audio: all of it at once, exactly as faster-whisper
@@ -85,10 +114,10 @@ class LogMel:
 
     def _ext(self, a: int, b: int) -> np.ndarray:
         """Samples [a, b) of the audio with 160 zeros appended (0 <= a <= b <= len + 160)."""
-        n = len(self.audio)
+        n = len(self.samples)
         if b <= n:
-            return self.audio[a:b]
-        return np.concatenate([self.audio[a:min(b, n)], np.zeros(b - max(a, n), np.float32)])
+            return self.samples.read(a, b)
+        return np.concatenate([self.samples.read(min(a, n), n), np.zeros(b - max(a, n), np.float32)])
 
     def _mel_frames(self, f0: int, f1: int) -> np.ndarray:
         """log10 of the clamped mel power of frames [f0, f1) (not yet normalised)."""

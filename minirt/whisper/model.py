@@ -13,7 +13,7 @@ from typing import Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 
-from .audio_input import SAMPLE_RATE, load_audio
+from .audio_input import SAMPLE_RATE, audio_samples
 from .checkpoint import load_checkpoint
 from .decoding import TranscriptionOptions
 from .features import LogMel
@@ -106,7 +106,8 @@ class WhisperModel:
         TranscriptionInfo), as faster-whisper's WhisperModel.transcribe. The options are faster-whisper's, with
         its defaults (beam search of 5, temperature fallback). Also: seed, the sampling generator's seed at
         temperatures above 0 (None: fresh entropy); progress(seconds done, seconds in all), called after each
-        30 s window.
+        30 s window. A file is read in blocks (twice, or three times with language detection), so memory follows
+        the 30 s window, not the length of the file.
 
         Not supported, refused with NotImplementedError: word_timestamps, prefix, hotwords, vad_filter,
         clip_timestamps other than "0", chunk_length other than 30. Options of faster-whisper that only matter
@@ -135,10 +136,8 @@ class WhisperModel:
             raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
         tok = self.tokenizer
 
-        audio = load_audio(audio)
-        duration = audio.shape[0] / SAMPLE_RATE
-        mel = LogMel(audio, self.n_mels)
-        del audio
+        mel = LogMel(audio_samples(audio), self.n_mels)      # a file is read a block at a time, never whole
+        duration = len(mel.samples) / SAMPLE_RATE
 
         all_language_probs = None
         if multilingual and not self.is_multilingual:

@@ -6,8 +6,6 @@
 // that of the keepdims shape, which maps straight onto the input.
 #include "common.glslh"
 
-#define INF_F uintBitsToFloat(0x7f800000u)
-
 layout(constant_id = 3) const int OP = 0;  // 0 sum, 1 mean, 2 max, 3 min
 
 TENSOR_OUT(t_out, 0)

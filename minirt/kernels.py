@@ -112,6 +112,17 @@ def _relu(y):
     return np.maximum(y, 0)
 
 
+def clip(y, lo, hi):
+    """y clamped to [lo, hi], NaN kept; every value becomes hi where lo > hi (ONNX's Clip, as glsl/common.glslh
+    clip_f)."""
+    import numpy as np
+    return np.minimum(np.maximum(y, lo), hi)
+
+
+def _hard_swish(y):
+    return y * clip(y / 6 + 0.5, 0, 1)
+
+
 @dataclass(frozen=True)
 class Activation:
     code: int                     # ACT_<NAME> of glsl/activation.glslh: the ACT the epilogue kernels take
@@ -126,6 +137,7 @@ ACTIVATIONS: dict[str, Activation] = {
     "relu": Activation(1, 5, _relu),
     "gelu": Activation(2, 3, _gelu),
     "gelu_tanh": Activation(3, 4, _gelu_tanh),
+    "hard_swish": Activation(4, 13, _hard_swish),
 }
 
 
@@ -144,6 +156,8 @@ def activation_of(op: str, attrs: dict) -> str | None:
     or None."""
     if op == "Relu":
         return "relu"
+    if op == "HardSwish":
+        return "hard_swish"
     if op == "Gelu":
         return "gelu_tanh" if attrs.get("approximate", "none") == "tanh" else "gelu"
     return None

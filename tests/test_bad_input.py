@@ -286,7 +286,7 @@ def _one_op_model(case):
     type, with a word after it where the op has several kernels or paths."""
     n = helper.make_node
     op, _, how = case.partition(" ")
-    axes = {"ReduceSum": [2], "ReduceMean": [2], "ReduceMax": [2], "ReduceMin": [1]}
+    axes = {"ReduceSum": [2], "ReduceMean": [2], "ReduceMax": [2], "ReduceMin": [1], "ReduceL2": [2]}
     extra = {"Add": {"b": rand(8, seed=2)}, "Mul": {"b": rand(8, seed=2)}, "Sub": {"b": rand(8, seed=2)},
              "Div": {"b": rand(8, seed=2)}, "Pow": {"b": np.float32(0.5 if how == "root" else 2.0)},
              "MatMul": {"b": rand(8, 5, seed=5)}, "LayerNormalization": {"b": rand(8, seed=3), "c": rand(8, seed=4)},
@@ -314,7 +314,7 @@ def _one_op_model(case):
     "Gelu tanh", "Erf", "Sqrt", "Abs", "Neg", "Mul", "Sub", "Div", "Pow", "Pow root", "ReduceSum", "ReduceMean",
     "ReduceMax", "ReduceMin", "Gemm", "Conv", "Linear", "Linear Gelu", "Linear Relu", "Identity", "Transpose",
     "Concat", "Slice", "Gather", "Reshape", "Expand", "Clip", "HardSigmoid", "HardSwish", "Log", "Reciprocal",
-    "Linear HardSwish"])
+    "Linear HardSwish", "ReduceL2", "GlobalAveragePool"])
 def test_nan_and_inf_propagate_like_onnxruntime(case, request):
     op = case.split()[0]
     if op in KNOWN_NAN_BUGS:

@@ -60,6 +60,7 @@ SPEC_CONSTANTS: dict[str, tuple[str, ...]] = {
     "linear_reduce": ("ACT", "HAS_RES", "LN_BIAS"),      # LN_BIAS: post=ln variants only
     "matmul": ("TILE", "TRANS_A", "TRANS_B", "HAS_BIAS", "SQUEEZE_M"),
     "occupancy_probe": ("SHARED",),
+    "pool": ("OP",),
     "reduce": ("OP",),
     "softmax": (),
     "unary": ("OP",),

@@ -299,7 +299,8 @@ def _one_op_model(case):
     kw = {"Softmax": {"axis": 1 if how == "axis1" else -1}, "LayerNormalization": {"axis": -1},
           "Gelu": {"approximate": "tanh"} if how == "tanh" else {}, "Gemm": {"transB": 1},
           "Conv": {"kernel_shape": [3], "pads": [1, 1]}, "Transpose": {"perm": [2, 0, 1]}, "Concat": {"axis": 1},
-          "Gather": {"axis": 2}}.get(op, {})
+          "Gather": {"axis": 2}, "MaxPool": {"kernel_shape": [3], "pads": [1, 1]},
+          "AveragePool": {"kernel_shape": [3], "pads": [1, 1], "strides": [2]}}.get(op, {})
     shape = [6, 8] if op == "Gemm" else [2, 3, 8]
     if op == "Linear":      # MatMul + Add (+ an activation): one fused Linear dispatch
         nodes = [n("MatMul", ["x", "w"], ["h"]), n("Add", ["h", "c"], ["y" if not how else "hb"])]
@@ -314,7 +315,7 @@ def _one_op_model(case):
     "Gelu tanh", "Erf", "Sqrt", "Abs", "Neg", "Mul", "Sub", "Div", "Pow", "Pow root", "ReduceSum", "ReduceMean",
     "ReduceMax", "ReduceMin", "Gemm", "Conv", "Linear", "Linear Gelu", "Linear Relu", "Identity", "Transpose",
     "Concat", "Slice", "Gather", "Reshape", "Expand", "Clip", "HardSigmoid", "HardSwish", "Log", "Reciprocal",
-    "Linear HardSwish", "ReduceL2", "GlobalAveragePool"])
+    "Linear HardSwish", "ReduceL2", "GlobalAveragePool", "MaxPool", "AveragePool"])
 def test_nan_and_inf_propagate_like_onnxruntime(case, request):
     op = case.split()[0]
     if op in KNOWN_NAN_BUGS:

@@ -49,6 +49,9 @@ CONST_INPUTS = {"Conv": (1, 2), "LayerNormalization": (1, 2), "Clip": (1, 2)}
 # outputs are refused as they are, and run again as "<case>[first output]" with only the first output
 FIRST_OUTPUT_VARIANT = {"LayerNormalization"}
 _EXPANDED = re.compile(r"_expanded(_ver\d+)?$")
+# cases whose expected outputs onnx writes rounded (to 4 decimals): (rtol, atol) to compare them with; onnxruntime's
+# results differ from them as much as minirt's do
+ROUNDED_EXPECTED = {"test_averagepool_2d_ceil_last_window_starts_on_pad": (RTOL, 1e-4)}
 
 
 def collect():
@@ -191,7 +194,7 @@ def run_case(case, op, storages=STORAGES):
                 return "failed", f"{st}: crashed with {type(e).__name__}: {_first_line(e)}", f32
             names = [o.name for o in case.model.graph.output]
             for name, g, w in zip(names, got, expected):
-                why = compare(g, w)
+                why = compare(g, w, *ROUNDED_EXPECTED.get(case.name, (RTOL, ATOL)))
                 if why:
                     return "failed", f"{st}: output '{name}': {why}", f32
     return "passed", "", f32
@@ -260,7 +263,9 @@ def main(argv=None):
                f"minirt's ONNX ops, expanded function bodies included; LayerNormalization's cases also run with "
                f"only their Y output, as `<case>[first output]`), run by `python tools/conformance.py` in "
                f"{' and '.join(storages)} storage on {_device_name()}; a case passes when every output matches in "
-               f"every storage within rtol {RTOL}, atol {ATOL}. float32 cases: {tot['passed']} passed, "
+               f"every storage within rtol {RTOL}, atol {ATOL} (atol 1e-4 for "
+               f"{', '.join(f'`{c}`' for c in sorted(ROUNDED_EXPECTED))}, whose expected values onnx gives rounded to "
+               f"4 decimals). float32 cases: {tot['passed']} passed, "
                f"{tot['failed']} failed, {tot['refused']} refused with a clear error. Cases of other dtypes "
                f"(minirt computes in float32 only): {oth['passed']} passed, {oth['failed']} failed, "
                f"{oth['refused']} refused. Integer inputs after the first (axes, shapes, indices) and the inputs minirt "

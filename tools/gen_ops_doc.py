@@ -24,6 +24,8 @@ SPECIAL_VALUES = [
     "so the mean of finite values is always finite and a sum is ±inf only where its own value is past float32's "
     "range, whatever the elements' order. onnxruntime adds in its vector order and gives ±inf (the mean of a row of "
     "1e38s) or NaN (3e38, -3e38, 3e38, -3e38) wherever that running sum overflows.",
+    "MaxPool skips NaN elements, as onnxruntime and ONNX's reference do (unlike ReduceMax); a window of NaN alone "
+    "gives NaN.",
     "ReduceL2: where the sum of squares overflows, it is taken again with every element divided by the largest "
     "|element| (the norm then multiplied by it), so only a norm past float32's range is inf.",
     "LayerNormalization: a row of finite values never gives NaN. As in onnxruntime, a row whose squared deviations "

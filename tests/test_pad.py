@@ -1,5 +1,5 @@
-"""Pad (glsl/copy.comp's padding copy) against onnxruntime in both storages: constant, reflect, edge and wrap mode,
-pads as attributes (opset 2) or constant inputs, axes (opset 18), cropping; what minirt cannot run is refused."""
+"""Pad and Tile (glsl/copy.comp's padding copy) against onnxruntime in both storages: constant, reflect, edge and wrap
+mode, pads as attributes (opset 2) or constant inputs, axes (opset 18), cropping; what minirt cannot run is refused."""
 import numpy as np
 import pytest
 from onnx import helper
@@ -43,3 +43,10 @@ def test_pads_as_attributes():
 def test_cropping_in_other_modes_is_refused_naming_the_node():
     with pytest.raises(UnsupportedError, match="Pad node 'pad': negative pads .* in mode 'reflect'"):
         Session(pad_model((3, 6), [0, -1, 0, 2], "reflect"))
+
+
+@pytest.mark.parametrize("shape, repeats", [((2, 3, 5), [2, 1, 3]), ((1, 3, 2, 5), [2, 3, 1, 2]), ((7,), [3])])
+def test_tile_matches_onnxruntime(shape, repeats):
+    m = make_model([helper.make_node("Tile", ["x", "r"], ["y"])], {"x": shape}, ["y"],
+                   {"r": np.array(repeats, np.int64)})
+    check_model(m, {"x": rand(*shape, seed=3)})

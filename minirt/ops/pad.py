@@ -1,6 +1,6 @@
 """Pad in constant, reflect, edge and wrap mode, one padding copy on glsl/copy.comp (MODE 2). From opset 11 pads and
 constant_value are inputs, and from opset 18 axes too; minirt needs them to be constants. Negative pads crop, in
-constant mode."""
+constant mode. Tile is the same copy in wrap mode, padded at the end of each axis by the repeats after the first."""
 from __future__ import annotations
 
 import numpy as np
@@ -86,3 +86,27 @@ class Pad(ShapeOp):
         for a, b in enumerate(begin):
             start[len(src.shape) - 1 - a] = -b          # ONNX axis -> WHCN dim
         _copy(ctx, out, src, PAD, start, pad=(MODES[_mode(node)], self._value(node, xs)))
+
+
+@register
+class Tile(ShapeOp):
+    name, consts = "Tile", (1,)
+    limits = "repeats must be a constant after folding"
+
+    @staticmethod
+    def _repeats(node, rank, xs):
+        reps = int_list(xs[1])
+        if len(reps) != rank or min(reps, default=1) < 1:
+            raise ModelError(f"{node}: repeats {reps} for an input of rank {rank} (expected {rank} values >= 1)")
+        return reps
+
+    def out_shape(self, node, shape, xs):
+        reps = self._repeats(node, len(shape), xs)
+        return tuple(d * r if isinstance(d, int) else (d if r == 1 else f"{node.name}:{a}")
+                     for a, (d, r) in enumerate(zip(shape, reps)))
+
+    def reference(self, node, x, repeats):
+        return [np.tile(x, self._repeats(node, x.ndim, [x, repeats]))]
+
+    def lower(self, node, ctx):
+        _copy(ctx, ctx.t(node.outputs[0]), ctx.t(node.inputs[0]), PAD, pad=(MODES["wrap"], 0.0))

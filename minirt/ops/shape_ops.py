@@ -1,7 +1,7 @@
 """Shape-family ops that move float data on the GPU. Reshape, Flatten, Squeeze and Unsqueeze are free
 views where the layout allows (always in buffer storage), else a copy by row-major index; Transpose,
 Slice, Expand and Gather are one affine gather copy (glsl/copy.comp), Pad one padding copy on the same kernel
-(minirt/ops/pad.py); Concat has its own kernel.
+(minirt/ops/pad.py, with Tile); Concat has its own kernel.
 Every one folds through its numpy reference when its inputs are constants (shape arithmetic).
 
 Shapes in `infer` may hold symbolic dims (strings); where a result dim cannot be known it becomes a

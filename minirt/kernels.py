@@ -52,7 +52,7 @@ SPEC_CONSTANTS: dict[str, tuple[str, ...]] = {
     "copy_rows": ("VEC4",),
     "gemm": ("TM", "TN4", "BK", "A_MODE", "OUT_MODE", "ACT"),
     "im2col": (),
-    "layer_norm": ("HAS_BIAS",),
+    "layer_norm": ("HAS_BIAS", "PER_CHANNEL"),
     "layer_norm_rows": ("HAS_BIAS",),
     "linear": ("OUT_MODE", "ACT", "HAS_RES", "A_WIN", "PAIR_LANES"),
     **{stem: _LINEAR_CM for stem in ("linear_cm", "linear_cm_emu", "linear_cm_split", "linear_cm_emu_split",

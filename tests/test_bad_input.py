@@ -295,6 +295,7 @@ def _one_op_model(case):
              "Slice": {"b": np.array([1], np.int64), "c": np.array([7], np.int64), "d": np.array([2], np.int64)},
              "Gather": {"b": np.array([3, 0, 5], np.int64)}, "Reshape": {"b": np.array([6, 8], np.int64)},
              "Expand": {"b": np.array([2, 2, 3, 8], np.int64)}, "Clip": {"b": np.float32(-0.5), "c": np.float32(0.5)},
+             "InstanceNormalization": {"b": rand(3, seed=3), "c": rand(3, seed=4)},
              **{k: {"b": np.array(a, np.int64)} for k, a in axes.items()}}.get(op, {})
     kw = {"Softmax": {"axis": 1 if how == "axis1" else -1}, "LayerNormalization": {"axis": -1},
           "Gelu": {"approximate": "tanh"} if how == "tanh" else {}, "Gemm": {"transB": 1},
@@ -315,7 +316,8 @@ def _one_op_model(case):
     "Gelu tanh", "Erf", "Sqrt", "Abs", "Neg", "Mul", "Sub", "Div", "Pow", "Pow root", "ReduceSum", "ReduceMean",
     "ReduceMax", "ReduceMin", "Gemm", "Conv", "Linear", "Linear Gelu", "Linear Relu", "Identity", "Transpose",
     "Concat", "Slice", "Gather", "Reshape", "Expand", "Clip", "HardSigmoid", "HardSwish", "Log", "Reciprocal",
-    "Linear HardSwish", "ReduceL2", "GlobalAveragePool", "MaxPool", "AveragePool"])
+    "Linear HardSwish", "ReduceL2", "GlobalAveragePool", "MaxPool", "AveragePool",
+    "InstanceNormalization"])
 def test_nan_and_inf_propagate_like_onnxruntime(case, request):
     op = case.split()[0]
     if op in KNOWN_NAN_BUGS:

@@ -137,6 +137,23 @@ def test_reduce_l2_whose_squares_overflow():
             np.testing.assert_allclose(s.run(x), want, rtol=1e-5, err_msg=storage)
 
 
+@pytest.mark.parametrize("shape", [(2, 6, 5, 7), (1, 3, 9), (2, 4, 64)])
+def test_instance_norm(shape):
+    """Per-channel scale and bias on layer_norm.comp: rank 4 (channels-packed in textures: a texel's lanes are 4
+    channels) and rank 3."""
+    c = shape[1]
+    m = make_model([helper.make_node("InstanceNormalization", ["x", "s", "b"], ["y"], epsilon=1e-3)], {"x": shape},
+                   ["y"], {"s": rand(c, seed=1), "b": rand(c, seed=2)})
+    check_model(m, {"x": rand(*shape, seed=3, low=-1, high=3)})
+
+
+def test_instance_norm_scale_computed_at_run_time_is_refused():
+    m = make_model([helper.make_node("InstanceNormalization", ["x", "s", "b"], ["y"], name="norm")],
+                   {"x": (1, 3, 4, 4), "s": (3,)}, ["y"], {"b": rand(3)})
+    with pytest.raises(UnsupportedError, match="InstanceNormalization node 'norm': scale \\('s'\\) is computed"):
+        Session(m)
+
+
 @pytest.mark.parametrize("op", ["GlobalAveragePool", "GlobalMaxPool"])
 @pytest.mark.parametrize("shape", [(2, 6, 5, 7), (1, 5, 9)])
 def test_global_pools(op, shape):

@@ -250,7 +250,8 @@ def main(argv=None):
     if a.merge:
         old = json.loads(Path(a.json).read_text())
         if old.get("storages") != list(storages):
-            raise SystemExit(f"--merge: {a.json} was made in {old.get('storages')} storage, this run in {list(storages)}")
+            raise SystemExit(f"--merge: {a.json} was made in {old.get('storages')} storage, this run in "
+                             f"{list(storages)}")
         failures = sorted([f for f in old["failures"] if f["op"] not in results] + failures,
                           key=lambda f: (f["op"], f["case"]))      # a full run's order
         results = {**{op: r for op, r in old["ops"].items() if op not in results}, **results}
@@ -271,8 +272,7 @@ def main(argv=None):
                f"(minirt computes in float32 only): {oth['passed']} passed, {oth['failed']} failed, "
                f"{oth['refused']} refused. Integer inputs after the first (axes, shapes, indices) and the inputs minirt "
                f"needs constant (Conv W/B, LayerNormalization and InstanceNormalization scale/B, Clip min/max, Pad "
-               f"constant_value) are given as "
-               f"initializers; other inputs at run time."
+               f"constant_value) are given as initializers; other inputs at run time."
                + (f" No node test in this onnx exercises: {', '.join(none)}." if none else ""))
     doc = {"onnx_version": onnx.__version__, "storages": list(storages), "rtol": RTOL, "atol": ATOL,
            "ops": dict(sorted(results.items())), "summary": summary, "failures": failures}

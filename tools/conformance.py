@@ -270,9 +270,9 @@ def main(argv=None):
                f"4 decimals). float32 cases: {tot['passed']} passed, "
                f"{tot['failed']} failed, {tot['refused']} refused with a clear error. Cases of other dtypes "
                f"(minirt computes in float32 only): {oth['passed']} passed, {oth['failed']} failed, "
-               f"{oth['refused']} refused. Integer inputs after the first (axes, shapes, indices) and the inputs minirt "
-               f"needs constant (Conv W/B, LayerNormalization and InstanceNormalization scale/B, Clip min/max, Pad "
-               f"constant_value) are given as initializers; other inputs at run time."
+               f"{oth['refused']} refused. Integer inputs after the first (axes, shapes, indices) and the inputs "
+               f"minirt needs constant (Conv W/B, LayerNormalization and InstanceNormalization scale/B, Clip min/max, "
+               f"Pad constant_value) are given as initializers; other inputs at run time."
                + (f" No node test in this onnx exercises: {', '.join(none)}." if none else ""))
     doc = {"onnx_version": onnx.__version__, "storages": list(storages), "rtol": RTOL, "atol": ATOL,
            "ops": dict(sorted(results.items())), "summary": summary, "failures": failures}

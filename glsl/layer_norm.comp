@@ -13,10 +13,13 @@
 // variance is inf, 1 / std is 0 and the row comes out as B (x - mean, itself inf where the row spans more than the
 // float range, counts as 0 there).
 // io=out32 (fp16): the output is a float32 graph output, written as it is.
+// PER_CHANNEL (InstanceNormalization): the scale and bias are one value per index of WHCN dim cfg.z (the channel, not
+// normalised), C scales then C biases from vec4 cfg.w on, instead of one vec4 per texel of a row.
 #include "common.glslh"
 #include "rows.glslh"
 
 layout(constant_id = 3) const bool HAS_BIAS = true;
+layout(constant_id = 4) const bool PER_CHANNEL = false;
 
 // 2^102: a pivot below it leaves x - pivot finite for every finite x (past FLT_MAX by less than half its ulp). In a
 // row whose first element is this large, two elements differ by 0 or by at least 2^79 (its ulp), so unless all are
@@ -26,14 +29,25 @@ const float PIVOT_MAX = 5.0706024e30;
 
 TENSOR_OUT(t_out, 0)
 TENSOR_IN(t_in, 1)
-// Scale then bias, one vec4 per texel of a row (the lanes a texel's output lanes need), prepacked on the CPU.
+// Scale then bias, one vec4 per texel of a row (the lanes a texel's output lanes need), prepacked on the CPU; with
+// PER_CHANNEL one value per channel.
 WEIGHTS(w_affine, 2)
 
 layout(push_constant) uniform Params {
   ivec4 sizes;  // of input and output
-  ivec4 cfg;    // packed dim, reduced-dims mask
+  ivec4 cfg;    // packed dim, reduced-dims mask; PER_CHANNEL: the channel's WHCN dim, the biases' first vec4
   vec4 eps;     // epsilon
 } p;
+
+float channel_value(int i) { return W4(w_affine, i >> 2)[i & 3]; }
+
+// PER_CHANNEL: the values at channel index k + the lane's channel offset (each lane its own channel where the channel
+// dim is the packed one), from vec4 `first` on.
+vec4 per_channel(int k, int first, int pd) {
+  ivec4 c = ivec4(k) + (p.cfg.z == pd ? ivec4(0, 1, 2, 3) : ivec4(0));
+  c = min(c, ivec4(p.sizes[p.cfg.z] - 1)) + ivec4(first * 4);   // lanes past the end: any value (not stored)
+  return vec4(channel_value(c.x), channel_value(c.y), channel_value(c.z), channel_value(c.w));
+}
 
 void main() {
   ivec4 s = p.sizes;
@@ -66,8 +80,13 @@ void main() {
   for (int r = int(gl_LocalInvocationID.x); live && r < n; r += step) {
     ivec4 o = row_origin(g, r, ts, mask, pd);
     vec4 d = (LOAD4(t_in, o, s, pd) - pivot) - shift;
-    vec4 y = mix(d * rstd, vec4(0.0), equal(rstd, vec4(0.0))) * W4(w_affine, r);
-    if (HAS_BIAS) y += W4(w_affine, n + r);
+    vec4 y = mix(d * rstd, vec4(0.0), equal(rstd, vec4(0.0)));
+    if (PER_CHANNEL) {
+      y = y * per_channel(o[p.cfg.z], 0, pd) + per_channel(o[p.cfg.z], p.cfg.w, pd);
+    } else {
+      y *= W4(w_affine, r);
+      if (HAS_BIAS) y += W4(w_affine, n + r);
+    }
     STORE4(t_out, o, s, pd, mix(vec4(0.0), y, lanes_valid(o, s, pd)));
   }
 }

@@ -1,14 +1,12 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // variants: storage=buffer,texture dtype=float,half
-// ReduceSum/Mean/Max/Min over any set of WHCN dims: one invocation per output texel, each lane looping
+// ReduceSum/Mean/Max/Min/L2 over any set of WHCN dims: one invocation per output texel, each lane looping
 // over its reduced elements. The output may drop the reduced dims (keepdims=0): its linear index equals
 // that of the keepdims shape, which maps straight onto the input.
 #include "common.glslh"
 
-#define INF_F uintBitsToFloat(0x7f800000u)
-
-layout(constant_id = 3) const int OP = 0;  // 0 sum, 1 mean, 2 max, 3 min
+layout(constant_id = 3) const int OP = 0;  // 0 sum, 1 mean, 2 max, 3 min, 4 L2 norm (sqrt of the sum of squares)
 
 TENSOR_OUT(t_out, 0)
 TENSOR_IN(t_in, 1)
@@ -40,7 +38,8 @@ void main() {
       float v = LOAD(t_in, base + unlin(k, red), p.in_sizes, p.cfg.y);
       // GLSL leaves max() and min() of a NaN undefined (drivers tend to return the other operand): compare
       // instead, so a NaN element is taken and then kept (no comparison with it is true), as ONNX's max and min do
-      acc = OP == 2 ? (v > acc || isnan(v) ? v : acc) : OP == 3 ? (v < acc || isnan(v) ? v : acc) : acc + v;
+      acc = OP == 2 ? (v > acc || isnan(v) ? v : acc) : OP == 3 ? (v < acc || isnan(v) ? v : acc)
+          : OP == 4 ? acc + v * v : acc + v;
     }
     if (OP <= 1 && (isinf(acc) || isnan(acc))) {
       // The running sum overflowed, or the elements hold inf or NaN: again with every element scaled by 1/n,
@@ -52,6 +51,21 @@ void main() {
       acc = OP == 0 ? scaled * float(n) : scaled;
     } else if (OP == 1) {
       acc /= float(n);
+    } else if (OP == 4 && isinf(acc)) {
+      // The squares overflowed: again with every element scaled by the largest |element| m, then times m, so only
+      // a norm past the float range is infinite (an inf element gives inf again, a NaN one NaN)
+      float m = 0.0;
+      for (int k = 0; k < n; ++k) m = max(m, abs(LOAD(t_in, base + unlin(k, red), p.in_sizes, p.cfg.y)));
+      float scaled = 0.0;
+      if (!isinf(m)) {
+        for (int k = 0; k < n; ++k) {
+          float v = LOAD(t_in, base + unlin(k, red), p.in_sizes, p.cfg.y) / m;
+          scaled += v * v;
+        }
+      }
+      acc = isinf(m) ? m : m * sqrt(scaled);
+    } else if (OP == 4) {
+      acc = sqrt(acc);
     }
     r[l] = acc;
   }

@@ -5,7 +5,8 @@
 #include "common.glslh"
 
 layout(constant_id = 3) const int OP = 0;
-// 0 identity, 1 sqrt, 2 erf, 3 gelu (erf), 4 gelu (tanh), 5 relu, 6 sigmoid, 7 tanh, 8 neg, 9 exp, 10 abs
+// 0 identity, 1 sqrt, 2 erf, 3 gelu (erf), 4 gelu (tanh), 5 relu, 6 sigmoid, 7 tanh, 8 neg, 9 exp, 10 abs,
+// 11 clip (to [prm.x, prm.y]), 12 hard sigmoid (alpha prm.x, beta prm.y), 13 hard swish, 14 log, 15 reciprocal
 
 TENSOR_OUT(t_out, 0)
 TENSOR_IN(t_in, 1)
@@ -14,6 +15,7 @@ layout(push_constant) uniform Params {
   ivec4 out_sizes;
   ivec4 in_sizes;
   ivec4 pd;  // packed dims of out, in
+  vec4 prm;  // the function's parameters (clip bounds, hard sigmoid's alpha and beta)
 } p;
 
 float apply(float x) {
@@ -30,7 +32,12 @@ float apply(float x) {
   if (OP == 7) return tanh_f(x);
   if (OP == 8) return -x;
   if (OP == 9) return exp(x);
-  return abs(x);
+  if (OP == 10) return abs(x);
+  if (OP == 11) return clip_f(x, p.prm.x, p.prm.y);
+  if (OP == 12) return clip_f(p.prm.x * x + p.prm.y, 0.0, 1.0);
+  if (OP == 13) return hard_swish_f(x);
+  if (OP == 14) return isnan(x) || x == INF_F ? x : x < 0.0 ? NAN_F : x == 0.0 ? -INF_F : log(x);
+  return 1.0 / x;
 }
 
 void main() {

@@ -52,7 +52,7 @@ SPEC_CONSTANTS: dict[str, tuple[str, ...]] = {
     "copy_rows": ("VEC4",),
     "gemm": ("TM", "TN4", "BK", "A_MODE", "OUT_MODE", "ACT"),
     "im2col": (),
-    "layer_norm": ("HAS_BIAS",),
+    "layer_norm": ("HAS_BIAS", "PER_CHANNEL"),
     "layer_norm_rows": ("HAS_BIAS",),
     "linear": ("OUT_MODE", "ACT", "HAS_RES", "A_WIN", "PAIR_LANES"),
     **{stem: _LINEAR_CM for stem in ("linear_cm", "linear_cm_emu", "linear_cm_split", "linear_cm_emu_split",
@@ -61,6 +61,7 @@ SPEC_CONSTANTS: dict[str, tuple[str, ...]] = {
     "linear_rows": ("ACT", "HAS_RES"),
     "matmul": ("TILE", "TRANS_A", "TRANS_B", "HAS_BIAS", "SQUEEZE_M"),
     "occupancy_probe": ("SHARED",),
+    "pool": ("OP",),
     "reduce": ("OP",),
     "softmax": (),
     "unary": ("OP",),
@@ -113,6 +114,17 @@ def _relu(y):
     return np.maximum(y, 0)
 
 
+def clip(y, lo, hi):
+    """y clamped to [lo, hi], NaN kept; every value becomes hi where lo > hi (ONNX's Clip, as glsl/common.glslh
+    clip_f)."""
+    import numpy as np
+    return np.minimum(np.maximum(y, lo), hi)
+
+
+def _hard_swish(y):
+    return y * clip(y / 6 + 0.5, 0, 1)
+
+
 @dataclass(frozen=True)
 class Activation:
     code: int                     # ACT_<NAME> of glsl/activation.glslh: the ACT the epilogue kernels take
@@ -127,6 +139,7 @@ ACTIVATIONS: dict[str, Activation] = {
     "relu": Activation(1, 5, _relu),
     "gelu": Activation(2, 3, _gelu),
     "gelu_tanh": Activation(3, 4, _gelu_tanh),
+    "hard_swish": Activation(4, 13, _hard_swish),
 }
 
 
@@ -145,6 +158,8 @@ def activation_of(op: str, attrs: dict) -> str | None:
     or None."""
     if op == "Relu":
         return "relu"
+    if op == "HardSwish":
+        return "hard_swish"
     if op == "Gelu":
         return "gelu_tanh" if attrs.get("approximate", "none") == "tanh" else "gelu"
     return None

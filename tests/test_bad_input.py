@@ -286,7 +286,7 @@ def _one_op_model(case):
     type, with a word after it where the op has several kernels or paths."""
     n = helper.make_node
     op, _, how = case.partition(" ")
-    axes = {"ReduceSum": [2], "ReduceMean": [2], "ReduceMax": [2], "ReduceMin": [1]}
+    axes = {"ReduceSum": [2], "ReduceMean": [2], "ReduceMax": [2], "ReduceMin": [1], "ReduceL2": [2]}
     extra = {"Add": {"b": rand(8, seed=2)}, "Mul": {"b": rand(8, seed=2)}, "Sub": {"b": rand(8, seed=2)},
              "Div": {"b": rand(8, seed=2)}, "Pow": {"b": np.float32(0.5 if how == "root" else 2.0)},
              "MatMul": {"b": rand(8, 5, seed=5)}, "LayerNormalization": {"b": rand(8, seed=3), "c": rand(8, seed=4)},
@@ -294,12 +294,14 @@ def _one_op_model(case):
              "Conv": {"b": rand(4, 3, 3, seed=5), "c": rand(4, seed=6)}, "Concat": {"b": rand(2, 3, 8, seed=2)},
              "Slice": {"b": np.array([1], np.int64), "c": np.array([7], np.int64), "d": np.array([2], np.int64)},
              "Gather": {"b": np.array([3, 0, 5], np.int64)}, "Reshape": {"b": np.array([6, 8], np.int64)},
-             "Expand": {"b": np.array([2, 2, 3, 8], np.int64)},
+             "Expand": {"b": np.array([2, 2, 3, 8], np.int64)}, "Clip": {"b": np.float32(-0.5), "c": np.float32(0.5)},
+             "InstanceNormalization": {"b": rand(3, seed=3), "c": rand(3, seed=4)},
              **{k: {"b": np.array(a, np.int64)} for k, a in axes.items()}}.get(op, {})
     kw = {"Softmax": {"axis": 1 if how == "axis1" else -1}, "LayerNormalization": {"axis": -1},
           "Gelu": {"approximate": "tanh"} if how == "tanh" else {}, "Gemm": {"transB": 1},
           "Conv": {"kernel_shape": [3], "pads": [1, 1]}, "Transpose": {"perm": [2, 0, 1]}, "Concat": {"axis": 1},
-          "Gather": {"axis": 2}}.get(op, {})
+          "Gather": {"axis": 2}, "MaxPool": {"kernel_shape": [3], "pads": [1, 1]},
+          "AveragePool": {"kernel_shape": [3], "pads": [1, 1], "strides": [2]}}.get(op, {})
     shape = [6, 8] if op == "Gemm" else [2, 3, 8]
     if op == "Linear":      # MatMul + Add (+ an activation): one fused Linear dispatch
         nodes = [n("MatMul", ["x", "w"], ["h"]), n("Add", ["h", "c"], ["y" if not how else "hb"])]
@@ -313,7 +315,9 @@ def _one_op_model(case):
     "Add", "Softmax", "Softmax axis1", "LayerNormalization", "MatMul", "Relu", "Sigmoid", "Tanh", "Exp", "Gelu",
     "Gelu tanh", "Erf", "Sqrt", "Abs", "Neg", "Mul", "Sub", "Div", "Pow", "Pow root", "ReduceSum", "ReduceMean",
     "ReduceMax", "ReduceMin", "Gemm", "Conv", "Linear", "Linear Gelu", "Linear Relu", "Identity", "Transpose",
-    "Concat", "Slice", "Gather", "Reshape", "Expand"])
+    "Concat", "Slice", "Gather", "Reshape", "Expand", "Clip", "HardSigmoid", "HardSwish", "Log", "Reciprocal",
+    "Linear HardSwish", "ReduceL2", "GlobalAveragePool", "MaxPool", "AveragePool",
+    "InstanceNormalization"])
 def test_nan_and_inf_propagate_like_onnxruntime(case, request):
     op = case.split()[0]
     if op in KNOWN_NAN_BUGS:

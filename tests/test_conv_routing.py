@@ -14,6 +14,8 @@ CASES = [
     ("128->256 k5 p0", 128, 256, 5, dict(pads=[0, 0]), "im2col"),
     ("64->64 k3", 64, 64, 3, dict(pads=[1, 1]), "direct"),
     ("256->256 k1", 256, 256, 1, dict(), "pointwise"),
+    ("64->128 k1 s2", 64, 128, 1, dict(strides=[2]), "direct"),     # the pointwise GEMM reads every pixel, unpadded
+    ("64->128 k1 p1", 64, 128, 1, dict(pads=[1, 1]), "direct"),
     ("256->256 k3 depthwise", 256, 256, 3, dict(pads=[1, 1], group=256), "depthwise"),
     ("128->256 k3 dilation 2", 128, 256, 3, dict(pads=[2, 2], dilations=[2]), "direct"),
     ("256->256 k3 groups 4", 256, 256, 3, dict(pads=[1, 1], group=4), "direct"),

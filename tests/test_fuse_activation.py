@@ -1,4 +1,4 @@
-"""fuse_activation on the graph: Relu/Gelu after an im2col/pointwise/depthwise conv joins its epilogue."""
+"""fuse_activation on the graph: Relu/Gelu/HardSwish after an im2col/pointwise/depthwise conv joins its epilogue."""
 import pytest
 from onnx import helper
 
@@ -50,7 +50,7 @@ def test_not_fused_into_direct_conv():
 
 
 @pytest.mark.parametrize("act, approximate, kind", [("Relu", None, "relu"), ("Gelu", "none", "gelu"),
-                                                    ("Gelu", "tanh", "gelu_tanh")])
+                                                    ("Gelu", "tanh", "gelu_tanh"), ("HardSwish", None, "hard_swish")])
 def test_every_activation_fuses_into_a_depthwise_conv(act, approximate, kind):
     """conv_dw applies glsl/activation.glslh's activate(), so it takes each activation, GELU's tanh form too."""
     extra = {"approximate": approximate} if approximate else {}

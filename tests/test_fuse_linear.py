@@ -65,6 +65,13 @@ def test_linear_matches_onnxruntime(k, n, act, residual):
         assert len(kernels) == 1 and kernels[0].startswith("linear_"), kernels
 
 
+def test_hard_swish_joins_the_epilogue():
+    m = _linear_model(64, 48, "HardSwish", residual=True)
+    check_model(m, {"x": rand(1, 37, 64, low=-2, high=2), "r": rand(1, 37, 48)})
+    with Session(m) as s:
+        assert [d.op for d in s.plan.dispatches] == ["Linear"]
+
+
 @pytest.mark.parametrize("tile", sorted(LINEAR_TILES))
 def test_every_tile_variant(tile):
     m = _linear_model(384, 200, "Gelu", True)

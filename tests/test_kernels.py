@@ -132,7 +132,8 @@ def test_one_activate_in_the_glsl():
 
 @pytest.mark.parametrize("op, attrs, name", [("Relu", {}, "relu"), ("Gelu", {}, "gelu"),
                                               ("Gelu", {"approximate": "none"}, "gelu"),
-                                              ("Gelu", {"approximate": "tanh"}, "gelu_tanh"), ("Sigmoid", {}, None)])
+                                              ("Gelu", {"approximate": "tanh"}, "gelu_tanh"),
+                                              ("HardSwish", {}, "hard_swish"), ("Sigmoid", {}, None)])
 def test_activations_of_onnx_nodes(op, attrs, name):
     """The activation a node computes, the unary kernel's OP for it (as the op lowers it alone) and its reference."""
     node = Node(op, "n", ["x"], ["y"], attrs)

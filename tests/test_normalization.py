@@ -119,10 +119,45 @@ def test_reduce_mean_empty_axes(noop):
     check_model(m, {"x": rand(3, 5, 6, low=-0.5, high=1.5)})
 
 
-@pytest.mark.parametrize("op,opset", [("ReduceSum", 13), ("ReduceSum", 11), ("ReduceMax", 18), ("ReduceMin", 13)])
+@pytest.mark.parametrize("op,opset", [("ReduceSum", 13), ("ReduceSum", 11), ("ReduceMax", 18), ("ReduceMin", 13),
+                                      ("ReduceL2", 18), ("ReduceL2", 13)])
 def test_other_reductions(op, opset):
     check_model(reduce_model(op, (2, 3, 5, 6), [1, 3], 1, opset), {"x": rand(2, 3, 5, 6)})
     check_model(reduce_model(op, (7, 9), [-1], 0, opset), {"x": rand(7, 9)})
+
+
+def test_reduce_l2_whose_squares_overflow():
+    """Rows of values around 1e20 to 1e36 (their squares past float32's range) give the exact norm, rounded; a row
+    with an inf gives inf."""
+    x = (rand(5, 9, seed=3) * 10.0 ** np.array([20, 26, 32, 36, 20])[:, None]).astype(np.float32)
+    x[4, 4] = np.inf
+    want = np.sqrt((x.astype(np.float64) ** 2).sum(-1, keepdims=True)).astype(np.float32)
+    for storage in ("buffer", "texture"):
+        with Session(reduce_model("ReduceL2", x.shape, [-1], 1, 18), storage=storage) as s:
+            np.testing.assert_allclose(s.run(x), want, rtol=1e-5, err_msg=storage)
+
+
+@pytest.mark.parametrize("shape", [(2, 6, 5, 7), (1, 3, 9), (2, 4, 64)])
+def test_instance_norm(shape):
+    """Per-channel scale and bias on layer_norm.comp: rank 4 (channels-packed in textures: a texel's lanes are 4
+    channels) and rank 3."""
+    c = shape[1]
+    m = make_model([helper.make_node("InstanceNormalization", ["x", "s", "b"], ["y"], epsilon=1e-3)], {"x": shape},
+                   ["y"], {"s": rand(c, seed=1), "b": rand(c, seed=2)})
+    check_model(m, {"x": rand(*shape, seed=3, low=-1, high=3)})
+
+
+def test_instance_norm_scale_computed_at_run_time_is_refused():
+    m = make_model([helper.make_node("InstanceNormalization", ["x", "s", "b"], ["y"], name="norm")],
+                   {"x": (1, 3, 4, 4), "s": (3,)}, ["y"], {"b": rand(3)})
+    with pytest.raises(UnsupportedError, match="InstanceNormalization node 'norm': scale \\('s'\\) is computed"):
+        Session(m)
+
+
+@pytest.mark.parametrize("op", ["GlobalAveragePool", "GlobalMaxPool"])
+@pytest.mark.parametrize("shape", [(2, 6, 5, 7), (1, 5, 9)])
+def test_global_pools(op, shape):
+    check_model(make_model([helper.make_node(op, ["x"], ["y"])], {"x": shape}, ["y"]), {"x": rand(*shape)})
 
 
 def test_numpy_references_match_onnxruntime():

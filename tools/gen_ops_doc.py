@@ -17,13 +17,17 @@ SPECIAL_VALUES_INTRO = (
     "(tests/test_bad_input.py). Where the two differ, minirt keeps to the exact result where onnxruntime's own "
     "intermediate overflows, and to ONNX's reference where onnxruntime's kernel departs from it:")
 SPECIAL_VALUES = [
-    "ReduceMax, ReduceMin: a NaN among the reduced elements gives NaN, as ONNX's reference implementation (numpy's max "
-    "and min) does. onnxruntime's CPU kernel gives NaN only where the NaN is the first reduced element; elsewhere it "
-    "skips it (and, by its vector order, can miss the elements beside it).",
+    "ReduceMax, ReduceMin, GlobalMaxPool: a NaN among the reduced elements gives NaN, as ONNX's reference "
+    "implementation (numpy's max and min) does. onnxruntime's CPU kernel gives NaN only where the NaN is the first "
+    "reduced element; elsewhere it skips it (and, by its vector order, can miss the elements beside it).",
     "ReduceSum, ReduceMean: where the running sum overflows, the sum is taken again with every element scaled by 1/n, "
     "so the mean of finite values is always finite and a sum is ±inf only where its own value is past float32's "
     "range, whatever the elements' order. onnxruntime adds in its vector order and gives ±inf (the mean of a row of "
     "1e38s) or NaN (3e38, -3e38, 3e38, -3e38) wherever that running sum overflows.",
+    "MaxPool skips NaN elements, as onnxruntime and ONNX's reference do (unlike ReduceMax); a window of NaN alone "
+    "gives NaN.",
+    "ReduceL2: where the sum of squares overflows, it is taken again with every element divided by the largest "
+    "|element| (the norm then multiplied by it), so only a norm past float32's range is inf.",
     "LayerNormalization: a row of finite values never gives NaN. As in onnxruntime, a row whose squared deviations "
     "from its mean add up past float32's range (deviations of about 1.8e19 / sqrt(n) and more, n the row's length) "
     "comes out as B "

@@ -25,8 +25,10 @@ def _nchw_shape(node, shape, nd):
     return tuple(shape)
 
 
-def conv_params(node, in_spatial, k_spatial):
-    """(strides, dilations, pads_begin, pads_end, out_spatial) for spatial dims that are ints."""
+def conv_params(node, in_spatial, k_spatial, ceil_mode=False):
+    """(strides, dilations, pads_begin, pads_end, out_spatial) for spatial dims that are ints. ceil_mode (pooling, with
+    explicit pads): a last window that starts past the end of the rows still counts, unless it starts past the input
+    and its leading pad (where it would hold padding only)."""
     nd = len(k_spatial)
     strides = list(attr(node, "strides", [1] * nd))
     dil = list(attr(node, "dilations", [1] * nd))
@@ -46,6 +48,9 @@ def conv_params(node, in_spatial, k_spatial):
     else:
         raise ModelError(f"{node}: unknown auto_pad {auto!r}")
     out = [(i + b + e - k) // s + 1 for i, b, e, k, s in zip(in_spatial, pb, pe, eff, strides)]
+    if ceil_mode:
+        out = [-(-(i + b + e - k) // s) + 1 for i, b, e, k, s in zip(in_spatial, pb, pe, eff, strides)]
+        out = [o - 1 if (o - 1) * s >= i + b else o for o, s, i, b in zip(out, strides, in_spatial, pb)]
     if min(out) < 1:
         raise ModelError(f"{node}: input spatial size {list(in_spatial)} is smaller than the kernel")
     return strides, dil, pb, pe, out

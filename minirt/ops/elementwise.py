@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import ACTIVATIONS, activate, activation_of, spec
+from ..kernels import ACTIVATIONS, activate, activation_of, clip, erf, spec
 from ..plan import Push
 from . import Op, attr, register
-from ..kernels import erf
 from ._util import broadcast_shapes, same
 
 
-def elementwise_dispatch(ctx, kernel, code, out, ins, flops_per=1):
-    """out = f(ins) on glsl/<kernel>.comp ("unary" or "binary"), f its OP `code`."""
+def elementwise_dispatch(ctx, kernel, code, out, ins, flops_per=1, params=None):
+    """out = f(ins) on glsl/<kernel>.comp ("unary" or "binary"), f its OP `code`; params: the unary kernel's
+    function parameters (prm: clip bounds, hard sigmoid's alpha and beta)."""
     p = Push().sizes(out)
     for t in ins:
         p.sizes(t)
     p.ivec4(out.packed_dim, *[t.packed_dim for t in ins])
+    if params is not None:
+        p.vec4(*params)
     ctx.dispatch(kernel, [(out.name, "w")] + [(t.name, "r") for t in ins], p, spec(kernel, OP=code),
                  out.texel_extents, "elementwise", flops=flops_per * out.numel,
                  nbytes=4 * (out.numel + sum(t.numel for t in ins)), axes={"storage": ctx.storage})
@@ -98,10 +100,14 @@ class Unary(Op):
 
     def lower(self, node, ctx):
         elementwise_dispatch(ctx, "unary", self.code_for(node), ctx.t(node.outputs[0]), [ctx.t(node.inputs[0])],
-                             flops_per=4)
+                             flops_per=4, params=self.params(node, ctx.graph))
 
     def code_for(self, node):
         return self.code
+
+    def params(self, node, graph):
+        """The kernel's prm (float parameters of the function), or None where it takes none."""
+        return None
 
 
 @register
@@ -199,3 +205,66 @@ class Abs(Unary):
 
     def fn(self, node, x):
         return np.abs(x)
+
+
+@register
+class Log(Unary):
+    name, code = "Log", 14
+
+    def fn(self, node, x):
+        return np.log(x)
+
+
+@register
+class Reciprocal(Unary):
+    name, code = "Reciprocal", 15
+
+    def fn(self, node, x):
+        return np.reciprocal(x)
+
+
+@register
+class HardSigmoid(Unary):
+    name, code = "HardSigmoid", 12
+
+    def params(self, node, graph):
+        return float(attr(node, "alpha", 0.2)), float(attr(node, "beta", 0.5))
+
+    def fn(self, node, x):
+        alpha, beta = self.params(node, None)
+        return clip(np.float32(alpha) * x + np.float32(beta), 0, 1)
+
+
+@register
+class HardSwish(Unary):
+    name, code = "HardSwish", ACTIVATIONS["hard_swish"].unary
+
+    def fn(self, node, x):
+        return activate(x, "hard_swish")
+
+
+@register
+class Clip(Unary):
+    name, code = "Clip", 11
+    limits = "min and max given as inputs (opset 11+) must be constants after folding"
+
+    def check(self, node, ins):
+        for i, what in ((1, "min"), (2, "max")):
+            if i < len(ins) and ins[i] is not None and not ins[i].is_const:
+                return f"{what} ('{node.inputs[i]}') is computed at run time; minirt needs it to be a constant"
+            if i < len(ins) and ins[i] is not None and ins[i].data.size != 1:
+                return f"{what} ('{node.inputs[i]}') has {ins[i].data.size} elements; Clip takes a scalar"
+
+    def bounds(self, node, lo=None, hi=None):
+        """(min, max): from the inputs (opset 11+), else the attributes (opset 6), else unbounded."""
+        if len(node.inputs) > 1 or lo is not None or hi is not None:
+            return (-np.inf if lo is None else float(np.asarray(lo).reshape(-1)[0]),
+                    np.inf if hi is None else float(np.asarray(hi).reshape(-1)[0]))
+        return float(attr(node, "min", -np.inf)), float(attr(node, "max", np.inf))
+
+    def params(self, node, graph):
+        data = [graph.tensor(n).data if n else None for n in node.inputs[1:3]]
+        return self.bounds(node, *data)
+
+    def reference(self, node, x, lo=None, hi=None):
+        return [np.asarray(clip(x, *self.bounds(node, lo, hi))).astype(x.dtype, copy=False)]

@@ -1,5 +1,6 @@
-"""Row normalisations: LayerNormalization and Softmax. Both reduce over a set of trailing dims (one dim
-for Softmax >= 13) with one work group per row; see glsl/rows.glslh for the work split."""
+"""Row normalisations: LayerNormalization, InstanceNormalization and Softmax. Each reduces over a set of trailing dims
+(one dim for Softmax >= 13; the spatial dims for InstanceNormalization) with one work group per row; see
+glsl/rows.glslh for the work split."""
 from __future__ import annotations
 
 import numpy as np
@@ -20,16 +21,17 @@ def _mask(dims):
     return sum(1 << d for d in dims)
 
 
-def row_dispatch(ctx, kernel, out, x, mask, extra_args=(), push_tail=(), consts=(), flops_per=4, io=None):
+def row_dispatch(ctx, kernel, out, x, mask, extra_args=(), push_tail=(), consts=(), flops_per=4, io=None, cfg=()):
     """One work group per texel row of x (see rows.glslh) on glsl/<kernel>.comp; mask = the reduced WHCN dims; consts:
-    its specialization constants (minirt.kernels.spec); io as in ctx.dispatch."""
+    its specialization constants (minirt.kernels.spec); io as in ctx.dispatch; cfg: up to two more ints of the
+    kernel's cfg, after the packed dim and the mask."""
     ts = list(x.whcn)
     ts[x.packed_dim] = (ts[x.packed_dim] + 3) // 4
     per_row = int(np.prod([ts[d] for d in range(4) if mask >> d & 1]))
     rows = int(np.prod(ts)) // per_row
     threads = min(THREADS_MAX, 1 << (per_row - 1).bit_length())
     gy = min(rows, GROUPS_MAX)
-    p = Push().sizes(x).ivec4(x.packed_dim, mask)
+    p = Push().sizes(x).ivec4(x.packed_dim, mask, *cfg)
     for v in push_tail:
         p.vec4(v)
     ctx.dispatch(kernel, [(out.name, "w"), (x.name, "r"), *extra_args], p, consts,
@@ -100,6 +102,44 @@ def _lower_rows(node, ctx, x, out, consts):
                  spec("layer_norm_rows", HAS_BIAS=has_bias), (inv, -(-rows // per), 1), "reduction",
                  flops=8 * x.numel, nbytes=8 * x.numel, io="out32",
                  info={"rows": rows, "n4": length // 4, "rows_per_group": per, "eps": eps, "has_bias": has_bias})
+
+
+@register
+class InstanceNormalization(Op):
+    name = "InstanceNormalization"
+    limits = "scale and B must be constants; 1-D and 2-D (rank 3 and 4) inputs"
+
+    def infer(self, node, ins):
+        if len(ins[0].shape) < 3:
+            raise ModelError(f"{node}: InstanceNormalization needs an input of rank >= 3 (N, C, spatial dims)")
+        return same(node, ins)
+
+    def check(self, node, ins):
+        for i, what in ((1, "scale"), (2, "B")):
+            if not ins[i].is_const:
+                return f"{what} ('{node.inputs[i]}') is computed at run time; minirt needs it to be a constant"
+            c = ins[0].shape[1]
+            if tuple(ins[i].shape) != (c,) and isinstance(c, int):
+                return f"{what} ('{node.inputs[i]}') has shape {list(ins[i].shape)}, expected [{c}] (one per channel)"
+
+    def reference(self, node, x, scale, bias):
+        dims = tuple(range(2, x.ndim))
+        x64 = x.astype(np.float64)
+        mean = x64.mean(dims, keepdims=True)
+        var = ((x64 - mean) ** 2).mean(dims, keepdims=True)
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        y = (x64 - mean) / np.sqrt(var + attr(node, "epsilon", 1e-5)) * scale.reshape(shape) + bias.reshape(shape)
+        return [y.astype(x.dtype)]
+
+    def lower(self, node, ctx):
+        x, out = ctx.t(node.inputs[0]), ctx.t(node.outputs[0])
+        rank = len(x.shape)
+        scale, bias = (np.asarray(ctx.graph.tensor(n).data, np.float32).reshape(-1) for n in node.inputs[1:3])
+        c4 = -(-scale.size // 4)
+        w = ctx.weight(f"{node.name}/scale_bias", np.concatenate([np.pad(scale, (0, 4 * c4 - scale.size)), bias]))
+        row_dispatch(ctx, "layer_norm", out, x, _mask(range(rank - 2)), [(w.name, "r")],
+                     [attr(node, "epsilon", 1e-5)], spec("layer_norm", HAS_BIAS=True, PER_CHANNEL=True), flops_per=8,
+                     io="out32", cfg=(rank - 2, c4))
 
 
 def _broadcasts_to(shape, target):

@@ -1,10 +1,12 @@
-"""Reductions over any set of axes: ReduceSum, ReduceMean, ReduceMax, ReduceMin (one kernel, the
+"""Reductions over any set of axes: ReduceSum, ReduceMean, ReduceMax, ReduceMin, ReduceL2 (one kernel, the
 function chosen by a specialization constant). Axes come from the attribute (before opset 18; 13 for
-ReduceSum) or from the second input, which must be a constant."""
+ReduceSum) or from the second input, which must be a constant. GlobalAveragePool and GlobalMaxPool are the mean
+and max over the spatial dims on the same kernel."""
 from __future__ import annotations
 
 import numpy as np
 
+from ..errors import ModelError
 from ..kernels import spec
 from ..plan import Push
 from . import Op, attr, register
@@ -12,8 +14,18 @@ from ._util import norm_axis
 from .elementwise import copy_dispatch
 
 
+def reduce_dispatch(ctx, out, x, axes, code):
+    """out = x reduced over the ONNX `axes` by glsl/reduce.comp's OP `code` (out: keepdims or not)."""
+    mask = sum(1 << (len(x.shape) - 1 - a) for a in axes)
+    p = Push().sizes(out).sizes(x).ivec4(out.packed_dim, x.packed_dim, mask)
+    ctx.dispatch("reduce", [(out.name, "w"), (x.name, "r")], p, spec("reduce", OP=code),
+                 out.texel_extents, "elementwise", flops=x.numel, nbytes=4 * (x.numel + out.numel),
+                 axes={"storage": ctx.storage})
+
+
 class Reduce(Op):
     code = 0
+    exact = False         # a sum: the reference adds float inputs in float64 (see reference)
     limits = ("the axes input must be a constant; one invocation per output element loops over all its "
               "reduced elements (fine for rows, slow for reducing a whole large tensor to a few values)")
 
@@ -42,7 +54,7 @@ class Reduce(Op):
             return [x]
         # float sums in float64: the kernel's do not overflow on the way either (a running sum that overflows is
         # taken again, scaled), so only a sum whose value is past float32's range is inf
-        xs = x.astype(np.float64) if x.dtype.kind == "f" and self.code <= 1 else x
+        xs = x.astype(np.float64) if x.dtype.kind == "f" and self.exact else x
         with np.errstate(over="ignore"):
             return [np.asarray(self.fn(xs, ax, keepdims=bool(attr(node, "keepdims", 1)))).astype(x.dtype)]
 
@@ -60,21 +72,17 @@ class Reduce(Op):
             else:
                 copy_dispatch(ctx, out, x)
             return
-        mask = sum(1 << (len(x.shape) - 1 - a) for a in axes)
-        p = Push().sizes(out).sizes(x).ivec4(out.packed_dim, x.packed_dim, mask)
-        ctx.dispatch("reduce", [(out.name, "w"), (x.name, "r")], p, spec("reduce", OP=self.code),
-                     out.texel_extents, "elementwise", flops=x.numel, nbytes=4 * (x.numel + out.numel),
-                     axes={"storage": ctx.storage})
+        reduce_dispatch(ctx, out, x, axes, self.code)
 
 
 @register
 class ReduceSum(Reduce):
-    name, code, fn = "ReduceSum", 0, staticmethod(np.sum)
+    name, code, fn, exact = "ReduceSum", 0, staticmethod(np.sum), True
 
 
 @register
 class ReduceMean(Reduce):
-    name, code, fn = "ReduceMean", 1, staticmethod(np.mean)
+    name, code, fn, exact = "ReduceMean", 1, staticmethod(np.mean), True
 
 
 @register
@@ -85,3 +93,42 @@ class ReduceMax(Reduce):
 @register
 class ReduceMin(Reduce):
     name, code, fn = "ReduceMin", 3, staticmethod(np.min)
+
+
+def _l2(x, axes, keepdims):
+    return np.sqrt(np.sum(np.square(x), axes, keepdims=keepdims))
+
+
+@register
+class ReduceL2(Reduce):
+    name, code, fn, exact = "ReduceL2", 4, staticmethod(_l2), True
+
+
+class GlobalPool(Op):
+    """The mean or max over every dim after the first two (N, C): [N, C, H, W] -> [N, C, 1, 1]."""
+    code = 0
+    fn = None
+
+    def infer(self, node, ins):
+        shape = tuple(ins[0].shape)
+        if len(shape) < 3:
+            raise ModelError(f"{node}: {self.name} needs an input of rank >= 3 (N, C, spatial dims), got {list(shape)}")
+        return [(shape[:2] + (1,) * (len(shape) - 2), ins[0].dtype)]
+
+    def reference(self, node, x):
+        xs = x.astype(np.float64) if x.dtype.kind == "f" else x
+        return [np.asarray(type(self).fn(xs, tuple(range(2, x.ndim)), keepdims=True)).astype(x.dtype)]
+
+    def lower(self, node, ctx):
+        x = ctx.t(node.inputs[0])
+        reduce_dispatch(ctx, ctx.t(node.outputs[0]), x, range(2, len(x.shape)), self.code)
+
+
+@register
+class GlobalAveragePool(GlobalPool):
+    name, code, fn = "GlobalAveragePool", 1, staticmethod(np.mean)
+
+
+@register
+class GlobalMaxPool(GlobalPool):
+    name, code, fn = "GlobalMaxPool", 2, staticmethod(np.max)

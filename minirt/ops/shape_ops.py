@@ -1,6 +1,7 @@
 """Shape-family ops that move float data on the GPU. Reshape, Flatten, Squeeze and Unsqueeze are free
 views where the layout allows (always in buffer storage), else a copy by row-major index; Transpose,
-Slice, Expand and Gather are one affine gather copy (glsl/copy.comp); Concat has its own kernel.
+Slice, Expand and Gather are one affine gather copy (glsl/copy.comp), Pad one padding copy on the same kernel
+(minirt/ops/pad.py, with Tile); Concat has its own kernel.
 Every one folds through its numpy reference when its inputs are constants (shape arithmetic).
 
 Shapes in `infer` may hold symbolic dims (strings); where a result dim cannot be known it becomes a
@@ -17,7 +18,7 @@ from ..plan import Push
 from . import Op, attr, register
 from ._util import broadcast_shapes, norm_axis
 
-AFFINE, RESHAPE = 0, 1   # copy.comp modes
+AFFINE, RESHAPE, PAD = 0, 1, 2   # copy.comp modes
 
 
 def int_list(a):
@@ -51,8 +52,12 @@ def _axes(node, axes, rank):
 
 
 # -- lowering helpers -------------------------------------------------------------------------
-def _copy(ctx, out, src, mode, start=(0, 0, 0, 0), step=(0, 0, 0, 0), perm=(0, 1, 2, 3)):
-    p = Push().sizes(out).sizes(src).ivec4(*start).ivec4(*step).ivec4(*perm).ivec4(out.packed_dim, src.packed_dim)
+def _copy(ctx, out, src, mode, start=(0, 0, 0, 0), step=(0, 0, 0, 0), perm=(0, 1, 2, 3), pad=None):
+    """out from src on glsl/copy.comp in `mode`; pad: (pad mode, constant) for PAD."""
+    p = Push().sizes(out).sizes(src).ivec4(*start).ivec4(*step).ivec4(*perm)
+    p.ivec4(out.packed_dim, src.packed_dim, *([] if pad is None else [pad[0]]))
+    if pad is not None:
+        p.vec4(pad[1])
     ctx.dispatch("copy", [(out.name, "w"), (src.name, "r")], p, spec("copy", MODE=mode), out.texel_extents, "copy",
                  nbytes=8 * out.numel, axes={"storage": ctx.storage})
 

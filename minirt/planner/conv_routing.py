@@ -1,7 +1,7 @@
 """Conv routing: every Conv gets one kernel choice, decided here and nowhere else.
 
   depthwise  groups == C_in == C_out (weight [C, 1, ...])             -> the depthwise kernel
-  pointwise  1x1 kernel, groups 1                                     -> a GEMM on the activation directly
+  pointwise  1x1 kernel, groups 1, stride 1, no padding               -> a GEMM on the activation directly
   im2col     groups 1, dilation 1, kernel not 1x1, C_out >= 128,
              2-D, batch a concrete 1                                  -> im2col into scratch + tiled GEMM
   direct     everything else                                          -> the direct kernel
@@ -24,6 +24,10 @@ def route(node, graph) -> tuple[str, str]:
     if g != 1:
         return "direct", f"groups {g} != 1"
     if all(k == 1 for k in ks):
+        strides = list(node.attrs.get("strides", [1] * len(ks)))
+        pads = list(node.attrs.get("pads", [])) if node.attrs.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET") else []
+        if any(s != 1 for s in strides) or any(pads):     # (auto_pad: a 1x1 kernel at stride 1 needs no padding)
+            return "direct", f"1x1 kernel with strides {strides}, pads {pads} (the pointwise GEMM reads every pixel)"
         return "pointwise", "1x1 kernel: a GEMM on the activation"
     dil = list(node.attrs.get("dilations", [1] * len(ks)))
     if any(d != 1 for d in dil):

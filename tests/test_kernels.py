@@ -124,7 +124,7 @@ def test_one_activate_in_the_glsl():
     defining = [p.name for p in sorted(GLSL.iterdir()) if re.search(r"float\s+activate\s*\(", p.read_text())]
     assert defining == ["activation.glslh"]
     takers = [s.stem for s in SOURCES if re.search(r"const\s+int\s+ACT\b|#define\s+ACT\b", _expanded(s))]
-    assert sorted(takers) == sorted({"gemm", "linear", "linear_reduce", "conv_dw"} |
+    assert sorted(takers) == sorted({"gemm", "linear", "linear_reduce", "linear_rows", "conv_dw"} |
                                     {s for s in SPEC_CONSTANTS if s.startswith("linear_cm")})
     for stem in takers:
         assert "float activate(float x)" in _expanded(GLSL / f"{stem}.comp"), stem

@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 // Attention of a few query rows against a key/value cache (buffers, fp32): out[b, t, head h] = softmax(scale q k^T) v
 // over keys 0 .. n-1 of K/V batch row kb (b, or 0 where K and V hold one batch row that every query row shares, as
 // cross-attention on an encoder output does).
@@ -8,32 +9,44 @@
 //       up to and including it;
 //   n = Tk where lp < 0: every key.
 // Layout: q and out [B, Tq, D], k and v [Bk, Tk, D] (rows of D: a cache written a row per position), head h is
-// columns h dh .. h dh + dh - 1 (dh = D / H <= NT * ND). One work group per (h, t, b); keys go by in chunks of CH,
-// their scores in shared memory, with a running maximum and sum (online softmax); invocation i accumulates output
-// columns i, i + NT, ...
+// columns h DH .. h DH + DH - 1.
+// Work: group (h S + s, t, b) takes split s of S of the n keys (S = 1: all of them). Keys go by in chunks of CH: each
+// invocation scores one key (a whole DH-wide dot product, unrolled), the chunk's running maximum and sum are kept
+// (online softmax), then the NT invocations as KL key lanes by DH / 4 vec4 columns accumulate p v (each key row read
+// as DH / 4 contiguous vec4); the KL lanes' sums are added in a fixed order at the end. With S = 1 the group writes
+// out; with S > 1 it writes its unnormalised sums and (max in the log2 domain, sum) as attention_combine.comp reads
+// them (row ((b H + h) S + s) Tq + t), and that pass merges the splits: a decoder step has few (b, h, t) and many
+// keys (1500 of an encoder output), and one group each would leave the GPU nearly idle.
 #include "common.glslh"
 #include "params.glslh"
 
+layout(constant_id = 3) const int DH = 64;   // head dim, a multiple of 4, at most 4 NT
+
 layout(set = 0, binding = 0, std430) writeonly buffer o_buf { float o[]; };
+layout(set = 0, binding = 0, std430) writeonly buffer ml_buf { vec2 ml_out[]; };
 layout(set = 0, binding = 1, std430) readonly buffer q_buf { float q[]; };
-layout(set = 0, binding = 2, std430) readonly buffer k_buf { float k[]; };
-layout(set = 0, binding = 3, std430) readonly buffer v_buf { float v[]; };
+layout(set = 0, binding = 2, std430) readonly buffer k_buf { vec4 k4[]; };
+layout(set = 0, binding = 3, std430) readonly buffer v_buf { vec4 v4[]; };
 PARAMS_BLOCK(4)
 
 layout(push_constant) uniform Params {
   ivec4 dims;   // Tq, Tk, H, D
-  ivec4 cfg;    // K/V batch rows (1: shared by every query row), lp (-1: every key), LOFS
+  ivec4 cfg;    // K/V batch rows (1: shared by every query row), lp (-1: every key), LOFS, S
+  ivec4 part;   // x: where the (m, l) pairs of the partials start (S > 1), in pairs
   vec4 scale;   // x: the score scale
 } p;
 
-const int NT = int(gl_WorkGroupSize.x);   // a power of two
-const int ND = 2;                         // output columns an invocation accumulates: dh <= NT * ND
-const int MAX_DH = 256;
-const int CH = 256;                       // keys a chunk
+const int NT = int(gl_WorkGroupSize.x);   // a power of two, a multiple of DH / 4
+const int DH4 = DH / 4;
+const int KL = NT / DH4;                  // key lanes of the p v pass
+const int CH = NT;                        // keys a chunk: one an invocation
+const float NEG = -3.402823466e38;
+const float LOG2E = 1.4426950408889634;
 
-shared float q_sh[MAX_DH];
+shared vec4 q_sh[DH4];
 shared float s_sh[CH];
-shared float red_sh[gl_WorkGroupSize.x];
+shared float red_sh[NT];
+shared vec4 acc_sh[NT];
 
 float group_max(float x) {
   const int i = int(gl_LocalInvocationID.x);
@@ -62,50 +75,56 @@ float group_sum(float x) {
 }
 
 void main() {
-  const int h = int(gl_WorkGroupID.x), t = int(gl_WorkGroupID.y), b = int(gl_WorkGroupID.z);
+  const int S = p.cfg.w;
+  const int h = int(gl_WorkGroupID.x) / S, s = int(gl_WorkGroupID.x) % S;
+  const int t = int(gl_WorkGroupID.y), b = int(gl_WorkGroupID.z);
   const int tid = int(gl_LocalInvocationID.x);
-  const int Tq = p.dims.x, Tk = p.dims.y, D = p.dims.w, dh = D / p.dims.z;
+  const int Tq = p.dims.x, Tk = p.dims.y, H = p.dims.z, D = p.dims.w, D4 = D / 4;
   const int kb = p.cfg.x > 1 ? b : 0;
   const int n = p.cfg.y >= 0 ? clamp(param(p.cfg.y) + p.cfg.z + t + 1, 0, Tk) : Tk;
-  const int qb = (b * Tq + t) * D + h * dh;
-  const int kv0 = kb * Tk * D + h * dh;
-  for (int d = tid; d < dh; d += NT) q_sh[d] = q[qb + d] * p.scale.x;
+  const int per = (n + S - 1) / S;
+  const int k0 = min(s * per, n), k1 = min(k0 + per, n);
+  const int qb = (b * Tq + t) * D + h * DH;
+  const int kv0 = kb * Tk * D4 + h * DH4;           // vec4 index of key 0's head columns
+  for (int d4 = tid; d4 < DH4; d4 += NT)
+    q_sh[d4] = vec4(q[qb + 4 * d4], q[qb + 4 * d4 + 1], q[qb + 4 * d4 + 2], q[qb + 4 * d4 + 3]) * p.scale.x;
   barrier();
-  float m = -3.0e38, l = 0.0;
-  float acc[ND];
-  for (int i = 0; i < ND; ++i) acc[i] = 0.0;
-  for (int c0 = 0; c0 < n; c0 += CH) {       // n is uniform: every invocation takes every chunk
-    const int cn = min(CH, n - c0);
-    float cmax = -3.0e38;
-    for (int j = tid; j < cn; j += NT) {
-      const int base = kv0 + (c0 + j) * D;
-      float sc = 0.0;
-      for (int d = 0; d < dh; ++d) sc += q_sh[d] * k[base + d];
-      s_sh[j] = sc;
-      cmax = max(cmax, sc);
+  const int c4 = tid % DH4, kl = tid / DH4;
+  float m = NEG, l = 0.0;
+  vec4 acc = vec4(0.0);
+  for (int c0 = k0; c0 < k1; c0 += CH) {       // k0, k1 are uniform: every invocation takes every chunk
+    const int cn = min(CH, k1 - c0);
+    float sc = NEG;
+    if (tid < cn) {
+      const int base = kv0 + (c0 + tid) * D4;
+      vec4 dot4 = vec4(0.0);
+      [[unroll]] for (int d4 = 0; d4 < DH4; ++d4) dot4 += q_sh[d4] * k4[base + d4];
+      sc = dot4.x + dot4.y + dot4.z + dot4.w;
     }
-    const float mn = max(m, group_max(cmax));
+    const float mn = max(m, group_max(sc));
     const float f = exp(m - mn);
-    float csum = 0.0;
-    for (int j = tid; j < cn; j += NT) {
-      const float e = exp(s_sh[j] - mn);
-      s_sh[j] = e;
-      csum += e;
-    }
-    l = l * f + group_sum(csum);              // (its barriers also publish s_sh)
-    for (int i = 0; i < ND; ++i) {
-      const int d = tid + i * NT;
-      if (d < dh) {
-        float a = acc[i] * f;
-        for (int j = 0; j < cn; ++j) a += s_sh[j] * v[kv0 + (c0 + j) * D + d];
-        acc[i] = a;
-      }
-    }
+    const float e = tid < cn ? exp(sc - mn) : 0.0;
+    s_sh[tid] = e;
+    l = l * f + group_sum(e);                  // (its barriers also publish s_sh)
+    acc *= f;
+    if (kl < KL)                               // (NT need not be a multiple of DH / 4)
+      for (int j = kl; j < cn; j += KL) acc += s_sh[j] * v4[kv0 + (c0 + j) * D4 + c4];
     m = mn;
-    barrier();                                // s_sh is rewritten by the next chunk
+    barrier();                                 // s_sh is rewritten by the next chunk
   }
-  for (int i = 0; i < ND; ++i) {
-    const int d = tid + i * NT;
-    if (d < dh) o[qb + d] = n > 0 ? acc[i] / l : 0.0;
+  acc_sh[tid] = acc;
+  barrier();
+  if (kl == 0) {
+    [[unroll]] for (int i = 1; i < KL; ++i) acc += acc_sh[i * DH4 + c4];
+    if (S == 1) {
+      const vec4 r = l > 0.0 ? acc / l : vec4(0.0);
+      const int ob = qb + 4 * c4;
+      o[ob] = r.x; o[ob + 1] = r.y; o[ob + 2] = r.z; o[ob + 3] = r.w;
+    } else {
+      const int row = ((b * H + h) * S + s) * Tq + t;
+      const int ob = row * DH + 4 * c4;
+      o[ob] = acc.x; o[ob + 1] = acc.y; o[ob + 2] = acc.z; o[ob + 3] = acc.w;
+      if (c4 == 0) ml_out[p.part.x + row] = vec2(k1 > k0 ? m * LOG2E : NEG, l);
+    }
   }
 }

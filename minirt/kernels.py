@@ -43,7 +43,7 @@ SPEC_CONSTANTS: dict[str, tuple[str, ...]] = {
     "attention_cmr": ("DH", "NR", "BK", "SPLIT", "VEC8"),
     "binary": ("OP",),
     "cast": (),
-    "cached_attention": (),
+    "cached_attention": ("DH",),
     "concat": (),
     "conv": ("CONV1D",),
     "conv_dw": (),

@@ -35,9 +35,9 @@ def graph(name, inputs=(), outputs=(), state=None, params=(), nodes=(), consts=N
     return g
 
 
-def plan_of(g):
+def plan_of(g, **options):
     dev = get_device()
-    return make_plan(prepare(g), dev.profile, "buffer", {"precision": "fp32"})
+    return make_plan(prepare(g), dev.profile, "buffer", {"precision": "fp32", **options})
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +149,38 @@ def test_program_frees_everything_and_checks_shared_state():
     with pytest.raises(MinirtError, match="state tensor 's' is"):
         Program({"a": plan_of(a), "b": plan_of(b)})
     assert live_objects() == before
+
+
+@pytest.mark.parametrize("splits", [1, 3, 7])
+def test_cached_attention_key_splits(splits):
+    """CachedAttention with its keys split S ways across work groups (a combine pass merges them; chosen from the
+    multiprocessor count on big GPUs, forced here): causal over a growing cache of more rows than the query
+    (a one-row step over a beam cache) and over every key of a one-row cache (cross-attention), against the
+    float64-checked reference at every position, with empty splits while the cache is short."""
+    from minirt.ops.state import CachedAttention
+    rng = np.random.default_rng(splits)
+    tk, heads, dh, rows = 40, 2, 8, 3
+    d = heads * dh
+    cache, enc = rng.standard_normal((rows, tk, d), np.float32), rng.standard_normal((1, tk, d), np.float32)
+    g = graph("attend", [("q", (1, 2, d), "float32")], ["self", "cross"],
+              {"cache": ((rows, tk, d), "cache"), "enc": ((1, tk, d), "enc")}, ["pos"],
+              [("CachedAttention", ["q", "cache", "cache"], ["self"], {"heads": heads, "scale": 0.3, "param": "pos"}),
+               ("CachedAttention", ["q", "enc", "enc"], ["cross"], {"heads": heads, "scale": 0.3})])
+    fill = graph("fill", [("c", (rows, tk, d), "float32"), ("e", (1, tk, d), "float32")], (),
+                 {"cache": ((rows, tk, d), "cache@new"), "enc": ((1, tk, d), "enc@new")}, (),
+                 [("Identity", ["c"], ["cache@new"], {}), ("Identity", ["e"], ["enc@new"], {})])
+    plan = plan_of(g, attention_splits=splits)
+    kernels = [x.kernel for x in plan.dispatches]
+    assert kernels.count("attention_combine_buffer") == (2 if splits > 1 else 0)
+    with Program({"attend": plan, "fill": plan_of(fill)}) as prog:
+        prog.run("fill", {"c": cache, "e": enc})
+        node = Node("CachedAttention", "a", [], [], {"heads": heads, "scale": 0.3})
+        for pos in (0, 1, 5, tk - 2):
+            q = rng.standard_normal((1, 2, d), np.float32)
+            out = prog.run("attend", {"q": q}, {"pos": pos})
+            (want,) = CachedAttention().reference(node, q.astype(np.float64), cache.astype(np.float64),
+                                                  cache.astype(np.float64), offset=pos)
+            np.testing.assert_allclose(out["self"], want, rtol=1e-5, atol=1e-5)
+            (want,) = CachedAttention().reference(node, q.astype(np.float64), enc.astype(np.float64),
+                                                  enc.astype(np.float64))
+            np.testing.assert_allclose(out["cross"], want, rtol=1e-5, atol=1e-5)

@@ -26,7 +26,8 @@ from ..plan import Push
 from . import Op, attr, register
 
 ATTENTION_THREADS = 64            # glsl/cached_attention.comp: invocations a work group ...
-ATTENTION_MAX_DH = 2 * ATTENTION_THREADS   # ... each accumulating ND = 2 columns of a head
+ATTENTION_MAX_DH = 4 * ATTENTION_THREADS   # ... of which each takes a vec4 column of the head in the p v pass
+SPLIT_MIN_KEYS, SPLIT_MAX = 32, 64          # key splits (attention_splits): keys a split at least, splits at most
 
 
 def _width(shape, axis=1) -> int:
@@ -159,8 +160,10 @@ class CachedAttention(_ParamOp):
 
     def check(self, node, ins):
         d = ins[0].shape[-1] if ins[0].shape else None
-        if isinstance(d, int) and d // int(attr(node, "heads", 1)) > ATTENTION_MAX_DH:
-            return f"head dim {d // int(attr(node, 'heads', 1))} is more than {ATTENTION_MAX_DH}"
+        if isinstance(d, int):
+            dh = d // int(attr(node, "heads", 1))
+            if dh > ATTENTION_MAX_DH or dh % 4:
+                return f"head dim {dh} is not a multiple of 4 up to {ATTENTION_MAX_DH}"
         return None
 
     def reference(self, node, q, k, v, offset=None):
@@ -186,11 +189,36 @@ class CachedAttention(_ParamOp):
         heads, param = int(attr(node, "heads", 1)), attr(node, "param")
         B, Tq, D = q.shape
         Bk, Tk, _ = k.shape
+        dh = D // heads
+        S = attention_splits(ctx, heads * Tq * B, Tk)
+        rows = B * heads * S * Tq
+        dst = out if S == 1 else ctx.scratch("cached_attention.partials", rows * (dh + 2))
         p = (Push().ivec4(Tq, Tk, heads, D).ivec4(Bk, -1 if param is None else ctx.param(param),
-                                                  int(attr(node, "offset", 0)))
-             .vec4(float(attr(node, "scale", 1.0))))
+                                                  int(attr(node, "offset", 0)), S)
+             .ivec4(rows * dh // 2, 0, 0, 0).vec4(float(attr(node, "scale", 1.0))))
         n = Tk if param is None else Tk / 2      # keys seen on average, for the estimates
-        ctx.dispatch("cached_attention", [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r"),
+        ctx.dispatch("cached_attention", [(dst.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r"),
                                           (ctx.params_block().name, "r")],
-                     p, (), (ATTENTION_THREADS * heads, Tq, B), "attention", flops=int(4 * B * Tq * n * D),
-                     nbytes=int(4 * (2 * q.numel + 2 * Bk * n * D)), local_size=(ATTENTION_THREADS, 1, 1))
+                     p, spec("cached_attention", DH=dh), (ATTENTION_THREADS * heads * S, Tq, B), "attention",
+                     flops=int(4 * B * Tq * n * D), nbytes=int(4 * (2 * q.numel + 2 * Bk * n * D)),
+                     local_size=(ATTENTION_THREADS, 1, 1), info={"splits": S})
+        if S > 1:
+            ctx.dispatch("attention_combine", [(out.name, "w"), (dst.name, "r")],
+                         Push().ivec4(Tq, heads, D // 4, S).ivec4(B, rows * dh // 2).ivec4(0, 0, 0),
+                         spec("attention_combine", DH=dh), (D // 4, Tq, B), "elementwise",
+                         flops=2 * S * out.numel, nbytes=4 * (rows * (dh + 2) + out.numel),
+                         axes={"storage": "buffer"})
+            ctx.note(f"keys split {S} ways ({heads * Tq * B} x {S} work groups), then a combine pass")
+
+
+def attention_splits(ctx, groups: int, keys: int) -> int:
+    """Key splits of a CachedAttention of `groups` (batch row, head, query row) triples over up to `keys` keys: as
+    many as fill one work group a multiprocessor (a decoder step has a few triples and up to 1500 keys), each split
+    keeping at least SPLIT_MIN_KEYS keys; 1 where the device table does not split work or has no multiprocessor
+    count. Session(options={"attention_splits": S}) forces S (at most one a key)."""
+    if ctx.options.attention_splits is not None:
+        return max(1, min(int(ctx.options.attention_splits), keys))
+    profile = ctx.profile
+    if not (profile.compute_units and profile.tuning.split_work):
+        return 1
+    return max(1, min(profile.compute_units // max(groups, 1), keys // SPLIT_MIN_KEYS, SPLIT_MAX))

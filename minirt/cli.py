@@ -727,9 +727,9 @@ def _param(ctx, name):
 @click.option("--no-timestamps", is_flag=True, help="Decode without timestamp tokens (one segment per 30 s window).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
               help="fp16 rounds the weights to float16 (the numpy reference still computes in float32).")
-@click.option("--backend", type=click.Choice(["reference", "vulkan"]), default="reference", show_default=True,
-              help="reference: the numpy decoder on the CPU; vulkan: encoder and decoder on the GPU (fp32, beams "
-                   "up to 5).")
+@click.option("--backend", type=click.Choice(["auto", "vulkan", "reference"]), default="auto", show_default=True,
+              help="vulkan: encoder and decoder on the GPU (fp32, beams up to 5); reference: the numpy decoder on "
+                   "the CPU; auto: vulkan at fp32, reference at fp16.")
 @click.option("--format", "fmt", type=click.Choice(["txt", "json", "srt", "vtt"]), default="txt", show_default=True,
               help='txt: a line per segment; json: {"text", "language", "duration", "segments": [{"id", "start", '
                    '"end", "text", "tokens"}]}; srt, vtt: subtitles.')
@@ -747,8 +747,8 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
     Whisper model, as faster-whisper does (its default options: beam search, temperature fallback, previous text
     as the prompt).
 
-    The decoder runs minirt.whisper's numpy reference on the CPU, or with --backend vulkan the encoder and
-    decoder run on the GPU. Files are read 10 s at a time, so hours of audio need no more memory than a minute.
+    The encoder and the decoder run on the GPU (at fp32; --backend reference runs minirt.whisper's numpy
+    reference decoder on the CPU instead, as fp16 does). Files are read 10 s at a time, so hours of audio need no more memory than a minute.
     Exit codes as for `minirt run`: 3 for a model or audio file that cannot be used (the message names it), 4 for
     a runtime failure, 2 for a usage error.
 
@@ -760,6 +760,8 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
       minirt transcribe meeting.wav --model whisper-tiny.en --progress 2>progress.log
     """
     targets = _output_targets(ctx, audio, output, fmt)
+    if backend == "auto":
+        backend = "vulkan" if precision == "fp32" else "reference"
     if backend == "vulkan" and beam_size > 5:
         raise click.BadParameter(f"{beam_size}: the vulkan backend holds 5 rows (beams) at most", ctx=ctx,
                                  param=_param(ctx, "beam_size"))

@@ -41,7 +41,7 @@ def hf_folder(path, weights=None, config=None, tokenizer=True):
 
 
 def transcribe(*args):
-    return CliRunner().invoke(main, ["transcribe", *args])
+    return CliRunner().invoke(main, ["transcribe", "--backend", "reference", *args])
 
 
 def assert_fails(r, code, *names):

@@ -34,7 +34,7 @@ def oracle(ct2_dir):
 @pytest.fixture(scope="module")
 def model(ct2_dir):
     from minirt.whisper import WhisperModel
-    return WhisperModel(ct2_dir)
+    return WhisperModel(ct2_dir, backend="reference")
 
 
 def both(oracle, model, audio, **options):
@@ -163,7 +163,7 @@ def test_hugging_face_folder_gives_the_ctranslate2_folders_tokens(model):
     config.json lists them)."""
     from minirt.whisper import WhisperModel
     try:
-        hf = WhisperModel(real_whisper.tiny_en_hf_dir())
+        hf = WhisperModel(real_whisper.tiny_en_hf_dir(), backend="reference")
     except real_whisper.Unavailable as e:
         pytest.skip(f"Whisper tiny.en weights unavailable: {e}")
     assert hf.suppress_blank_ids == model.suppress_blank_ids == [220, 50256]

@@ -29,7 +29,7 @@ def oracle(folder):
 @pytest.fixture(scope="module")
 def model(folder):
     from minirt.whisper import WhisperModel
-    m = WhisperModel(folder)
+    m = WhisperModel(folder, backend="reference")
     assert m.is_multilingual and len(m.supported_languages) == 99
     tok = m.tokenizer
     assert (tok.eot, tok.sot, tok.no_speech, tok.no_timestamps, tok.timestamp_begin) == (50257, 50258, 50362, 50363,

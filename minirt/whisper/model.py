@@ -32,8 +32,9 @@ class WhisperModel:
     when present) or a CTranslate2 / faster-whisper folder (model.bin, config.json, tokenizer.json).
     precision: "fp32" or "fp16" (weights rounded to float16; arithmetic stays float32 in the reference).
     device: the Vulkan device index for the GPU decoder (the numpy reference runs on the CPU and ignores it).
-    backend: "reference" (default: the numpy reference), "vulkan" (minirt.whisper.vulkan.VulkanBackend: encoder and
-    decoder on the GPU, fp32, beams and best_of up to 5), or a DecoderBackend to use as it is."""
+    backend: "vulkan" (minirt.whisper.vulkan.VulkanBackend: encoder and decoder on the GPU, fp32, beams and best_of
+    up to 5), "reference" (the numpy reference on the CPU), None (the default: vulkan at fp32, the reference at fp16,
+    which the GPU decoder does not run yet), or a DecoderBackend to use as it is."""
 
     def __init__(self, path, precision: str = "fp32", device=None, backend=None):
         if precision not in ("fp32", "fp16"):
@@ -43,7 +44,9 @@ class WhisperModel:
         self.precision, self.device = precision, device
         self.config = ckpt.config
         self.tokenizer = WhisperTokenizer.from_file(ckpt.tokenizer_path, ckpt.multilingual)
-        if backend is None or backend == "reference":
+        if backend is None:
+            backend = "vulkan" if precision == "fp32" else "reference"
+        if backend == "reference":
             from .reference import ReferenceBackend
             backend = ReferenceBackend(ckpt.weights, ckpt.config, precision)
         elif backend == "vulkan":

@@ -55,7 +55,10 @@ def test_plans_show_state_and_steps_replay(small):
     from minirt.vk.recorder import recordings
     vb, _ = small
     step, enc, reorder = vb.plans["step4"], vb.plans["encode"], vb.plans["reorder"]
-    assert sorted(vb.plans) == ["encode", "reorder", "step1", "step4"]
+    assert sorted(vb.plans) == ["encode", "prompt", "reorder", "step1", "step4"]
+    prompt = vb.plans["prompt"]      # a prompt in one run: 224 token slots, the logits at 2 positions
+    assert prompt.tensors["tokens"].shape == (1, 224) and prompt.tensors["picks"].dtype == "int32"
+    assert prompt.tensors["logits"].shape == (2, VOCAB) and prompt.params == ["pos"]
     assert step.params == ["pos"] and reorder.params == ["len"] and enc.params == []
     assert sorted(enc.state) == sorted(f"cross_{k}.{i}" for k in "kv" for i in range(LAYERS))
     assert set(step.state) == set(enc.state) | set(reorder.state)
@@ -68,7 +71,7 @@ def test_plans_show_state_and_steps_replay(small):
     one = vb.plans["step1"]      # one row of the same 4-row cache
     assert one.tensors["tokens"].shape == (1, 1) and one.tensors["self_k.0"].shape == (4, 448, D)
     # the step entry points hold the same weights, uploaded once: each constant has one place on the GPU
-    weights = {n for p in (step, one) for n, t in p.tensors.items() if t.role == "weight"}
+    weights = {n for p in (step, one, prompt) for n, t in p.tensors.items() if t.role == "weight"}
     placed = vb.program.constants.placed
     assert weights and all(len(placed[k]) == 1 for k in placed)
     assert {k[0] for k in placed} >= weights
@@ -98,7 +101,7 @@ def test_minirt_plan_of_a_whisper_folder(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{}")      # only looked for: planning reads no tokens
     r = CliRunner().invoke(main, ["plan", str(tmp_path), "--batch", "2"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
-    for entry in ("encode", "step1", "step2", "reorder"):
+    for entry in ("encode", "prompt", "step1", "step2", "reorder"):
         assert f"entry point {entry}" in r.output
     assert "tokens [2,1] int32" in r.output and "rows [2] int32" in r.output
     assert "cross_v.1 [1,24,64] written" in r.output and "self_k.0 [2,448,64] written" in r.output
@@ -106,7 +109,7 @@ def test_minirt_plan_of_a_whisper_folder(tmp_path):
     r = CliRunner().invoke(main, ["plan", str(tmp_path), "--entry", "reorder"], catch_exceptions=False)
     assert "entry point step" not in r.output and "ReorderRows" in r.output
     r = CliRunner().invoke(main, ["plan", str(tmp_path), "--entry", "step"])
-    assert r.exit_code == 2 and "'step' is not an entry point of this program (encode, step1, step5, reorder)" \
+    assert r.exit_code == 2 and "'step' is not an entry point of this program (encode, prompt, step1, step5, reorder)" \
         in r.output
 
 

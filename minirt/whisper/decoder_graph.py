@@ -1,4 +1,4 @@
-"""The graphs of a Whisper model as a minirt Program (minirt/program.py): three entry points over shared state.
+"""The graphs of a Whisper model as a minirt Program (minirt/program.py): entry points over shared state.
 
   encode   input_features [1, n_mels, 2 n_audio_ctx] -> the encoder (minirt.loaders.safetensors_loader's graph), then
            per decoder layer the cross-attention keys and values of its output, written into the state tensors
@@ -7,8 +7,10 @@
            token embedding is a runtime Gather, the positional one ParamRows at pos); per layer the new keys and
            values are written at row pos of the state tensors self_k.<i>, self_v.<i> [B, n_text_ctx, d_model]
            (CacheWrite, into the first N of their B rows) and self-attention is causal over rows 0 .. pos
-           (CachedAttention), cross-attention reads
-           cross_k / cross_v; the logits are the final layer norm times the token embedding transposed.
+           (CachedAttention), cross-attention reads cross_k / cross_v; the logits are the final layer norm times the
+           token embedding transposed.
+  prompt   tokens [1, P] int32, picks [2] int32, parameter pos -> logits [2, n_vocab]: a prompt of up to P = 224
+           tokens in one run (as stepN, Tq = P), and the logits at two of its positions.
   reorder  rows [B] int32, parameter len -> nothing: new cache row i = old row rows[i], positions 0 .. len - 1
            (ReorderRows on every self_k / self_v).
 
@@ -108,21 +110,17 @@ def encoder_graph(weights: dict, dm: Dims) -> Graph:
     return g
 
 
-def step_graph(weights: dict, dm: Dims, batch: int, cache_rows: int | None = None) -> Graph:
-    """One token for each of `batch` rows, over a key/value cache of `cache_rows` rows (default: batch), of which
-    it reads and writes the first `batch`."""
-    rows = cache_rows or batch
-    if rows < batch:
-        raise ValueError(f"a step of {batch} rows over a cache of {rows}")
-    g = Graph(name=f"whisper step ({batch} rows)", source="whisper step")
-    b = _Builder(g, weights)
+def _decoder_layers(g: Graph, b: _Builder, dm: Dims, batch: int, tokens: int, rows: int) -> str:
+    """The decoder from the token ids ("tokens" [batch, tokens] int32, at positions pos .. pos + tokens - 1) to the
+    last layer's output [batch, tokens, d_model]; the key/value cache has `rows` rows."""
     d, dd = "model.decoder", dm.d_model
     g.inputs.append("tokens")
-    g.add_tensor(Tensor("tokens", (batch, 1), "int32"))
+    g.add_tensor(Tensor("tokens", (batch, tokens), "int32"))
     g.params = ["pos"]
     scale = float((dd // dm.decoder_heads) ** -0.5)
-    x = b.node("Gather", [b.param(f"{d}.embed_tokens.weight"), "tokens"], "embed", axis=0)      # [B, 1, D]
-    pe = b.node("ParamRows", [b.param(f"{d}.embed_positions.weight")], "embed_pos", "minirt", param="pos", rows=1)
+    x = b.node("Gather", [b.param(f"{d}.embed_tokens.weight"), "tokens"], "embed", axis=0)   # [B, T, D]
+    pe = b.node("ParamRows", [b.param(f"{d}.embed_positions.weight")], "embed_pos", "minirt", param="pos",
+                rows=tokens)
     x = b.node("Add", [x, pe], "x.in")
     for i in range(dm.decoder_layers):
         p, s = f"{d}.layers.{i}", f"layers.{i}"
@@ -146,11 +144,43 @@ def step_graph(weights: dict, dm: Dims, batch: int, cache_rows: int | None = Non
         a = b.layer_norm(x, f"{p}.final_layer_norm", f"{s}/ln3")
         h = b.linear(a, f"{p}.fc1", f"{s}/fc1", act="gelu")
         x = b.linear(h, f"{p}.fc2", f"{s}/x3", residual=x)
+    return x
+
+
+def _logits(g: Graph, b: _Builder, weights: dict, x: str) -> None:
+    """logits = the final layer norm of x times the output projection (the token embedding, transposed, when tied)."""
+    d = "model.decoder"
     x = b.layer_norm(x, f"{d}.layer_norm", "ln_out")
     proj = "proj_out.weight" if "proj_out.weight" in weights else f"{d}.embed_tokens.weight"   # tied by default
     w = b.param("logits.weight^T", np.asarray(weights[proj], np.float32).T)
     b.node("Linear", [x, w, "", ""], "logits", "minirt", act="", scale=1.0)
     g.outputs.append("logits")
+
+
+def step_graph(weights: dict, dm: Dims, batch: int, cache_rows: int | None = None) -> Graph:
+    """One token for each of `batch` rows, over a key/value cache of `cache_rows` rows (default: batch), of which
+    it reads and writes the first `batch`."""
+    rows = cache_rows or batch
+    if rows < batch:
+        raise ValueError(f"a step of {batch} rows over a cache of {rows}")
+    g = Graph(name=f"whisper step ({batch} rows)", source="whisper step")
+    b = _Builder(g, weights)
+    _logits(g, b, weights, _decoder_layers(g, b, dm, batch, 1, rows))
+    return g
+
+
+def prompt_graph(weights: dict, dm: Dims, tokens: int, picks: int, cache_rows: int) -> Graph:
+    """A prompt of up to `tokens` tokens in one run (row 0 of the cache, positions pos .. pos + tokens - 1; a shorter
+    prompt is padded, and what the padding writes past it is overwritten by the steps that follow before anything
+    reads it), and the logits at `picks` of its positions ("picks" [picks] int32): [picks, n_vocab]."""
+    g = Graph(name=f"whisper prompt ({tokens} tokens)", source="whisper prompt")
+    b = _Builder(g, weights)
+    x = _decoder_layers(g, b, dm, 1, tokens, cache_rows)
+    g.const("prompt.rows", np.array([tokens, dm.d_model], np.int64))
+    x = b.node("Reshape", [x, "prompt.rows"], "prompt.hidden")
+    g.inputs.append("picks")
+    g.add_tensor(Tensor("picks", (picks,), "int32"))
+    _logits(g, b, weights, b.node("Gather", [x, "picks"], "prompt.picked", axis=0))
     return g
 
 
@@ -173,13 +203,23 @@ def step_entry(rows: int) -> str:
     return f"step{rows}"
 
 
+PROMPT_PICKS = 2     # logits a prompt run returns: the last position's and <|startoftranscript|>'s
+
+
+def prompt_tokens(dm: Dims) -> int:
+    """The longest prompt the prompt entry point takes: half the text context, as much as Whisper's previous-text
+    prompt and start sequence fill."""
+    return dm.n_text_ctx // 2
+
+
 def program_graphs(weights: dict, dm: Dims, batch: int, step_rows=None) -> dict:
-    """{entry point: Graph}: encode, a step for each row count in step_rows (default: 1 and batch; entry points
-    step1, step5, ..., step_entry()), reorder, over a cache of `batch` rows (see the module doc)."""
+    """{entry point: Graph}: encode, prompt, a step for each row count in step_rows (default: 1 and batch; entry
+    points step1, step5, ..., step_entry()), reorder, over a cache of `batch` rows (see the module doc)."""
     sizes = sorted(set(step_rows or (1, batch)))
     if not sizes or sizes[0] < 1 or sizes[-1] > batch:
         raise ValueError(f"step row counts {sizes} must be in 1..{batch}")
-    graphs = {"encode": encoder_graph(weights, dm)}
+    graphs = {"encode": encoder_graph(weights, dm),
+              "prompt": prompt_graph(weights, dm, prompt_tokens(dm), PROMPT_PICKS, batch)}
     graphs.update({step_entry(n): step_graph(weights, dm, n, batch) for n in sizes})
     graphs["reorder"] = reorder_graph(dm, batch)
     return graphs

@@ -7,7 +7,9 @@ points over state tensors that stay on the GPU (minirt/whisper/decoder_graph.py)
                     position goes in through the parameter block, the key/value cache grows by a row on the GPU,
                     and only the logits come back. step1 for one row (greedy decoding), stepB for up to max_batch
                     (beam search; fewer rows are padded and their logits dropped).
-  start(prompt, ..) the prompt a token at a time through step1.
+  start(prompt, ..) the prompt entry point: the whole prompt in one submission (up to 224 tokens, padded), the
+                    logits at two of its positions back; a one-token prompt, or one that asks for more
+                    positions, goes a token at a time through step1.
   reorder(rows)     the reorder entry point (a gather of cache rows on the GPU), or nothing where rows only drops
                     the last rows.
 
@@ -59,6 +61,7 @@ class VulkanBackend:
         self.multilingual = self.n_vocab >= 51865
         self.max_batch = int(max_batch)
         self._step_rows = sorted({1, self.max_batch})
+        self._prompt_tokens = decoder_graph.prompt_tokens(dm)
         self.plans = plan_program(weights, config, get_device(device).profile, self.max_batch, options)
         self.program = Program(self.plans, device, timeout_s=Options.of(options).timeout_s, profile=profile)
         self._len = 0             # positions in the cache
@@ -85,6 +88,8 @@ class VulkanBackend:
         if any(not 0 <= p < len(prompt) for p in positions):
             raise ValueError(f"positions {positions} are not all in the prompt of {len(prompt)} tokens")
         self._len, self._batch = 0, 1
+        if 1 < len(prompt) <= self._prompt_tokens and len(set(positions)) <= decoder_graph.PROMPT_PICKS:
+            return self._prompt(prompt, positions)
         wanted, rows = set(positions), {}
         for i, t in enumerate(prompt):
             logits = self._step(np.array([t]))
@@ -124,6 +129,19 @@ class VulkanBackend:
         logits = self.program.run(entry, {"tokens": full}, {"pos": self._len})["logits"]
         self._len += 1
         return logits[:len(tokens), 0]
+
+    def _prompt(self, prompt, positions):
+        if max(prompt) >= self.n_vocab or min(prompt) < 0:
+            raise ValueError(f"token ids must be in [0, {self.n_vocab}), got {min(prompt)}..{max(prompt)}")
+        tokens = np.zeros((1, self._prompt_tokens), np.int32)
+        tokens[0, :len(prompt)] = prompt
+        picks = sorted(set(positions)) or [len(prompt) - 1]
+        picks += [picks[-1]] * (decoder_graph.PROMPT_PICKS - len(picks))
+        logits = self.program.run("prompt", {"tokens": tokens, "picks": np.array(picks, np.int32)},
+                                  {"pos": 0})["logits"]
+        self._len = len(prompt)
+        return np.stack([logits[picks.index(p)] for p in positions]) if positions else \
+            np.zeros((0, self.n_vocab), np.float32)
 
     def _entry(self, rows: int):
         """(entry point, its rows) of the smallest step entry point for `rows` rows."""

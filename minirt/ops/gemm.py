@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import MinirtError
+from ..errors import MinirtError, UnsupportedError
 from ..kernels import ROW_VEC4_PER_LANE, act_code, spec
 from ..plan import Push
 from ..lwg import wave_splits
@@ -277,26 +277,50 @@ def _win(a_win):
 
 
 # glsl/linear_rows.comp: Linears of at most this many rows (a decoder step: one token a beam) split K across the
-# invocations of a group instead of tiling M; LX vec4 columns a group.
-ROWS_MAX, ROWS_LX = 8, 8
+# invocations of a group instead of tiling M.
+ROWS_MAX = 8
+ROWS_GROUP = 256      # invocations a group, where the device allows
+
+
+def rows_shape(profile, n4: int, k4: int) -> tuple[int, int]:
+    """(LX vec4 columns, LY k-lanes) of a linear_rows group. With a multiprocessor count, the fewest columns (at
+    least 2: a k row's 32 bytes, one memory sector) that still give every multiprocessor a group: a decoder's
+    384-wide Linears make 48 groups of 2 columns, where 8 columns made 12 and left the rest of an H200 idle
+    (11-12 us against 4-5 for fc2); without one, 8. LY: the rest of the group, no more lanes than K has vec4 rows."""
+    if profile.compute_units:
+        lx = 2
+        while lx < 8 and -(-n4 // (2 * lx)) >= profile.compute_units:
+            lx *= 2
+    else:
+        lx = 8
+    ly = 1
+    while ly * 2 * lx <= min(ROWS_GROUP, profile.max_invocations) and ly * 2 <= profile.max_local_size[1] \
+            and ly < k4:
+        ly *= 2
+    return lx, ly
 
 
 def linear_rows_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, act=None, residual=None, part_n=0):
     """out = act(A @ B + bias) (+ residual) for m <= ROWS_MAX rows, row-major or (part_n > 0) part-major
-    [n / part_n][m][part_n]: glsl/linear_rows.comp, LX = 8 vec4 columns by
-    LY k-lanes (32, or what the device's group size allows) a group, so even N = 384 makes N4 / 8 = 12 groups and a
-    51865-wide vocabulary 1621, each lane reading K / (4 LY) vec4 rows of B."""
-    ly, prof = 32, ctx.profile
-    while ly > 1 and (ROWS_LX * ly > prof.max_invocations or ly > prof.max_local_size[1]):
-        ly //= 2
+    [n / part_n][m][part_n]: glsl/linear_rows.comp, groups of rows_shape() (LX vec4 columns by LY k-lanes, each
+    lane reading K / (4 LY) vec4 rows of B)."""
+    from ..lwg import check_local_size, forced_local_size
+    forced = forced_local_size("gemm", ctx.options)
+    if forced is not None:       # the local_size option: LY must be a power of two (the kernel's tree)
+        lx, ly, _ = check_local_size(forced, ctx.profile)
+        if ly & (ly - 1):
+            raise UnsupportedError(f"linear_rows: local size {forced} needs a power-of-two y (its k-lanes)")
+    else:
+        lx, ly = rows_shape(ctx.profile, n4, k // 4)
     res = residual if residual is not None else bt
-    groups = -(-n4 // ROWS_LX)
+    groups = -(-n4 // lx)
     ctx.dispatch("linear_rows", [(out.name, "w"), (a.name, "r"), (wt.row_major(ctx).name, "r"), (bt.name, "r"),
                                  (res.name, "r")],
-                 Push().ivec4(m, n, k, n4).ivec4(part_n, 0, 0, 0), spec("linear_rows", ACT=act_code(act), HAS_RES=residual is not None),
-                 (groups * ROWS_LX, ly, 1), "gemm", flops=2 * m * n * k,
+                 Push().ivec4(m, n, k, n4).ivec4(part_n, 0, 0, 0), spec("linear_rows", ACT=act_code(act),
+                                                                        HAS_RES=residual is not None),
+                 (groups * lx, ly, 1), "gemm", flops=2 * m * n * k,
                  nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)),
-                 local_size=(ROWS_LX, ly, 1), info={"rows": m})
+                 local_size=(lx, ly, 1), info={"rows": m})
 
 
 def _linear_spec(ctx, out_mode, act, has_res, a_win):

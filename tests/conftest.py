@@ -16,6 +16,9 @@ def _validation_requested(config) -> bool:
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a full-size model run, or a kernel that compiles for tens of seconds on "
                                        "lavapipe; runs by default (first), deselect with -m 'not slow'")
+    config.addinivalue_line("markers", "unoptimized: compiles big kernels to run them on small shapes; on lavapipe "
+                                       "it runs in a child process whose LLVM does not optimize (GALLIVM_PERF=no_opt: "
+                                       "tests/unoptimized_child.py)")
     if _validation_requested(config):
         # before any test creates the (lazily made, process-wide) VkInstance
         os.environ["MINIRT_VALIDATION"] = "1"
@@ -25,6 +28,43 @@ def pytest_collection_modifyitems(config, items):
     """Tests marked slow first (a stable sort): with -n, no worker ends the run alone on one of them (on lavapipe most
     of their time is the first compile of a big kernel)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+_unoptimized_child = None
+
+
+def _on_lavapipe() -> bool:
+    from minirt.session import get_device
+    return get_device().profile.vendor == "llvmpipe"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A test marked `unoptimized` runs in the unoptimized child (tests/unoptimized_child.py) on lavapipe, unless
+    this process is that child or GALLIVM_PERF is set already (whoever set it chose lavapipe's LLVM flags)."""
+    global _unoptimized_child
+    import unoptimized_child
+    if pyfuncitem.get_closest_marker("unoptimized") is None or "GALLIVM_PERF" in os.environ \
+            or os.environ.get(unoptimized_child.IN_CHILD) or not _on_lavapipe():
+        return None
+    config = pyfuncitem.config
+    if _unoptimized_child is None:
+        _unoptimized_child = unoptimized_child.Child({"MINIRT_TEST_VALIDATION": "1"}
+                                                      if _validation_requested(config) else {})
+    outcome, text = _unoptimized_child.run(["--rootdir", str(config.rootpath),
+                                            str(config.rootpath / pyfuncitem.nodeid)])
+    if outcome == "skipped":
+        pytest.skip(text)
+    if outcome != "passed":
+        if outcome == "died":
+            _unoptimized_child = None
+        pytest.fail(text, pytrace=False)
+    return True
+
+
+def pytest_unconfigure(config):
+    if _unoptimized_child is not None:
+        _unoptimized_child.close()
 
 
 def pytest_report_header(config):

@@ -32,8 +32,8 @@ def test_linear_rows_matches_onnxruntime(m, n, k, act, residual):
 
 @pytest.mark.parametrize("local", [(2, 128, 1), (1, 4, 1), (8, 32, 1)])
 def test_group_shapes(local):
-    """The group shapes the device table picks (2 x 128 on an H200 for the 384-wide Linears, 8 x 32 without a
-    multiprocessor count) and a small one, forced: the same values whatever the shape."""
+    """Group shapes forced through the local_size option (the default 8 x 32, a wide one of 2 x 128, a small one):
+    the same values whatever the shape."""
     model, feeds = linear_case(5, 515, 260, True, True, seed=3)
     with Session(model, storage="buffer", options={"poison": True, "local_size": local}) as s:
         assert [d.local_size for d in s.plan.dispatches if d.kernel == "linear_rows"] == [local]

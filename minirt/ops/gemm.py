@@ -283,17 +283,11 @@ ROWS_GROUP = 256      # invocations a group, where the device allows
 
 
 def rows_shape(profile, n4: int, k4: int) -> tuple[int, int]:
-    """(LX vec4 columns, LY k-lanes) of a linear_rows group. With a multiprocessor count, the fewest columns (at
-    least 2: a k row's 32 bytes, one memory sector) that still give every multiprocessor a group: a decoder's
-    384-wide Linears make 48 groups of 2 columns, where 8 columns made 12 and left the rest of an H200 idle
-    (11-12 us against 4-5 for fc2); without one, 8. LY: the rest of the group, no more lanes than K has vec4 rows."""
-    if profile.compute_units:
-        lx = 2
-        while lx < 8 and -(-n4 // (2 * lx)) >= profile.compute_units:
-            lx *= 2
-    else:
-        lx = 8
-    ly = 1
+    """(LX vec4 columns, LY k-lanes) of a linear_rows group: 8 columns (each k row read as 128 contiguous bytes),
+    the rest of a 256-invocation group as k-lanes, no more lanes than K has vec4 rows. On an H200 the decoder's
+    384-wide Linears then make only 12 groups (11-13 us for fc2 at one row, docs/benchmarks.md); fewer columns a group
+    (the local_size option, e.g. 2 x 128) spread them wider, not yet measured there."""
+    lx, ly = 8, 1
     while ly * 2 * lx <= min(ROWS_GROUP, profile.max_invocations) and ly * 2 <= profile.max_local_size[1] \
             and ly < k4:
         ly *= 2

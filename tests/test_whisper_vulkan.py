@@ -56,8 +56,8 @@ def test_plans_show_state_and_steps_replay(small):
     vb, _ = small
     step, enc, reorder = vb.plans["step4"], vb.plans["encode"], vb.plans["reorder"]
     assert sorted(vb.plans) == ["encode", "prompt", "reorder", "step1", "step4"]
-    prompt = vb.plans["prompt"]      # a prompt in one run: 224 token slots, the logits at 2 positions
-    assert prompt.tensors["tokens"].shape == (1, 224) and prompt.tensors["picks"].dtype == "int32"
+    prompt = vb.plans["prompt"]      # a prompt in one run: 232 token slots, the logits at 2 positions
+    assert prompt.tensors["tokens"].shape == (1, 232) and prompt.tensors["picks"].dtype == "int32"
     assert prompt.tensors["logits"].shape == (2, VOCAB) and prompt.params == ["pos"]
     assert step.params == ["pos"] and reorder.params == ["len"] and enc.params == []
     assert sorted(enc.state) == sorted(f"cross_{k}.{i}" for k in "kv" for i in range(LAYERS))

@@ -9,7 +9,7 @@
            (CacheWrite, into the first N of their B rows) and self-attention is causal over rows 0 .. pos
            (CachedAttention), cross-attention reads cross_k / cross_v; the logits are the final layer norm times the
            token embedding transposed.
-  prompt   tokens [1, P] int32, picks [2] int32, parameter pos -> logits [2, n_vocab]: a prompt of up to P = 224
+  prompt   tokens [1, P] int32, picks [2] int32, parameter pos -> logits [2, n_vocab]: a prompt of up to P = 232
            tokens in one run (as stepN, Tq = P), and the logits at two of its positions.
   reorder  rows [B] int32, parameter len -> nothing: new cache row i = old row rows[i], positions 0 .. len - 1
            (ReorderRows on every self_k / self_v).
@@ -207,9 +207,10 @@ PROMPT_PICKS = 2     # logits a prompt run returns: the last position's and <|st
 
 
 def prompt_tokens(dm: Dims) -> int:
-    """The longest prompt the prompt entry point takes: half the text context, as much as Whisper's previous-text
-    prompt and start sequence fill."""
-    return dm.n_text_ctx // 2
+    """The longest prompt the prompt entry point takes: Whisper's previous-text prompt (<|startofprev|> and at most
+    half the text context less one tokens) and its start sequence (<|startoftranscript|>, language, task,
+    <|notimestamps|>, a prefix) fill 232 of 448."""
+    return min(dm.n_text_ctx, dm.n_text_ctx // 2 + 8)
 
 
 def program_graphs(weights: dict, dm: Dims, batch: int, step_rows=None) -> dict:

@@ -7,7 +7,7 @@ points over state tensors that stay on the GPU (minirt/whisper/decoder_graph.py)
                     position goes in through the parameter block, the key/value cache grows by a row on the GPU,
                     and only the logits come back. step1 for one row (greedy decoding), stepB for up to max_batch
                     (beam search; fewer rows are padded and their logits dropped).
-  start(prompt, ..) the prompt entry point: the whole prompt in one submission (up to 224 tokens, padded), the
+  start(prompt, ..) the prompt entry point: the whole prompt in one submission (up to 232 tokens, padded), the
                     logits at two of its positions back; a one-token prompt, or one that asks for more
                     positions, goes a token at a time through step1.
   reorder(rows)     the reorder entry point (a gather of cache rows on the GPU), or nothing where rows only drops

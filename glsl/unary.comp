@@ -6,7 +6,8 @@
 
 layout(constant_id = 3) const int OP = 0;
 // 0 identity, 1 sqrt, 2 erf, 3 gelu (erf), 4 gelu (tanh), 5 relu, 6 sigmoid, 7 tanh, 8 neg, 9 exp, 10 abs,
-// 11 clip (to [prm.x, prm.y]), 12 hard sigmoid (alpha prm.x, beta prm.y), 13 hard swish, 14 log, 15 reciprocal
+// 11 clip (to [prm.x, prm.y]), 12 hard sigmoid (alpha prm.x, beta prm.y), 13 hard swish, 14 log, 15 reciprocal,
+// 16 NaN replaced by prm.x
 
 TENSOR_OUT(t_out, 0)
 TENSOR_IN(t_in, 1)
@@ -15,7 +16,7 @@ layout(push_constant) uniform Params {
   ivec4 out_sizes;
   ivec4 in_sizes;
   ivec4 pd;  // packed dims of out, in
-  vec4 prm;  // the function's parameters (clip bounds, hard sigmoid's alpha and beta)
+  vec4 prm;  // the function's parameters (clip bounds, hard sigmoid's alpha and beta, NaN's replacement)
 } p;
 
 float apply(float x) {
@@ -37,6 +38,7 @@ float apply(float x) {
   if (OP == 12) return clip_f(p.prm.x * x + p.prm.y, 0.0, 1.0);
   if (OP == 13) return hard_swish_f(x);
   if (OP == 14) return isnan(x) || x == INF_F ? x : x < 0.0 ? NAN_F : x == 0.0 ? -INF_F : log(x);
+  if (OP == 16) return isnan(x) ? p.prm.x : x;
   return 1.0 / x;
 }
 

@@ -35,6 +35,33 @@ def bind_inputs(graph: Graph, shapes: dict) -> Graph:
     return g
 
 
+def fold_nan_guards(graph: Graph) -> int:
+    """Where(IsNaN(x), c, x) with c a constant scalar and the IsNaN read by nothing else becomes one ReplaceNaN(x)
+    (value c): the guard exporters put after a masked softmax, run without a boolean tensor. Returns how many."""
+    made = {o: n for n in graph.nodes for o in n.outputs}
+    readers = {}
+    for n in graph.nodes:
+        for i in n.inputs:
+            readers[i] = readers.get(i, 0) + 1
+    done, drop = 0, set()
+    for n in graph.nodes:
+        if n.op != "Where" or n.domain not in ("", "ai.onnx") or len(n.inputs) != 3:
+            continue
+        cond, c, x = n.inputs
+        guard = made.get(cond)
+        t = graph.tensors.get(c)
+        if (guard is None or guard.op != "IsNaN" or guard.inputs[:1] != [x] or readers.get(cond) != 1
+                or cond in graph.outputs or t is None or not t.is_const or np.asarray(t.data).size != 1):
+            continue
+        n.op, n.domain, n.inputs = "ReplaceNaN", "minirt", [x]
+        n.attrs = {"value": float(np.asarray(t.data).reshape(-1)[0])}
+        drop.add(id(guard))
+        done += 1
+    if drop:
+        graph.nodes = [n for n in graph.nodes if id(n) not in drop]
+    return done
+
+
 def prepare(graph: Graph, *, symbolic: bool = False) -> Graph:
     """Fold and infer in place; raise for anything that cannot run. Returns the graph.
 
@@ -55,6 +82,7 @@ def prepare(graph: Graph, *, symbolic: bool = False) -> Graph:
         raise UnsupportedError(f"{graph.source}: {len(clash)} node(s) use ONNX ops minirt does not support "
                                f"({', '.join(kinds)}; minirt's own ops of that name are internal, domain "
                                f"'minirt'):\n" + "\n".join(lines), clash)
+    fold_nan_guards(graph)
     ops.require_supported(graph)
     graph.toposort()
     for name in graph.inputs:

@@ -224,6 +224,21 @@ class Reciprocal(Unary):
 
 
 @register
+class ReplaceNaN(Unary):
+    """Where(IsNaN(x), value, x) as exporters write it after a masked softmax (a row that is all mask gives NaN,
+    replaced by 0): folded into this one op when the graph is prepared (minirt.infer.fold_nan_guards), so no
+    boolean tensor is made. x with each NaN replaced by `value`."""
+    name, code, domain = "ReplaceNaN", 16, "minirt"
+    limits = "made when a graph is prepared, from Where(IsNaN(x), constant, x)"
+
+    def params(self, node, graph):
+        return float(attr(node, "value", 0.0)), 0.0
+
+    def fn(self, node, x):
+        return np.where(np.isnan(x), np.float32(attr(node, "value", 0.0)), x)
+
+
+@register
 class HardSigmoid(Unary):
     name, code = "HardSigmoid", 12
 

@@ -12,7 +12,7 @@ from ..kernels import spec
 from ..lwg import head_rows_shape, paired_lanes
 from ..plan import Push
 from . import Op, attention_cm, attention_cmr, attr, register
-from .attention_splits import splits, stream_groups
+from .attention_splits import combine_dispatch, splits, stream_groups
 
 MAX_HEAD_DIM = 128
 # (threads, column groups KG, rows per thread RT, keys per thread NK) in order of preference; the first whose KG divides
@@ -174,12 +174,8 @@ class Attention(Op):
                      push.ivec4(S, ml_base, B * heads, 1 if G else 0),
                      spec("attention_split", trim_from="PAIR_LANES", **consts), grid, "attention",
                      flops=flops, nbytes=4 * (S * q.numel + k.numel + v.numel + rows * (dh + 2)), axes=axes)
-        # one invocation per output vec4: S weighted vec4 adds (8 flops each) and S exp2 per row and column
-        ctx.dispatch("attention_combine", [(out.name, "w"), (part.name, "r")],
-                     Push().ivec4(Tq, heads, D // 4, S).ivec4(B, ml_base).ivec4(G, rt * threads // kg, -(-Tk // bk)),
-                     spec("attention_combine", DH=dh), (D // 4, Tq, B), "elementwise",
-                     flops=2 * S * out.numel + 2 * S * B * Tq * D // 4, nbytes=4 * (rows * (dh + 2) + out.numel),
-                     local_size=head_rows_shape(dh // 4, ctx.profile), axes={"storage": ctx.storage})
+        combine_dispatch(ctx, out, part, B, Tq, heads, S, ml_base, (G, rt * threads // kg, -(-Tk // bk)),
+                         head_rows_shape(dh // 4, ctx.profile))
         ctx.note(f"keys split {S} ways: {qblocks * B * heads} x {S} work groups, then a combine pass; "
                  f"partials {rows * (dh + 2) * 4 / 2**20:.1f} MiB" if not G else
                  f"(query block, key block) items in {G} equal ranges, one a work group (stream split), then a "

@@ -163,8 +163,4 @@ def emit(ctx, stem, emulate, node, consts, local, qblocks, S):
     ctx.dispatch(stem, [(part.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")], push.ivec4(S, ml_base),
                  consts(True), (local, qblocks, B * heads * S), "attention",
                  flops=flops, nbytes=4 * (S * q.numel + k.numel + v.numel + rows * (dh + 2)), axes=axes)
-    ctx.dispatch("attention_combine", [(out.name, "w"), (part.name, "r")],
-                 Push().ivec4(Tq, heads, D // 4, S).ivec4(B, ml_base).ivec4(0), spec("attention_combine", DH=dh),
-                 (D // 4, Tq, B), "elementwise",
-                 flops=2 * S * out.numel + 2 * S * B * Tq * D // 4, nbytes=4 * (rows * (dh + 2) + out.numel),
-                 axes={"storage": ctx.storage})
+    attention_splits.combine_dispatch(ctx, out, part, B, Tq, heads, S, ml_base)

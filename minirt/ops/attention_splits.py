@@ -3,6 +3,9 @@ glsl/attention_combine.comp) and stream splits of the (query block, key block) i
 fp32 kernel (attention.py) and the tensor-core ones (attention_cm.py, attention_cmr.py)."""
 from __future__ import annotations
 
+from ..kernels import spec
+from ..plan import Push
+
 
 # Key splits (flash decoding, glsl/attention_split.comp + attention_combine.comp). One work group per
 # (query block, batch, head) may leave a big GPU with a ragged last wave. Splitting the keys S ways multiplies the
@@ -67,3 +70,19 @@ def splits(profile, groups, tk, options=None):
     if groups < SPLIT_FROM_GROUPS:
         return 1
     return max(1, min(-(-SPLIT_TARGET_GROUPS // groups), most))
+
+
+def combine_dispatch(ctx, out, part, B: int, Tq: int, heads: int, S: int, ml_base: int, stream=(0, 0, 0),
+                     local_size=None) -> None:
+    """glsl/attention_combine.comp: out [B, Tq, D] from the S partials in `part` (unnormalised sums, then (m, l)
+    pairs from `ml_base`, as the split kernels write them); stream: (G, query rows a block, key blocks) of a stream
+    split, (0, 0, 0) for plain splits. One invocation per output vec4: S weighted vec4 adds (8 flops each) and S exp2
+    per row and column."""
+    D = out.shape[-1]
+    dh = D // heads
+    rows = B * heads * S * Tq
+    ctx.dispatch("attention_combine", [(out.name, "w"), (part.name, "r")],
+                 Push().ivec4(Tq, heads, D // 4, S).ivec4(B, ml_base).ivec4(*stream), spec("attention_combine", DH=dh),
+                 (D // 4, Tq, B), "elementwise",
+                 flops=2 * S * out.numel + 2 * S * B * Tq * D // 4, nbytes=4 * (rows * (dh + 2) + out.numel),
+                 local_size=local_size, axes={"storage": ctx.storage})

@@ -24,6 +24,7 @@ from ..errors import ModelError, UnsupportedError
 from ..kernels import spec
 from ..plan import Push
 from . import Op, attr, register
+from .attention_splits import combine_dispatch
 
 ATTENTION_THREADS = 64            # glsl/cached_attention.comp: invocations a work group ...
 ATTENTION_MAX_DH = 4 * ATTENTION_THREADS   # ... of which each takes a vec4 column of the head in the p v pass
@@ -203,11 +204,7 @@ class CachedAttention(_ParamOp):
                      flops=int(4 * B * Tq * n * D), nbytes=int(4 * (2 * q.numel + 2 * Bk * n * D)),
                      local_size=(ATTENTION_THREADS, 1, 1), info={"splits": S})
         if S > 1:
-            ctx.dispatch("attention_combine", [(out.name, "w"), (dst.name, "r")],
-                         Push().ivec4(Tq, heads, D // 4, S).ivec4(B, rows * dh // 2).ivec4(0, 0, 0),
-                         spec("attention_combine", DH=dh), (D // 4, Tq, B), "elementwise",
-                         flops=2 * S * out.numel, nbytes=4 * (rows * (dh + 2) + out.numel),
-                         axes={"storage": "buffer"})
+            combine_dispatch(ctx, out, dst, B, Tq, heads, S, rows * dh // 2)
             ctx.note(f"keys split {S} ways ({heads * Tq * B} x {S} work groups), then a combine pass")
 
 

@@ -60,7 +60,10 @@ class VulkanBackend:
         self.n_mels, self.n_vocab, self.n_text_ctx = dm.n_mels, dm.n_vocab, dm.n_text_ctx
         self.multilingual = self.n_vocab >= 51865
         self.max_batch = int(max_batch)
-        self._step_rows = sorted({1, self.max_batch})
+        # the step entry point (and its rows) for each row count 1 .. max_batch: the smallest that holds them
+        sizes = sorted({1, self.max_batch})
+        self._entries = [None] + [next((decoder_graph.step_entry(n), n) for n in sizes if n >= r)
+                                  for r in range(1, self.max_batch + 1)]
         self._prompt_tokens = decoder_graph.prompt_tokens(dm)
         self.plans = plan_program(weights, config, get_device(device).profile, self.max_batch, options)
         self.program = Program(self.plans, device, timeout_s=Options.of(options).timeout_s, profile=profile)
@@ -121,9 +124,8 @@ class VulkanBackend:
     def _step(self, tokens):
         if self._len >= self.n_text_ctx:
             raise ValueError(f"the decoder has {self.n_text_ctx} positions; {self._len + 1} needed")
-        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.n_vocab):
-            raise ValueError(f"token ids must be in [0, {self.n_vocab}), got {tokens.min()}..{tokens.max()}")
-        entry, rows = self._entry(len(tokens))
+        self._check_tokens(min(tokens), max(tokens))
+        entry, rows = self._entries[len(tokens)]
         full = np.zeros((rows, 1), np.int32)
         full[:len(tokens), 0] = tokens
         logits = self.program.run(entry, {"tokens": full}, {"pos": self._len})["logits"]
@@ -131,8 +133,7 @@ class VulkanBackend:
         return logits[:len(tokens), 0]
 
     def _prompt(self, prompt, positions):
-        if max(prompt) >= self.n_vocab or min(prompt) < 0:
-            raise ValueError(f"token ids must be in [0, {self.n_vocab}), got {min(prompt)}..{max(prompt)}")
+        self._check_tokens(min(prompt), max(prompt))
         tokens = np.zeros((1, self._prompt_tokens), np.int32)
         tokens[0, :len(prompt)] = prompt
         picks = sorted(set(positions)) or [len(prompt) - 1]
@@ -143,9 +144,9 @@ class VulkanBackend:
         return np.stack([logits[picks.index(p)] for p in positions]) if positions else \
             np.zeros((0, self.n_vocab), np.float32)
 
-    def _entry(self, rows: int):
-        """(entry point, its rows) of the smallest step entry point for `rows` rows."""
-        return min(((decoder_graph.step_entry(n), n) for n in self._step_rows if n >= rows), key=lambda e: e[1])
+    def _check_tokens(self, low, high):
+        if low < 0 or high >= self.n_vocab:
+            raise ValueError(f"token ids must be in [0, {self.n_vocab}), got {low}..{high}")
 
     def close(self):
         self.program.close()

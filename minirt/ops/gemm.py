@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import MinirtError, UnsupportedError
 from ..kernels import ROW_VEC4_PER_LANE, act_code, spec
 from ..plan import Push
-from ..lwg import wave_splits
+from ..lwg import check_local_size, forced_local_size, wave_splits
 
 
 def tile_config(profile) -> tuple[int, int, int]:
@@ -282,7 +282,7 @@ ROWS_MAX = 8
 ROWS_GROUP = 256      # invocations a group, where the device allows
 
 
-def rows_shape(profile, n4: int, k4: int) -> tuple[int, int]:
+def rows_shape(profile, k4: int) -> tuple[int, int]:
     """(LX vec4 columns, LY k-lanes) of a linear_rows group: 8 columns (each k row read as 128 contiguous bytes),
     the rest of a 256-invocation group as k-lanes, no more lanes than K has vec4 rows. On an H200 the decoder's
     384-wide Linears then make only 12 groups (11-13 us for fc2 at one row, docs/benchmarks.md); fewer columns a group
@@ -298,14 +298,13 @@ def linear_rows_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, act=None, residual
     """out = act(A @ B + bias) (+ residual) for m <= ROWS_MAX rows, row-major or (part_n > 0) part-major
     [n / part_n][m][part_n]: glsl/linear_rows.comp, groups of rows_shape() (LX vec4 columns by LY k-lanes, each
     lane reading K / (4 LY) vec4 rows of B)."""
-    from ..lwg import check_local_size, forced_local_size
     forced = forced_local_size("gemm", ctx.options)
     if forced is not None:       # the local_size option: LY must be a power of two (the kernel's tree)
         lx, ly, _ = check_local_size(forced, ctx.profile)
         if ly & (ly - 1):
             raise UnsupportedError(f"linear_rows: local size {forced} needs a power-of-two y (its k-lanes)")
     else:
-        lx, ly = rows_shape(ctx.profile, n4, k // 4)
+        lx, ly = rows_shape(ctx.profile, k // 4)
     res = residual if residual is not None else bt
     groups = -(-n4 // lx)
     ctx.dispatch("linear_rows", [(out.name, "w"), (a.name, "r"), (wt.row_major(ctx).name, "r"), (bt.name, "r"),

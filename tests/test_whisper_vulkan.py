@@ -48,6 +48,9 @@ def test_conformance_with_the_reference(small):
     assert max(relative_errors(got, want)) <= 1e-4
     got, want = (b.start([5, 6, 7], [2, 0, 1]) for b in (vb, ref))
     assert max(relative_errors([got], [want])) <= 1e-4
+    # a prompt longer than the short prompt entry point's 8 slots, then a step after it
+    got, want = ([b.start(list(range(20, 40)), [19, 0]), b.step(np.array([41]))] for b in (vb, ref))
+    assert max(relative_errors(got, want)) <= 1e-4
 
 
 def test_plans_show_state_and_steps_replay(small):
@@ -55,8 +58,8 @@ def test_plans_show_state_and_steps_replay(small):
     from minirt.vk.recorder import recordings
     vb, _ = small
     step, enc, reorder = vb.plans["step4"], vb.plans["encode"], vb.plans["reorder"]
-    assert sorted(vb.plans) == ["encode", "prompt", "reorder", "step1", "step4"]
-    prompt = vb.plans["prompt"]      # a prompt in one run: 232 token slots, the logits at 2 positions
+    assert sorted(vb.plans) == ["cross", "encode", "prompt232", "prompt8", "reorder", "step1", "step4"]
+    prompt = vb.plans["prompt232"]      # a prompt in one run: 232 token slots, the logits at 2 positions
     assert prompt.tensors["tokens"].shape == (1, 232) and prompt.tensors["picks"].dtype == "int32"
     assert prompt.tensors["logits"].shape == (2, VOCAB) and prompt.params == ["pos"]
     assert step.params == ["pos"] and reorder.params == ["len"] and enc.params == []
@@ -71,7 +74,8 @@ def test_plans_show_state_and_steps_replay(small):
     one = vb.plans["step1"]      # one row of the same 4-row cache
     assert one.tensors["tokens"].shape == (1, 1) and one.tensors["self_k.0"].shape == (4, 448, D)
     # the step entry points hold the same weights, uploaded once: each constant has one place on the GPU
-    weights = {n for p in (step, one, prompt) for n, t in p.tensors.items() if t.role == "weight"}
+    plans = (step, one, prompt, vb.plans["prompt8"])
+    weights = {n for p in plans for n, t in p.tensors.items() if t.role == "weight"}
     placed = vb.program.constants.placed
     assert weights and all(len(placed[k]) == 1 for k in placed)
     assert {k[0] for k in placed} >= weights
@@ -101,7 +105,7 @@ def test_minirt_plan_of_a_whisper_folder(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{}")      # only looked for: planning reads no tokens
     r = CliRunner().invoke(main, ["plan", str(tmp_path), "--batch", "2"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
-    for entry in ("encode", "prompt", "step1", "step2", "reorder"):
+    for entry in ("encode", "cross", "prompt8", "prompt232", "step1", "step2", "reorder"):
         assert f"entry point {entry}" in r.output
     assert "tokens [2,1] int32" in r.output and "rows [2] int32" in r.output
     assert "cross_v.1 [1,24,64] written" in r.output and "self_k.0 [2,448,64] written" in r.output
@@ -109,7 +113,7 @@ def test_minirt_plan_of_a_whisper_folder(tmp_path):
     r = CliRunner().invoke(main, ["plan", str(tmp_path), "--entry", "reorder"], catch_exceptions=False)
     assert "entry point step" not in r.output and "ReorderRows" in r.output
     r = CliRunner().invoke(main, ["plan", str(tmp_path), "--entry", "step"])
-    assert r.exit_code == 2 and "'step' is not an entry point of this program (encode, prompt, step1, step5, reorder)" \
+    assert r.exit_code == 2 and "'step' is not an entry point of this program (encode, cross, prompt8, prompt232, step1, step5, reorder)" \
         in r.output
 
 
@@ -127,26 +131,43 @@ def test_errors(small):
         vb.reorder(np.zeros(5, np.int64))
 
 
-class _Spy:
-    """A backend that keeps the features of the last encode() and passes every call on."""
+class _EncoderOutput:
+    """A Vulkan backend whose encode() takes the reference backend's encoder output (set_encoder_output): the
+    encoder on real weights is tests/test_safetensors.py's (lavapipe takes most of a minute for a window); here
+    both decoders start from the same bits."""
 
-    def __init__(self, backend):
-        self.backend, self.features = backend, None
+    def __init__(self, backend, reference):
+        self.backend, self.reference = backend, reference
 
     def __getattr__(self, name):
         return getattr(self.backend, name)
 
     def encode(self, features):
-        self.features = np.array(features)
-        return self.backend.encode(features)
+        self.backend.set_encoder_output(self.reference.encoder_output(features))
+
+
+def test_cross_entry_equals_encode(small):
+    """set_encoder_output (the cross entry point) on the encoder's output gives what encode() gives."""
+    from minirt import Session
+    from minirt.loaders.safetensors_loader import build_whisper_encoder_graph
+    vb, ref = small
+    features = np.random.default_rng(5).standard_normal((N_MELS, 2 * N_AUDIO)).astype(np.float32)
+    prompt = [7, 300, 12]
+    vb.encode(features)
+    want = vb.start(prompt, [2, 0])
+    vb.set_encoder_output(ref.encoder_output(features))
+    got = vb.start(prompt, [2, 0])
+    assert max(relative_errors([got], [want])) <= 1e-4
+    with pytest.raises(ValueError, match=r"encoder output must be \[24, 64\]"):
+        vb.set_encoder_output(np.ones((23, D), np.float32))
 
 
 @pytest.mark.slow
 def test_tiny_en_greedy_tokens_equal_the_reference():
-    """OpenAI's tiny.en on models/speech-sample.wav, greedy: the same token ids as the numpy reference backend (which
-    tests/test_whisper_decode.py checks against faster-whisper). Then, on the window it encoded (the encoder runs
-    once: lavapipe takes most of a minute for it), logits against the reference through replication, beam
-    reorders and dropped rows."""
+    """OpenAI's tiny.en on models/speech-sample.wav, greedy, both decoders from the reference encoder's output: the
+    same token ids as the numpy reference backend (which tests/test_whisper_decode.py checks against
+    faster-whisper). Then, on that window, logits against the reference through replication, beam reorders and
+    dropped rows."""
     pytest.importorskip("tokenizers", reason="the whisper extra (tokenizers) is not installed")
     from minirt.whisper import WhisperModel
     from minirt.whisper.checkpoint import load_checkpoint
@@ -158,16 +179,14 @@ def test_tiny_en_greedy_tokens_equal_the_reference():
         pytest.skip(f"Whisper tiny.en weights unavailable: {e}")
     ckpt = load_checkpoint(folder)
     opts = dict(beam_size=1, temperature=0.0)
-    (r,), _ = WhisperModel(folder, backend="reference").transcribe(str(real_whisper.SPEECH), **opts)
+    ref = ReferenceBackend(ckpt.weights, ckpt.config)
+    (r,), _ = WhisperModel(folder, backend=ref).transcribe(str(real_whisper.SPEECH), **opts)
     with VulkanBackend(ckpt.weights, ckpt.config, max_batch=3) as vb:
-        spy = _Spy(vb)
-        segs, _ = WhisperModel(folder, backend=spy).transcribe(str(real_whisper.SPEECH), **opts)
+        segs, _ = WhisperModel(folder, backend=_EncoderOutput(vb, ref)).transcribe(str(real_whisper.SPEECH), **opts)
         (g,) = list(segs)
         assert g.tokens == r.tokens and g.text == r.text
         assert g.avg_logprob == pytest.approx(r.avg_logprob, abs=1e-3)
 
-        ref = ReferenceBackend(ckpt.weights, ckpt.config)
-        ref.encode(spy.features)
         prompt = [50257, 50362] + list(g.tokens[:3])
         got, want = [], []
         for b, out in ((vb, got), (ref, want)):

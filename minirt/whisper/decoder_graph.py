@@ -3,14 +3,17 @@
   encode   input_features [1, n_mels, 2 n_audio_ctx] -> the encoder (minirt.loaders.safetensors_loader's graph), then
            per decoder layer the cross-attention keys and values of its output, written into the state tensors
            cross_k.<i>, cross_v.<i> [1, n_audio_ctx, d_model]. Nothing comes back to the host.
+  cross    encoder_output [1, n_audio_ctx, d_model] -> the same cross-attention keys and values from an encoder
+           output computed elsewhere (an encoder Session, another device, a test's reference).
   stepN    tokens [N, 1] int32, parameter pos -> logits [N, 1, n_vocab]: one token per row at position pos (the
            token embedding is a runtime Gather, the positional one ParamRows at pos); per layer the new keys and
            values are written at row pos of the state tensors self_k.<i>, self_v.<i> [B, n_text_ctx, d_model]
            (CacheWrite, into the first N of their B rows) and self-attention is causal over rows 0 .. pos
            (CachedAttention), cross-attention reads cross_k / cross_v; the logits are the final layer norm times the
            token embedding transposed.
-  prompt   tokens [1, P] int32, picks [2] int32, parameter pos -> logits [2, n_vocab]: a prompt of up to P = 232
-           tokens in one run (as stepN, Tq = P), and the logits at two of its positions.
+  promptP  tokens [1, P] int32, picks [2] int32, parameter pos -> logits [2, n_vocab]: a prompt of up to P tokens
+           in one run (as stepN, Tq = P), and the logits at two of its positions; P = 8 (a start sequence) and 232
+           (one with previous text).
   reorder  rows [B] int32, parameter len -> nothing: new cache row i = old row rows[i], positions 0 .. len - 1
            (ReorderRows on every self_k / self_v).
 
@@ -100,14 +103,28 @@ def encoder_graph(weights: dict, dm: Dims) -> Graph:
     g = build_whisper_encoder_graph(cfg, lambda k: weights[f"model.encoder.{k}"], prefix="model.encoder.",
                                     source="whisper encode")
     g.outputs = []
-    b = _Builder(g, weights)
+    _cross_kv(_Builder(g, weights), dm, "last_hidden_state")
+    return g
+
+
+def cross_graph(weights: dict, dm: Dims) -> Graph:
+    """The cross entry point: what encode does after the encoder, from an encoder output computed elsewhere
+    ("encoder_output" [1, n_audio_ctx, d_model] float32)."""
+    g = Graph(name="whisper cross", source="whisper cross")
+    g.inputs.append("encoder_output")
+    g.add_tensor(Tensor("encoder_output", (1, dm.n_audio_ctx, dm.d_model), "float32"))
+    _cross_kv(_Builder(g, weights), dm, "encoder_output")
+    return g
+
+
+def _cross_kv(b: _Builder, dm: Dims, x: str) -> None:
+    """Every decoder layer's cross-attention keys and values from the encoder output x, into state."""
     for i in range(dm.decoder_layers):
         p = f"model.decoder.layers.{i}.encoder_attn"
         for kv, bias in (("k", False), ("v", True)):
             name = f"cross_{kv}.{i}"
             b.state(name, (1, dm.n_audio_ctx, dm.d_model), f"{name}@new")
-            b.linear("last_hidden_state", f"{p}.{kv}_proj", f"{name}@new", bias=bias)
-    return g
+            b.linear(x, f"{p}.{kv}_proj", f"{name}@new", bias=bias)
 
 
 def _decoder_layers(g: Graph, b: _Builder, dm: Dims, batch: int, tokens: int, rows: int) -> str:
@@ -206,21 +223,37 @@ def step_entry(rows: int) -> str:
 PROMPT_PICKS = 2     # logits a prompt run returns: the last position's and <|startoftranscript|>'s
 
 
+SHORT_PROMPT = 8     # a start sequence without previous text: <|startoftranscript|>, language, task, <|notimestamps|>,
+                     # a short prefix
+
+
 def prompt_tokens(dm: Dims) -> int:
-    """The longest prompt the prompt entry point takes: Whisper's previous-text prompt (<|startofprev|> and at most
+    """The longest prompt the prompt entry points take: Whisper's previous-text prompt (<|startofprev|> and at most
     half the text context less one tokens) and its start sequence (<|startoftranscript|>, language, task,
     <|notimestamps|>, a prefix) fill 232 of 448."""
     return min(dm.n_text_ctx, dm.n_text_ctx // 2 + 8)
 
 
+def prompt_sizes(dm: Dims) -> list:
+    """The token slots of the prompt entry points, smallest first: a short one for a window's start sequence (the
+    first window, and every window without condition_on_previous_text), the longest for one with previous text. A
+    run costs its slots, padding included."""
+    return sorted({min(SHORT_PROMPT, prompt_tokens(dm)), prompt_tokens(dm)})
+
+
+def prompt_entry(tokens: int) -> str:
+    """The entry point of a prompt of up to `tokens` tokens (one of prompt_sizes)."""
+    return f"prompt{tokens}"
+
+
 def program_graphs(weights: dict, dm: Dims, batch: int, step_rows=None) -> dict:
-    """{entry point: Graph}: encode, prompt, a step for each row count in step_rows (default: 1 and batch; entry
+    """{entry point: Graph}: encode, cross, prompt8 and prompt232 (prompt_entry()), a step for each row count in step_rows (default: 1 and batch; entry
     points step1, step5, ..., step_entry()), reorder, over a cache of `batch` rows (see the module doc)."""
     sizes = sorted(set(step_rows or (1, batch)))
     if not sizes or sizes[0] < 1 or sizes[-1] > batch:
         raise ValueError(f"step row counts {sizes} must be in 1..{batch}")
-    graphs = {"encode": encoder_graph(weights, dm),
-              "prompt": prompt_graph(weights, dm, prompt_tokens(dm), PROMPT_PICKS, batch)}
+    graphs = {"encode": encoder_graph(weights, dm), "cross": cross_graph(weights, dm)}
+    graphs.update({prompt_entry(n): prompt_graph(weights, dm, n, PROMPT_PICKS, batch) for n in prompt_sizes(dm)})
     graphs.update({step_entry(n): step_graph(weights, dm, n, batch) for n in sizes})
     graphs["reorder"] = reorder_graph(dm, batch)
     return graphs

@@ -205,7 +205,26 @@ class ReferenceBackend:
             h += L["o"](self._attention(L["q"](a), L["k"](a), L["v"](a), self.n_heads_enc))
             a = layer_norm(h, *L["ln2"])
             h += L["fc2"](gelu(L["fc1"](a)))
-        mem = layer_norm(h, *self.enc_ln)
+        self._set_cross(layer_norm(h, *self.enc_ln))
+
+    def encoder_output(self, features: np.ndarray) -> np.ndarray:
+        """The encoder's output on one window, [n_audio_ctx, d_model] float32 (as encode() computes it)."""
+        with blas_threads(self.threads):
+            self._encode(features)
+        return self._mem
+
+    def set_encoder_output(self, hidden: np.ndarray) -> None:
+        """What encode() does after its encoder, from an encoder output computed elsewhere, [n_audio_ctx, d_model]."""
+        mem = np.asarray(hidden, np.float32)
+        if mem.ndim == 3 and mem.shape[0] == 1:
+            mem = mem[0]
+        if mem.ndim != 2 or mem.shape[1] != self.d_model:
+            raise ValueError(f"the encoder output must be [positions, {self.d_model}], got {list(mem.shape)}")
+        with blas_threads(self.threads):
+            self._set_cross(mem)
+
+    def _set_cross(self, mem):
+        self._mem = mem
         hd = self.d_model // self.n_heads_dec
         self._cross = []
         for L in self.dec_layers:

@@ -3,11 +3,13 @@ points over state tensors that stay on the GPU (minirt/whisper/decoder_graph.py)
 
   encode(features)  the encode entry point: the encoder, then every decoder layer's cross-attention keys and values
                     into state; nothing comes back.
+  set_encoder_output(hidden)
+                    the cross entry point: those keys and values from an encoder output computed elsewhere.
   step(tokens)      a step entry point, one submission of a recorded command buffer: the tokens go in (int32), the
                     position goes in through the parameter block, the key/value cache grows by a row on the GPU,
                     and only the logits come back. step1 for one row (greedy decoding), stepB for up to max_batch
                     (beam search; fewer rows are padded and their logits dropped).
-  start(prompt, ..) the prompt entry point: the whole prompt in one submission (up to 232 tokens, padded), the
+  start(prompt, ..) a prompt entry point: the whole prompt in one submission (up to 8 or 232 tokens, padded), the
                     logits at two of its positions back; a one-token prompt, or one that asks for more
                     positions, goes a token at a time through step1.
   reorder(rows)     the reorder entry point (a gather of cache rows on the GPU), or nothing where rows only drops
@@ -64,7 +66,7 @@ class VulkanBackend:
         sizes = sorted({1, self.max_batch})
         self._entries = [None] + [next((decoder_graph.step_entry(n), n) for n in sizes if n >= r)
                                   for r in range(1, self.max_batch + 1)]
-        self._prompt_tokens = decoder_graph.prompt_tokens(dm)
+        self._prompt_sizes = decoder_graph.prompt_sizes(dm)
         self.plans = plan_program(weights, config, get_device(device).profile, self.max_batch, options)
         self.program = Program(self.plans, device, timeout_s=Options.of(options).timeout_s, profile=profile)
         self._len = 0             # positions in the cache
@@ -82,6 +84,18 @@ class VulkanBackend:
         self.program.run("encode", {"input_features": np.ascontiguousarray(x[None])})
         self._encoded, self._len, self._batch = True, 0, 0
 
+    def set_encoder_output(self, hidden: np.ndarray) -> None:
+        """What encode() does after its encoder, from an encoder output computed elsewhere: [n_audio_ctx,
+        d_model] (or with a leading 1) float32, the encoder's final layer norm applied."""
+        x = np.asarray(hidden, np.float32)
+        if x.ndim == 3 and x.shape[0] == 1:
+            x = x[0]
+        want = (self.dims.n_audio_ctx, self.dims.d_model)
+        if x.shape != want:
+            raise ValueError(f"the encoder output must be {list(want)}, got {list(x.shape)}")
+        self.program.run("cross", {"encoder_output": np.ascontiguousarray(x[None])})
+        self._encoded, self._len, self._batch = True, 0, 0
+
     def start(self, prompt: Sequence[int], positions: Sequence[int]) -> np.ndarray:
         if not self._encoded:
             raise RuntimeError("start() before encode()")
@@ -91,7 +105,7 @@ class VulkanBackend:
         if any(not 0 <= p < len(prompt) for p in positions):
             raise ValueError(f"positions {positions} are not all in the prompt of {len(prompt)} tokens")
         self._len, self._batch = 0, 1
-        if 1 < len(prompt) <= self._prompt_tokens and len(set(positions)) <= decoder_graph.PROMPT_PICKS:
+        if 1 < len(prompt) <= self._prompt_sizes[-1] and len(set(positions)) <= decoder_graph.PROMPT_PICKS:
             return self._prompt(prompt, positions)
         wanted, rows = set(positions), {}
         for i, t in enumerate(prompt):
@@ -134,11 +148,13 @@ class VulkanBackend:
 
     def _prompt(self, prompt, positions):
         self._check_tokens(min(prompt), max(prompt))
-        tokens = np.zeros((1, self._prompt_tokens), np.int32)
+        slots = next(n for n in self._prompt_sizes if n >= len(prompt))
+        tokens = np.zeros((1, slots), np.int32)
         tokens[0, :len(prompt)] = prompt
         picks = sorted(set(positions)) or [len(prompt) - 1]
         picks += [picks[-1]] * (decoder_graph.PROMPT_PICKS - len(picks))
-        logits = self.program.run("prompt", {"tokens": tokens, "picks": np.array(picks, np.int32)},
+        logits = self.program.run(decoder_graph.prompt_entry(slots),
+                                  {"tokens": tokens, "picks": np.array(picks, np.int32)},
                                   {"pos": 0})["logits"]
         self._len = len(prompt)
         return np.stack([logits[picks.index(p)] for p in positions]) if positions else \

@@ -22,7 +22,7 @@ COOPMAT_MODES = ("auto", "off", "emulate")
 DIRECT_IO = ("off", "in", "out", "both")
 # planner passes an option may turn off (minirt/planner/__init__.py runs them)
 OPTIONAL_PASSES = ("conv_output_nlc", "conv_input_nlc", "fuse_linear", "merge_siblings", "fuse_attention",
-                   "fuse_reduce_layer_norm")
+                   "fuse_reduce_layer_norm", "fuse_norm_linear_rows")
 # kernel families a forced local size may apply to (the others size their work from their local size)
 FORCEABLE_FAMILIES = ("gemm", "im2col", "elementwise", "conv", "copy")
 GEMM_TILES = ("t44", "t44k32")
@@ -188,6 +188,8 @@ class Options:
     merge_siblings: bool = _opt(True, _flag, "pass: Linears reading the same input -> one GEMM")
     fuse_attention: bool = _opt(True, _flag, "pass: head splits + MatMul + Softmax + MatMul -> one Attention")
     fuse_reduce_layer_norm: bool = _opt(True, _flag, "pass: a split GEMM's reduce pass also does the next LayerNorm")
+    fuse_norm_linear_rows: bool = _opt(True, _flag, "pass: a LayerNorm read only by a few-row Linear (a decoder "
+                                       "step's) is done by that Linear as it reads its rows")
     # -- forcing a path (tests, tuning) ---------------------------------------------------------------------------
     conv_route: str | None = _opt(None, _optional(_choice(CONV_ROUTES)), "force every Conv onto one route")
     fast_gemm: bool = _opt(True, _flag, "off: the generic GEMM (glsl/gemm.comp) where glsl/linear.comp would run")

@@ -4,6 +4,7 @@ transformers on CUDA (when torch with CUDA and transformers import; --torch-devi
 log-mel window and a fixed number of decoded tokens (no end of text: both sides do the same work).
 
   python tools/bench_transcribe.py --sizes tiny,base --tokens 224 --beams 1,5 --json transcribe.json
+  python tools/bench_transcribe.py --model whisper-tiny.en --audio speech.wav --beams 1,5   # real-time factor
 
 Figures, each a median over --runs windows after one untimed window:
   encoder ms     encode() alone (the encoder and every layer's cross-attention keys and values)
@@ -81,7 +82,7 @@ def bench_minirt(weights, cfg, args, precision, beams):
     from minirt.whisper.vulkan import VulkanBackend
     feats = np.random.default_rng(1).standard_normal((cfg["num_mel_bins"], 3000)).astype(np.float32)
     t0 = time.perf_counter()
-    with VulkanBackend(weights, cfg, precision=precision, max_batch=beams) as vb:
+    with VulkanBackend(weights, cfg, precision=precision, max_batch=beams, options=args.options) as vb:
         setup = time.perf_counter() - t0
         times = []
         for i in range(args.runs + 1):
@@ -90,7 +91,8 @@ def bench_minirt(weights, cfg, args, precision, beams):
         res["setup_s"] = setup
         res["dispatches"] = {k: len(p.dispatches) for k, p in vb.plans.items()}
     if args.profile:
-        with VulkanBackend(weights, cfg, precision=precision, max_batch=beams, profile=True) as vb:
+        with VulkanBackend(weights, cfg, precision=precision, max_batch=beams, options=args.options,
+                           profile=True) as vb:
             minirt_window(vb, feats, args.tokens, beams, [])
             entry = f"step{beams}"
             res["profile"] = {e: vb.program.dispatch_times(e) for e in ("encode", entry)}
@@ -179,6 +181,34 @@ def bench_hf(model, cfg, args, precision, beams):
     return out
 
 
+def bench_real(args):
+    """--model DIR --audio FILE...: transcribe each file with a real checkpoint (after one untimed warm-up on the
+    first), printing audio seconds, wall seconds and the real-time factor (wall / audio: below 1 is faster than
+    real time), for each precision and beam size asked."""
+    from minirt.whisper import WhisperModel
+    from minirt.whisper.audio_input import load_audio
+    audio = [load_audio(a) for a in args.audio]
+    rows = []
+    for precision in args.precision.split(","):
+        model = WhisperModel(args.model, precision=precision)
+        for beams in (int(b) for b in args.beams.split(",")):
+            list(model.transcribe(audio[0], beam_size=beams)[0])
+            for name, a in zip(args.audio, audio):
+                t0 = time.perf_counter()
+                segments, info = model.transcribe(a, beam_size=beams)
+                text = " ".join(s.text.strip() for s in segments)
+                wall = time.perf_counter() - t0
+                row = {"audio": name, "precision": precision, "beams": beams, "audio_s": info.duration,
+                       "wall_s": wall, "rtf": wall / max(info.duration, 1e-9), "backend": model.backend.name,
+                       "text": text}
+                rows.append(row)
+                print(f"{Path(name).name} {precision} beams={beams} ({row['backend']}): {info.duration:.1f} s of "
+                      f"audio in {wall * 1e3:.1f} ms, real-time factor {row['rtf']:.5f} "
+                      f"({1 / max(row['rtf'], 1e-12):.0f}x real time): {text[:80]!r}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
 def torch_ready(device):
     try:
         import torch
@@ -201,8 +231,24 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true",
                     help="also GPU time per dispatch of the encoder and of the window's last step")
     ap.add_argument("--torch-device", default="cuda", help="where the transformers peers run (default cuda)")
+    ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Session option for minirt's plans (`minirt options`), repeatable")
+    ap.add_argument("--model", help="a real Whisper checkpoint folder: with --audio, transcribe files and print the "
+                                    "real-time factor instead of the synthetic benchmark")
+    ap.add_argument("--audio", nargs="+", help="audio files for --model")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
+    from minirt.errors import MinirtError
+    from minirt.options import Options
+    args.options = dict(o.partition("=")[::2] for o in args.option)
+    try:
+        Options.make(args.options)
+    except MinirtError as e:
+        ap.error(f"--option: {e}")
+    if bool(args.model) != bool(args.audio):
+        ap.error("--model and --audio go together")
+    if args.model:
+        return bench_real(args)
     sizes = [s for s in args.sizes.split(",") if s]
     bad = [s for s in sizes if s not in SIZES]
     if bad:

@@ -307,13 +307,19 @@ def linear_rows_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, act=None, residual
         lx, ly = rows_shape(ctx.profile, k // 4)
     res = residual if residual is not None else bt
     groups = -(-n4 // lx)
+    # binding 5 (a fused LayerNorm's scale and bias, fuse_norm_linear_rows) holds the bias until that pass fills it
     ctx.dispatch("linear_rows", [(out.name, "w"), (a.name, "r"), (wt.row_major(ctx).name, "r"), (bt.name, "r"),
-                                 (res.name, "r")],
-                 Push().ivec4(m, n, k, n4).ivec4(part_n, 0, 0, 0), spec("linear_rows", ACT=act_code(act),
-                                                                        HAS_RES=residual is not None),
+                                 (res.name, "r"), (bt.name, "r")],
+                 rows_push(m, n, k, n4, part_n), spec("linear_rows", ACT=act_code(act), HAS_RES=residual is not None),
                  (groups * lx, ly, 1), "gemm", flops=2 * m * n * k,
                  nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)),
-                 local_size=(lx, ly, 1), info={"rows": m})
+                 local_size=(lx, ly, 1), info={"rows": m, "n": n, "k": k, "n4": n4, "part_n": part_n, "act": act,
+                                               "has_res": residual is not None})
+
+
+def rows_push(m, n, k, n4, part_n, eps=0.0) -> Push:
+    """linear_rows.comp's push constants: dims, geo (the part width), ln (a fused LayerNorm's epsilon)."""
+    return Push().ivec4(m, n, k, n4).ivec4(part_n, 0, 0, 0).vec4(eps)
 
 
 def _linear_spec(ctx, out_mode, act, has_res, a_win):

@@ -15,8 +15,10 @@ Pass order (each pass is one module of this package):
  10. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
  11. fuse_reduce_layer_norm (fuse_reduce_layer_norm.py)  on the Plan: a split GEMM's reduce pass also does the
                                             LayerNorm that reads its output
- 12. local sizes      (minirt.lwg)          one deterministic local size per dispatch
- 13. memory plan      (memory_plan.py)      lifetimes for memory reuse (option memory_reuse=False: none), and
+ 12. fuse_norm_linear_rows (fuse_norm_linear_rows.py)  on the Plan: a LayerNorm read only by a few-row Linear
+                                            (linear_rows) is done by that Linear as it reads its rows
+ 13. local sizes      (minirt.lwg)          one deterministic local size per dispatch
+ 14. memory plan      (memory_plan.py)      lifetimes for memory reuse (option memory_reuse=False: none), and
                                             the check that the device can hold what the plan allocates
 The planner never imports vulkan: everything it decides is plain data in the Plan. Each graph pass is
 fn(graph, options, profile): the Session's Options (storage resolved for the device) and the DeviceProfile."""
@@ -26,7 +28,7 @@ from ..errors import MinirtError, UnsupportedError
 from ..options import PRECISIONS, Options
 from ..lwg import check_local_size, forced_local_size, pick_local_size
 from . import (conv1d_as_conv2d, conv_input_nlc, conv_output_nlc, conv_routing, fuse_activation, fuse_attention, fuse_gelu,
-               fuse_linear, fuse_reduce_layer_norm, memory_plan, merge_siblings)
+               fuse_linear, fuse_norm_linear_rows, fuse_reduce_layer_norm, memory_plan, merge_siblings)
 from .lower import lower
 from ..plan import INPUT, OUTPUT, Plan
 from .storage_layout import check_limits, resolve_storage
@@ -60,6 +62,7 @@ def make_plan(graph, profile, storage=None, options=None) -> Plan:
         g = fn(g, options, profile)
     plan = lower(g, options.storage, profile, options, precision)
     plan = fuse_reduce_layer_norm.rewrite(plan, profile, options)
+    plan = fuse_norm_linear_rows.rewrite(plan, profile, options)
     check_limits(plan, profile)
     forced = options.local_size
     if forced:

@@ -34,7 +34,7 @@ def seed():
 
 
 def chain_model(cin=8, mid=16, cout=12, t=23, k2=3, stride2=2, pads2=(1, 1), dil2=1, group2=1, act="Gelu",
-                extra=None, transpose=False):
+                extra=None, transpose=False, batch=1):
     """x [1, cin, t] -> Conv k3 p1 (+ act) -> Conv (k2, stride2, pads2, dil2, group2) -> y: Whisper's two front-end
     convs in small. extra="mid": the first conv's result is a graph output too. transpose: y is the second conv's
     result transposed to [1, L, C] (as in Whisper, so conv_output_nlc makes that GEMM write rows, which K splits
@@ -51,7 +51,7 @@ def chain_model(cin=8, mid=16, cout=12, t=23, k2=3, stride2=2, pads2=(1, 1), dil
                    strides=[stride2], dilations=[dil2], group=group2))
     if transpose:
         nodes.append(h("Transpose", ["c2"], ["y"], name="transpose", perm=[0, 2, 1]))
-    return make_model(nodes, {"x": (1, cin, t)}, ["y"] + ([cur] if extra == "mid" else []), init, opset=20)
+    return make_model(nodes, {"x": (batch, cin, t)}, ["y"] + ([cur] if extra == "mid" else []), init, opset=20)
 
 
 def feeds(model):
@@ -175,6 +175,22 @@ def test_fp32_matches_onnxruntime(kw):
     with Session(m, storage="buffer", options={"poison": True, **IM2COL}) as s:
         assert any(has_win(d) for d in s.plan.dispatches if d.node == "conv2")
         compare(s.run(None, fd)[0], ref, 1e-4, f"fp32 {kw}")
+
+
+@pytest.mark.parametrize("kw", [dict(batch=3), dict(batch=2, mid=128, cout=128, transpose=True)])
+def test_a_batch_reads_each_image_channels_last(kw):
+    """A batch: each image's GEMM reads that image's rows of the channels-last buffer (a view at its offset: the
+    window's zero padding at each image's ends, not at the batch's), whole and with K split."""
+    m = chain_model(**kw)
+    fd = feeds(m)
+    ref = onnxruntime_run(m, fd)[0]
+    for options in ({}, {"gemm_splitk": 2}):
+        with Session(m, storage="buffer", options={"poison": True, **IM2COL, **options}) as s:
+            wins = [d for d in s.plan.dispatches if d.node == "conv2" and has_win(d)]
+            assert len(wins) == kw["batch"]
+            assert {s.plan.tensors[d.reads[0]].view_offset for d in wins} == \
+                {i * s.plan.tensors[wins[0].reads[0]].numel for i in range(kw["batch"])}
+            compare(s.run(None, fd)[0], ref, 1e-4, f"batch {kw} {options}")
 
 
 # conv_output_nlc (row output, which K splits need) takes 2-D convs: >= 128 output channels get conv1d_as_conv2d

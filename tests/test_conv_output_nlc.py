@@ -161,7 +161,7 @@ def test_a_residual_computed_later_moves_the_conv_after_it():
     ("option off (string)", dict(), {"conv_output_nlc": "0"}),
     ("texture storage", dict(), {"storage": "texture"}),
     ("general GEMM", dict(), {"fast_gemm": False}),
-    ("batch 2", dict(batch=2), {}),
+    ("batch 2 in textures (the direct route)", dict(batch=2), {"storage": "texture"}),
 ])
 def test_ineligible_graphs_are_unchanged(why, kw, options):
     m = front_model(**kw)
@@ -181,17 +181,19 @@ def test_refusals_are_noted_and_off_is_silent():
     assert "channels" not in notes(conv_output_nlc=False)
 
 
-def test_batch_2_is_refused_by_the_pass_itself():
-    """Conv routing sends batch 2 to the direct kernel; forced to im2col, the pass still refuses it: a 2-D conv over
-    a height of 1, batch 2, reshaped to [2, C, L] and transposed."""
-    h = helper.make_node
-    nodes = [h("Conv", ["x", "w"], ["c"], name="conv", pads=[0, 1, 0, 1]),
-             h("Reshape", ["c", "s"], ["c3"]), h("Transpose", ["c3"], ["y"], perm=[0, 2, 1])]
-    m = make_model(nodes, {"x": (2, 8, 1, 12)}, ["y"], {"w": rand(128, 8, 1, 3, seed=1),
-                                                         "s": np.array([2, 128, 12], np.int64)}, opset=20)
-    g = passes(m, conv_route="im2col")
-    assert [n.op for n in g.nodes] == ["Conv", "Reshape", "Transpose"]
-    assert "batch 2 != 1" in " ".join(g.notes["conv"])
+def test_a_batch_writes_channels_last_image_by_image():
+    """Batch 3: the pass rewrites as at batch 1 ([3, L, C], the Add folded); the plan runs each image's im2col and
+    GEMM on views of the batch's input and output at the image's offset, the shared [L, C] residual for each."""
+    m = front_model(batch=3)
+    g = passes(m)
+    assert [n.op for n in g.nodes] == ["Reshape", "Conv"] and g.tensor(conv_node(g).outputs[0]).shape == (3, 20, 128)
+    p = plan(m)
+    assert [d.kernel for d in p.dispatches] == ["im2col_buffer", "linear_t44"] * 3
+    gemms = [d for d in p.dispatches if d.kernel == "linear_t44"]
+    outs = [p.tensors[d.writes[0]] for d in gemms]
+    assert [(t.view_of, t.view_offset, t.shape) for t in outs] == [("y", i * 20 * 128, (1, 20, 128)) for i in range(3)]
+    assert all(d.reads[-1] == "pos" for d in gemms)
+    assert "image by image, 3 images" in " ".join(p.notes["conv"])
 
 
 # -- the plan --------------------------------------------------------------------------------------------------
@@ -226,7 +228,8 @@ CASES = {
     "transpose_only": dict(pos=None),
     "add_not_folded": dict(pos_shape=(1, 1, 128)),
     "transpose_also_output": dict(extra="transpose"),
-    "batch2_unchanged": dict(batch=2),
+    "batch2": dict(batch=2),
+    "batch3_pos_per_image": dict(batch=3, pos="input", pos_shape=(3, 20, 128)),
 }
 
 

@@ -133,3 +133,35 @@ def test_resnet_like_2d_stack(storage):
         kernels = {d.kernel.rsplit("_", 1)[0] if "gemm" not in d.kernel and "linear" not in d.kernel else "gemm"
                    for d in s.plan.dispatches}
     assert {"im2col", "gemm", "conv_dw", "conv"} <= kernels
+
+
+def test_a_batch_takes_im2col_in_buffers_at_aligned_offsets():
+    """Batch 2: im2col (image by image) in buffer storage where each image's input and output start at an
+    offset the device can bind; the direct kernel in textures and where an image's bytes do not keep the
+    alignment."""
+    from minirt.infer import bind_inputs, prepare
+    from minirt.loaders import load
+    from minirt.options import Options
+    from minirt.planner import conv1d_as_conv2d, conv_routing
+
+    def route(length, storage="buffer", align=16):
+        m = case_model(80, 384, 3, dict(pads=[1, 1]), length)
+        m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2
+        g = conv1d_as_conv2d.rewrite(prepare(bind_inputs(load(m), {"x": (2, 80, length)})), Options())
+        (conv,) = [n for n in g.nodes if n.op == "Conv"]
+        return conv_routing.route(conv, g, storage, align)
+
+    assert route(40) == ("im2col", "im2col + tiled GEMM, image by image (batch 2)")
+    assert route(40, "texture")[0] == "direct"
+    r, why = route(41, align=64)      # 80 x 41 x 2 bytes: not a multiple of 64
+    assert r == "direct" and "offset alignment 64" in why
+
+
+@pytest.mark.parametrize("length", [40, 41])
+def test_a_batch_matches_onnxruntime(length):
+    """Batch 3 through the routing's choice (image by image at 40 frames; 41 keeps lavapipe's 16-byte alignment
+    at fp32 and fp16 too), in both storages, poisoned."""
+    m = case_model(80, 128, 3, dict(pads=[1, 1]), length, seed=length)
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 3
+    x = np.random.default_rng(length).standard_normal((3, 80, length)).astype(np.float32)
+    check_model(m, {"x": x})

@@ -157,15 +157,48 @@ def _out4d(ctx, y):
     return y if len(y.shape) == 4 else ctx.temp(f"{y.name}@4d", (y.shape[0], y.shape[1], 1, y.shape[2]))
 
 
+def _image(ctx, t, n, batch):
+    """Image n of a batch tensor t (a view at its offset; t itself for a batch of 1), or t where it has no batch dim
+    (a residual added to every image: [L, C] or [1, L, C])."""
+    if batch == 1 or t.shape[0] != batch:
+        return t
+    one = ctx.temp(f"{t.name}@image{n}", (1,) + tuple(t.shape[1:]))
+    align = ctx.profile.min_storage_buffer_offset_alignment
+    if ctx.storage != "buffer" or (n * one.numel * t.itemsize) % max(align, 1):
+        raise UnsupportedError(f"{ctx.node}: a batch of {batch} on the im2col route runs image by image on buffer "
+                               f"views, at offsets of {one.numel * t.itemsize} bytes ({ctx.storage} storage, offset "
+                               f"alignment {align}); conv routing sends such a conv to the direct kernel")
+    ctx.view(one, t, n * one.numel)
+    return one
+
+
 def _lower_im2col(node, ctx):
-    from .gemm import OUT_NCHW, OUT_ROWS, gemm_dispatch, linear_dispatch, linear_ok, pack_bias, pack_weight
-    x, y, w, b, strides, dil, pb, (oh, ow) = _operands(node, ctx)
+    """A batch runs image by image: each image's im2col and GEMM are a batch of 1's, on views of the batch's input,
+    output and residual (conv routing sends a batch here only in buffer storage, at aligned offsets)."""
+    x, y = ctx.t(node.inputs[0]), ctx.t(node.outputs[0])
+    res = ctx.t(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] else None
+    from .gemm import pack_bias, pack_weight
+    _x, _y, w, b, strides, dil, pb, out = _operands(node, ctx)
     oc, c, kh, kw = w.shape
     k = c * kh * kw
-    kp = -(-k // 4) * 4
     # k ordered (kh, kw, c), as im2col writes it
     wt, n4 = pack_weight(ctx, node.inputs[1], w.transpose(2, 3, 1, 0).reshape(k, oc))
     bt = pack_bias(ctx, f"{node.name}.bias", b, oc)
+    batch = x.shape[0]
+    for n in range(batch):
+        note = _im2col_image(node, ctx, _image(ctx, x, n, batch), _image(ctx, y, n, batch),
+                             None if res is None else _image(ctx, res, n, batch), w.shape, wt, bt, n4, strides, dil,
+                             pb, out)
+    ctx.note(note + (f"; image by image, {batch} images" if batch > 1 else ""))
+
+
+def _im2col_image(node, ctx, x, y, res, w_shape, wt, bt, n4, strides, dil, pb, out) -> str:
+    """One image's dispatches; returns the planner's note on them."""
+    from .gemm import OUT_NCHW, OUT_ROWS, gemm_dispatch, linear_dispatch, linear_ok
+    oc, c, kh, kw = w_shape
+    oh, ow = out
+    k = c * kh * kw
+    kp = -(-k // 4) * 4
     m = oh * ow
     # whole output rows per tile while one fits the budget, else part of a row (a 1-D conv has one row)
     rows = max(1, IM2COL_SCRATCH_BUDGET // (kp * 4))
@@ -173,7 +206,6 @@ def _lower_im2col(node, ctx):
     act = node.attrs.get("_act")
     # conv_output_nlc: the GEMM's rows (positions) by columns (channels) stored as they are, plus the residual
     nlc = node.attrs.get("_out_layout") == "NLC"
-    res = ctx.t(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] else None
     if node.attrs.get("_in_layout") == "NLC":
         # conv_input_nlc: x is [1, L, C]; output position m's im2col row is x's elements from (m * stride - pad) * C
         # on, kw * C of them: A rows of stride stride * C that overlap, zero outside x (the padding)
@@ -182,9 +214,8 @@ def _lower_im2col(node, ctx):
                                    f"channels, dilation 1, on the buffer GEMM")
         linear_dispatch(ctx, y, x, wt, bt, m, oc, k, n4, out_mode=OUT_ROWS if nlc else OUT_NCHW, act=act, m0=0,
                         lda4=strides[1] * c // 4, m_total=m, residual=res, a_win=(pb[1] * c // 4, x.numel // 4))
-        ctx.note(f"GEMM over the channels-last input's overlapping rows (no im2col): M {m}, K {k}, N {oc}"
-                 + ("; output channels-last" + (" + residual" if res is not None else "") if nlc else ""))
-        return
+        return (f"GEMM over the channels-last input's overlapping rows (no im2col): M {m}, K {k}, N {oc}"
+                + ("; output channels-last" + (" + residual" if res is not None else "") if nlc else ""))
     scratch = ctx.scratch("im2col.scratch", rows * kp, dtype=ctx.dtype)   # im2col writes the activation type
     if nlc and not linear_ok(ctx, kp):
         raise UnsupportedError(f"{node}: a channels-last output (conv_output_nlc) needs the buffer GEMM "
@@ -203,8 +234,8 @@ def _lower_im2col(node, ctx):
         else:
             gemm_dispatch(ctx, y, scratch, wt, bt, r, oc, k, n4, out_mode=1, act=act, m0=m0, lda=kp, scratch=True)
     nlc_note = ("; output channels-last" + (" + residual" if res is not None else "")) if nlc else ""
-    ctx.note(f"im2col + tiled GEMM: M {m}, K {k}, N {oc}; scratch {rows * kp * 4 / 2**20:.1f} MiB, {tiles} tile(s)"
-             f"{nlc_note}")
+    return (f"im2col + tiled GEMM: M {m}, K {k}, N {oc}; scratch {rows * kp * 4 / 2**20:.1f} MiB, {tiles} tile(s)"
+            f"{nlc_note}")
 
 
 def _lower_pointwise(node, ctx):

@@ -6,7 +6,7 @@ front end on an Adreno 840).
 Eligible only when all hold (otherwise the conv stays 1-D and the reason is noted):
   the weight is a constant with exactly one consumer (reshaping a shared weight would break the
   others); groups 1; dilation 1; out_channels >= IM2COL_MIN_COUT (so the result surely takes
-  im2col); kernel size > 1 (pointwise and depthwise have their own kernels); batch a concrete 1."""
+  im2col); kernel size > 1 (pointwise and depthwise have their own kernels); a concrete batch."""
 from __future__ import annotations
 
 import numpy as np
@@ -34,8 +34,6 @@ def why_not(node, graph, consumers) -> str | None:
         return "kernel size 1 (pointwise kernel)"
     if not isinstance(x.shape[0], int):
         return f"batch '{x.shape[0]}' is symbolic"
-    if x.shape[0] != 1:
-        return f"batch {x.shape[0]} != 1"
     if not isinstance(x.shape[2], int):
         return "length is symbolic"
     return None

@@ -13,10 +13,10 @@ Pattern (after conv1d_as_conv2d, conv_routing, fuse_activation and conv_output_n
 any Reshape/Squeeze/Unsqueeze/Flatten nodes, then Conv B routed to im2col reading the result, each tensor on the way
 read by the next node only and none a graph output, A's output shaped as B's input. B must be a 1-D conv: on
 [1, C, L], or on [1, C, 1, L] with a kernel height of 1 and no height padding (conv1d_as_conv2d's form); group 1,
-dilation 1, C a multiple of 4 (whole vec4 per position), batch 1, on the buffer GEMM.
+dilation 1, C a multiple of 4 (whole vec4 per position), on the buffer GEMM (a batch image by image).
 
 Result: A gets attrs["_out_layout"] = "NLC" and B attrs["_in_layout"] = "NLC"; both use a new tensor
-'<B's input>@nlc' of shape [1, L, C]; the reshape nodes and their tensors go. Conv.infer and Conv.reference follow
+'<B's input>@nlc' of shape [N, L, C]; the reshape nodes and their tensors go. Conv.infer and Conv.reference follow
 these attributes. Session option conv_input_nlc=False turns the pass off."""
 from __future__ import annotations
 
@@ -73,13 +73,11 @@ def _why_not(a, b, graph, options) -> str | None:
     if not (x.is_static and y.is_static and w.shape is not None and len(x.shape) in (3, 4)
             and len(w.shape) == len(x.shape)):
         return "not a 1-D or 2-D conv over static shapes"
-    n, c = x.shape[:2]
+    c = x.shape[1]
     if y.shape != x.shape:
         return f"the reshapes change {list(y.shape)} into {list(x.shape)}"
     if not fast_gemm(options.planned_storage, options, c):
         return f"the buffer GEMM does not run here ({options.planned_storage} storage, {c} channels)"
-    if n != 1:
-        return f"batch {n} != 1 (the GEMM's rows are one image's positions)"
     nd = len(x.shape) - 2
     if nd == 2 and (x.shape[2] != 1 or w.shape[2] != 1):
         return f"input height {x.shape[2]} and kernel height {w.shape[2]}: not a 1-D conv"

@@ -19,9 +19,11 @@ Result: the Conv gets attrs["_out_layout"] = "NLC"; its output is the Transpose'
 [1, L, C]; the residual is its 4th input (the bias slot "" when there is none); Conv.infer and Conv.reference
 follow these. With a residual the Conv takes the Add's place in the node order, where the residual exists.
 
+A batch of N: [N, C, H, W] -> [N, L, C], the Add's other operand [N, L, C] (image n's rows added to image n's) or
+[L, C] / [1, L, C] (the same rows added to every image's); the lowering runs the GEMM image by image.
+
 Left alone, with a note: texture storage and the general GEMM (option fast_gemm off): neither has a
-row-major output with a residual; batch > 1: the im2col GEMM's rows are one image's positions (conv routing
-sends batch > 1 to the direct kernel anyway). Session option conv_output_nlc=False turns the pass off."""
+row-major output with a residual. Session option conv_output_nlc=False turns the pass off."""
 from __future__ import annotations
 
 
@@ -89,9 +91,6 @@ def _why_not(conv, graph, options) -> str | None:
     if not fast_gemm(options.planned_storage, options):
         return (f"only the buffer GEMM writes rows with a residual ({options.planned_storage} storage"
                 f"{', fast_gemm off' if not options.fast_gemm else ''})")
-    batch = graph.tensor(conv.outputs[0]).shape[0]
-    if batch != 1:
-        return f"batch {batch} != 1 (the GEMM's rows are one image's positions)"
     return None
 
 
@@ -110,7 +109,7 @@ def _residual(add, cur, graph) -> str | None:
     a, b = add.inputs
     other = b if a == cur else a
     shape = graph.tensor(cur).shape
-    if other == cur or graph.tensor(other).shape not in (shape, shape[1:]):
+    if other == cur or graph.tensor(other).shape not in (shape, shape[1:], (1,) + tuple(shape[1:])):
         return None
     return other
 

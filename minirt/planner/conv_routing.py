@@ -3,18 +3,24 @@
   depthwise  groups == C_in == C_out (weight [C, 1, ...])             -> the depthwise kernel
   pointwise  1x1 kernel, groups 1, stride 1, no padding               -> a GEMM on the activation directly
   im2col     groups 1, dilation 1, kernel not 1x1, C_out >= 128,
-             2-D, batch a concrete 1                                  -> im2col into scratch + tiled GEMM
+             2-D, a concrete batch (above 1: buffer storage, each
+             image's input and output at an aligned offset)          -> im2col into scratch + tiled GEMM
   direct     everything else                                          -> the direct kernel
 
-The C_out threshold is ExecuTorch's: below it the im2col gather costs more than the GEMM saves."""
+The C_out threshold is ExecuTorch's: below it the im2col gather costs more than the GEMM saves. A batch runs the
+im2col route image by image (ops/conv.py): each image's im2col and GEMM are batch 1's, on views of the batch's
+input and output, so a batch costs each image what one image costs."""
 from __future__ import annotations
+
+import numpy as np
 
 IM2COL_MIN_COUT = 128
 ROUTES = ("im2col", "pointwise", "depthwise", "direct")
 
 
-def route(node, graph) -> tuple[str, str]:
-    """(route, reason) for a Conv node of a shape-inferred graph."""
+def route(node, graph, storage="buffer", align=16) -> tuple[str, str]:
+    """(route, reason) for a Conv node of a shape-inferred graph; storage: where activations live; align: the
+    device's storage buffer offset alignment (bytes), which each image's offset in a batch must keep."""
     w = graph.tensor(node.inputs[1])
     x = graph.tensor(node.inputs[0])
     g = int(node.attrs.get("group", 1))
@@ -36,16 +42,27 @@ def route(node, graph) -> tuple[str, str]:
         return "direct", f"out_channels {oc} < {IM2COL_MIN_COUT} (im2col threshold)"
     if len(ks) != 2:
         return "direct", "1-D conv not rewritten to 2-D (im2col runs 2-D convs)"
-    if not isinstance(x.shape[0], int) or x.shape[0] != 1:
-        return "direct", f"batch {x.shape[0]} is not a concrete 1"
+    n = x.shape[0]
+    if not isinstance(n, int):
+        return "direct", f"batch {n} is not concrete"
+    if n > 1:
+        if storage != "buffer":
+            return "direct", f"batch {n} in {storage} storage (a batch's images are buffer views)"
+        y = graph.tensor(node.outputs[0])
+        # 2 bytes an element: the offsets of fp16's 16-bit activations, and so of float32's too
+        per = [2 * int(np.prod(t.shape[1:], dtype=np.int64)) for t in (x, y)]
+        if any(b % max(int(align), 1) for b in per):
+            return "direct", f"batch {n}: an image's {per} bytes are not a multiple of the offset alignment {align}"
+        return "im2col", f"im2col + tiled GEMM, image by image (batch {n})"
     return "im2col", "im2col + tiled GEMM"
 
 
 def annotate(graph, options, profile=None):
     """Record each Conv's route in its attrs (minirt-private key) and the reason in the notes."""
+    align = profile.min_storage_buffer_offset_alignment if profile is not None else 16
     for node in graph.nodes:
         if node.op == "Conv":
-            r, why = route(node, graph)
+            r, why = route(node, graph, options.planned_storage, align)
             forced = options.conv_route
             if forced:
                 r, why = forced, f"forced by option conv_route={forced}"

@@ -165,3 +165,26 @@ def test_a_batch_matches_onnxruntime(length):
     m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 3
     x = np.random.default_rng(length).standard_normal((3, 80, length)).astype(np.float32)
     check_model(m, {"x": x})
+
+
+def test_every_route_takes_a_batch():
+    """Batch 3 through a 1x1 conv (pointwise), a 3x3 conv of 128 channels (im2col), a depthwise and a grouped conv
+    (direct), 2-D, in both storages, poisoned: every image is computed (a route that ran only the first image
+    would leave the others NaN or wrong)."""
+    rng = np.random.default_rng(np.random.SeedSequence().entropy % 2**31)
+
+    def w(*shape):
+        return (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+    h = helper.make_node
+    nodes = [h("Conv", ["x", "w1"], ["a"], name="pointwise"), h("Relu", ["a"], ["ar"]),
+             h("Conv", ["ar", "w2", "b2"], ["b"], name="im2col", pads=[1, 1, 1, 1]),
+             h("Conv", ["b", "w3"], ["c"], name="depthwise", pads=[1, 1, 1, 1], group=128),
+             h("Conv", ["c", "w4"], ["y"], name="grouped", pads=[1, 1, 1, 1], group=4)]
+    m = make_model(nodes, {"x": (3, 64, 6, 7)}, ["y"], {"w1": w(128, 64, 1, 1), "w2": w(128, 128, 3, 3),
+                                                        "b2": w(128, 1)[:, 0], "w3": w(128, 1, 3, 3),
+                                                        "w4": w(128, 32, 3, 3)})
+    with Session(m, storage="buffer") as s:
+        routes = " ".join(n for notes in s.plan.notes.values() for n in notes)
+    assert "route: pointwise (1x1 kernel: a GEMM on the activation, image by image (batch 3))" in routes
+    assert "route: im2col (im2col + tiled GEMM, image by image (batch 3))" in routes
+    check_model(m, {"x": rng.standard_normal((3, 64, 6, 7)).astype(np.float32)})

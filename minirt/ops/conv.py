@@ -239,6 +239,8 @@ def _im2col_image(node, ctx, x, y, res, w_shape, wt, bt, n4, strides, dil, pb, o
 
 
 def _lower_pointwise(node, ctx):
+    """One GEMM an image (the kernel's A and output are one image's [C, H * W]); a batch image by image on views, as
+    the im2col route."""
     from .gemm import gemm_dispatch, pack_bias, pack_weight
     x, y, w, b, *_ = _operands(node, ctx)
     oc, c = w.shape[:2]
@@ -246,7 +248,10 @@ def _lower_pointwise(node, ctx):
     wt, n4 = pack_weight(ctx, node.inputs[1], w.reshape(oc, c).T)
     bt = pack_bias(ctx, f"{node.name}.bias", b, oc)
     m = x4.shape[2] * x4.shape[3]
-    gemm_dispatch(ctx, y4, x4, wt, bt, m, oc, c, n4, a_mode=1, out_mode=1, act=node.attrs.get("_act"))
+    batch = x4.shape[0]
+    for n in range(batch):
+        gemm_dispatch(ctx, _image(ctx, y4, n, batch), _image(ctx, x4, n, batch), wt, bt, m, oc, c, n4, a_mode=1,
+                      out_mode=1, act=node.attrs.get("_act"))
     _from4d(ctx, y4, y)
 
 

@@ -26,8 +26,9 @@ def to_texels(a: np.ndarray, packed_dim: int) -> np.ndarray:
     raise ValueError(f"unsupported packed dim {packed_dim}")
 
 
-def from_texels(t: np.ndarray, shape, packed_dim: int) -> np.ndarray:
-    """Inverse of to_texels: (z, y, x, 4) texels -> dense float32 array of `shape`."""
+def from_texels(t: np.ndarray, shape, packed_dim: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Inverse of to_texels: (z, y, x, 4) texels -> dense float32 array of `shape` (written into `out`, a C-contiguous
+    float32 array of that shape, where given)."""
     w, h, c, n = whcn(shape)
     if packed_dim == 0:
         x = t.reshape(n, c, h, -1)[..., :w]
@@ -35,4 +36,7 @@ def from_texels(t: np.ndarray, shape, packed_dim: int) -> np.ndarray:
         x = t.reshape(n, -1, h, w, 4).transpose(0, 1, 4, 2, 3).reshape(n, -1, h, w)[:, :c]
     else:
         raise ValueError(f"unsupported packed dim {packed_dim}")
+    if out is not None:
+        np.copyto(out.reshape(x.shape), x)
+        return out
     return np.array(x, dtype=np.float32, order="C").reshape(shape)  # always a copy: t may be mapped memory

@@ -170,8 +170,10 @@ class Options:
     direct_io: str = _opt("off", _choice(DIRECT_IO),
                           "graph inputs and/or outputs in host memory that kernels read and write over the bus "
                           "instead of staging copies (MINIRT_DIRECT_IO)", "buffer storage")
-    zero_copy: bool = _opt(True, _flag, "return outputs in host memory the GPU copied them into, without a host copy "
-                           "(MINIRT_ZERO_COPY)", "drivers with VK_EXT_external_memory_host, buffer storage")
+    zero_copy: bool = _opt(True, _flag, "return outputs in host memory the GPU copied them into (3 sets, reused once "
+                           "the caller lets go of them), without a host copy; off, or every set kept: one host copy "
+                           "into memory faulted in while the GPU runs (MINIRT_ZERO_COPY)",
+                           "drivers with VK_EXT_external_memory_host, buffer storage")
     max_load_bytes: int | None = _opt(None, _optional(_count),
                                       "bytes of constants loading may make beyond what the model files hold (load-time "
                                       "folding, summed over the graph), checked before allocating; default: 1 GiB "

@@ -29,6 +29,26 @@ def get_device(index=None):
         return _devices[key]
 
 
+def _check_out(out: dict, shapes: dict) -> None:
+    """An InputError naming the output unless each out= array can take it: a writeable C-contiguous float32 numpy array
+    of the output's shape (`shapes`: name -> shape), sharing no memory with another one of `out`."""
+    for name, a in out.items():
+        want = f"a writeable C-contiguous float32 numpy array of shape {list(shapes[name])}"
+        if not isinstance(a, np.ndarray):
+            raise InputError(f"out for output '{name}' must be {want}, got {type(a).__name__}")
+        bad = [what for what, wrong in ((f"dtype {a.dtype}", a.dtype != np.float32),
+                                        (f"shape {list(a.shape)}", tuple(a.shape) != tuple(shapes[name])),
+                                        ("not C-contiguous", not a.flags.c_contiguous),
+                                        ("read-only", not a.flags.writeable)) if wrong]
+        if bad:
+            raise InputError(f"out for output '{name}' must be {want}; got {', '.join(bad)}")
+    names = list(out)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            if np.may_share_memory(out[a], out[b]):
+                raise InputError(f"out arrays for outputs '{a}' and '{b}' share memory")
+
+
 @dataclass(frozen=True)
 class IOInfo:
     name: str
@@ -124,8 +144,14 @@ class Session:
         return ex
 
     # -- running ----------------------------------------------------------------------------
-    def run(self, output_names=None, input_feed=None):
-        """run(x) -> the single output; run(None | [names], {name: array}) -> list of outputs."""
+    def run(self, output_names=None, input_feed=None, *, out=None):
+        """run(x) -> the single output; run(None | [names], {name: array}) -> list of outputs. Every returned array is
+        the caller's: no later run writes it.
+
+        out: arrays the outputs are written into instead (and returned), reusable across runs: for run(x) one array,
+        else {output name: array} for some of the outputs asked for, or a list matching them. Each must be a
+        writeable C-contiguous float32 array of that output's shape; a wrong one is an InputError naming the output,
+        raised before anything runs."""
         single = input_feed is None and isinstance(output_names, np.ndarray)
         if single:
             if len(self.inputs) != 1:
@@ -138,15 +164,39 @@ class Session:
         for n in names:
             if n not in self.graph.outputs:
                 raise InputError(f"'{n}' is not an output of this model (outputs: {', '.join(self.graph.outputs)})")
+        out = self._out_dict(out, names, single)
         with self._lock:
             if self._execs is None:
                 raise MinirtError("this Session is closed")
             ex = self._executor({k: v.shape for k, v in feeds.items()})
+            if out:
+                _check_out(out, {n: ex.plan.tensors[n].shape for n in out})
             t0 = time.perf_counter()
-            res = ex.run(feeds)
+            res = ex.run(feeds, out=out)
             self.startup_ms.setdefault("first_run", (time.perf_counter() - t0) * 1e3)
             self._last = ex
         return res[names[0]] if single else [res[n] for n in names]
+
+    @staticmethod
+    def _out_dict(out, names, single) -> dict:
+        """run()'s out= as {output name: array}."""
+        if out is None:
+            return {}
+        if isinstance(out, np.ndarray) or not isinstance(out, (dict, list, tuple)):
+            if not single:
+                raise InputError("out must be {output name: array} or a list with an array for each output asked for")
+            out = {names[0]: out}
+        elif isinstance(out, dict):
+            if single and set(out) - {names[0]}:
+                raise InputError(f"out names {sorted(set(out) - {names[0]})}; this run returns '{names[0]}'")
+            extra = [n for n in out if n not in names]
+            if extra:
+                raise InputError(f"out names {extra}, which this run does not return (it returns {names})")
+        else:
+            if len(out) != len(names):
+                raise InputError(f"out has {len(out)} arrays for {len(names)} outputs ({names})")
+            out = dict(zip(names, out))
+        return out
 
     def _check_feeds(self, feed):
         if not isinstance(feed, dict):

@@ -42,3 +42,21 @@ def test_gemm_figures_group_a_profiled_whisper_run(options):
     # conv1: positions x (mels x 3) x d; conv2 (stride 2): positions / 2 x (3 d) x d
     assert front["gflop"] * 1e9 == pytest.approx(2 * frames * 80 * 3 * d + 2 * (frames // 2) * 3 * d * d)
     assert front["us"] > 0
+
+
+def test_output_modes_and_the_batch_table(capsys):
+    """bench.output_modes times a Session's runs with the results dropped, kept and written into one out= array (all
+    three positive, from rounds of runs); print_batches gives ms a batch item and the ratios."""
+    from onnx import helper
+    from oracle import make_model, rand
+    m = make_model([helper.make_node("Tanh", ["x"], ["y"])], {"x": [4, 64]}, ["y"])
+    with Session(m, storage="buffer") as s:
+        modes = bench.output_modes(s, rand(4, 64), runs=3, warmup=1)
+    assert set(modes) == {"dropped", "kept", "out"} and all(med >= mn > 0 for med, mn in modes.values())
+    res = {1: {"wall_ms": 2.0, "kept_wall_ms": 2.2, "out_wall_ms": 2.1, "gpu_span_ms": 1.5},
+           8: {"wall_ms": 16.0, "kept_wall_ms": 16.0, "out_wall_ms": 16.4, "gpu_span_ms": None,
+               "torch_eager_wall_ms": 40.0, "torch_graph_wall_ms": 8.0}}
+    bench.print_batches("tiny", "fp32", res, 64)
+    rows = capsys.readouterr().out.strip().splitlines()[-2:]
+    assert rows[0].split() == ["1", "2.000", "2.200", "1.10x", "2.100", "1.500", "-", "-", "-"]
+    assert rows[1].split() == ["8", "2.000", "2.000", "1.00x", "2.050", "-", "5.000", "1.000", "2.00x"]

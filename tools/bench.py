@@ -18,6 +18,16 @@ effective TFLOP/s.
 
 Every figure is a median over --runs timed calls after --warmup untimed ones. Wall time is per call
 with the input starting in host memory and the output ending in host memory, for every runtime.
+
+minirt's wall time is taken three ways, in alternating rounds: outputs dropped (the caller lets go of each result
+before the next run), kept (each appended to a list, as a caller collecting results does) and into one reusable
+array (Session.run(..., out=)); the table gives each as a ratio of the dropped figure.
+
+  python tools/bench.py --sizes tiny --precision fp32,fp16 --batch 1,4,8,16   # + ms a batch item, beside PyTorch
+
+--batch builds the encoder with a symbolic batch dim and times each batch size (items: distinct sample inputs):
+minirt's wall time (dropped and kept) and GPU span, and PyTorch's, per item. --frames and --layers shrink the model
+(a quick check on lavapipe: --sizes tiny --frames 64 --layers 1 --runs 3 --warmup 1 --batch 1,2).
 """
 from __future__ import annotations
 
@@ -44,6 +54,25 @@ def timed(fn, runs, warmup):
     return statistics.median(ts), min(ts)
 
 
+def output_modes(s, x, runs, warmup, rounds=3):
+    """Session.run wall ms (median, min) with each result dropped, kept (appended to a list until every round is done)
+    and written into one out= array, in `rounds` alternating rounds so that a slow stretch touches each alike:
+    {"dropped": (median, min), "kept": ..., "out": ...}."""
+    kept, buf = [], np.empty_like(s.run(x))
+    modes = {"dropped": lambda: s.run(x), "kept": lambda: kept.append(s.run(x)), "out": lambda: s.run(x, out=buf)}
+    ts = {m: [] for m in modes}
+    per = max(1, runs // rounds)
+    for _ in range(rounds):
+        for m, fn in modes.items():
+            for i in range(warmup + per):
+                t0 = time.perf_counter()
+                fn()
+                if i >= warmup:
+                    ts[m].append((time.perf_counter() - t0) * 1e3)
+    kept.clear()
+    return {m: (statistics.median(v), min(v)) for m, v in ts.items()}
+
+
 def cosine(a, b):
     a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
     return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
@@ -54,7 +83,10 @@ def bench_minirt(model, x, runs, warmup, storage, options):
     res = {}
     with Session(model, storage=storage, options=options) as s:
         y = s.run(x)
-        res["wall_ms"], res["wall_min_ms"] = timed(lambda: s.run(x), runs, warmup)
+        modes = output_modes(s, x, runs, warmup)
+        res["wall_ms"], res["wall_min_ms"] = modes["dropped"]
+        res["kept_wall_ms"], res["kept_wall_min_ms"] = modes["kept"]
+        res["out_wall_ms"], res["out_wall_min_ms"] = modes["out"]
         outs = {s.run(x).tobytes() for _ in range(min(runs, 60))}
         res["distinct_outputs"] = len(outs)
         res["dispatches"] = len(s.plan.dispatches)
@@ -166,13 +198,20 @@ def rel_l2(a, b):
 
 
 def bench_torch(model, x, runs, warmup, precision="fp32"):
-    """HF transformers' WhisperEncoder with the ONNX model's weights, fp32 (TF32 off) or fp16 (.half())."""
+    """HF transformers' WhisperEncoder with the ONNX model's weights, fp32 (TF32 off) or fp16 (.half()): (output,
+    figures), or (None, None) without CUDA."""
+    enc = torch_encoder(model, precision)
+    return (None, None) if enc is None else torch_times(enc, x, runs, warmup, precision)
+
+
+def torch_encoder(model, precision):
+    """The model as HF transformers' WhisperEncoder on the GPU in `precision`, or None without CUDA."""
     import torch
     from transformers import WhisperConfig
     from transformers.models.whisper.modeling_whisper import WhisperEncoder
     import whisper_encoder as we
     if not torch.cuda.is_available():
-        return None, None
+        return None
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     sd = we.hf_state_dict(model, prefix="")
@@ -183,8 +222,13 @@ def bench_torch(model, x, runs, warmup, precision="fp32"):
     enc = WhisperEncoder(cfg).eval()
     missing, unexpected = enc.load_state_dict({k: torch.from_numpy(v) for k, v in sd.items()}, strict=False)
     assert not unexpected and all("k_proj.bias" in k for k in missing), (missing, unexpected)
+    return enc.cuda().to(torch.float16 if precision == "fp16" else torch.float32)
+
+
+def torch_times(enc, x, runs, warmup, precision):
+    """(output, {eager and CUDA-graph wall ms, ...}) of the torch encoder `enc` on input x."""
+    import torch
     dt = torch.float16 if precision == "fp16" else torch.float32
-    enc = enc.cuda().to(dt)
     res = {}
     with torch.no_grad():
         def eager():
@@ -215,6 +259,61 @@ def bench_torch(model, x, runs, warmup, precision="fp32"):
     return y, res
 
 
+def batch_input(we, n_mels, frames, batch):
+    """`batch` distinct sample inputs (seeds 1, 2, ...) stacked: [batch, n_mels, frames]."""
+    return np.concatenate([we.sample_input(n_mels, frames, seed=1 + i) for i in range(batch)])
+
+
+def bench_batches(we, size, batches, prec, a, opts, torch_on):
+    """Per batch size: minirt's wall ms (dropped, kept) and GPU span, and PyTorch's eager and CUDA-graph wall ms, on the
+    encoder built with a symbolic batch dim. {batch: {...}}; every time is for the whole batch."""
+    from minirt import Session
+    model = we.build_whisper_encoder(size, opset=17, seed=0, dynamic_batch=True, layers=a.layers, n_frames=a.frames)
+    n_mels = we.SIZES[size][3]
+    xs = {b: batch_input(we, n_mels, a.frames, b) for b in batches}
+    res = {b: {} for b in batches}
+    options = {**opts, "precision": prec}
+    with Session(model, storage=a.storage, options=options) as s:
+        for b, x in xs.items():
+            modes = output_modes(s, x, a.runs, a.warmup)
+            res[b]["wall_ms"], res[b]["kept_wall_ms"] = modes["dropped"][0], modes["kept"][0]
+            res[b]["out_wall_ms"] = modes["out"][0]
+    with Session(model, storage=a.storage, options=options, profile="span") as s:
+        for b, x in xs.items():
+            span = []
+            for i in range(a.runs + a.warmup):
+                s.run(x)
+                if i >= a.warmup:
+                    span.append(s.gpu_span_ms())
+            res[b]["gpu_span_ms"] = statistics.median(span) if None not in span else None
+    if torch_on:
+        try:
+            enc = torch_encoder(model, prec)
+        except ImportError as e:
+            enc = None
+            print(f"torch not available: {e}", file=sys.stderr)
+        for b, x in xs.items():
+            if enc is not None:
+                _, t = torch_times(enc, x, a.runs, a.warmup, prec)
+                res[b]["torch_eager_wall_ms"], res[b]["torch_graph_wall_ms"] = t["eager_wall_ms"], t["graph_wall_ms"]
+    return res
+
+
+def print_batches(size, prec, res, frames):
+    """The --batch table: ms a batch item, and ratios (kept / dropped; minirt / PyTorch CUDA graph)."""
+    print(f"\nWhisper-{size} encoder, {prec}, input [B, mels, {frames}], dynamic batch: ms per item (median)")
+    print(f"{'batch':>5} {'minirt wall':>12} {'kept':>8} {'kept/dropped':>13} {'out=':>8} {'GPU span':>9} "
+          f"{'torch eager':>12} {'torch graph':>12} {'minirt/graph':>13}")
+    def ms(v, b):
+        return f"{v / b:.3f}" if v is not None else "-"
+    for b, r in res.items():
+        tg = r.get("torch_graph_wall_ms")
+        vs_graph = f"{r['wall_ms'] / tg:.2f}x" if tg else "-"
+        print(f"{b:>5} {ms(r['wall_ms'], b):>12} {ms(r['kept_wall_ms'], b):>8} "
+              f"{r['kept_wall_ms'] / r['wall_ms']:>12.2f}x {ms(r['out_wall_ms'], b):>8} {ms(r['gpu_span_ms'], b):>9} "
+              f"{ms(r.get('torch_eager_wall_ms'), b):>12} {ms(tg, b):>12} {vs_graph:>13}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="tiny,base")
@@ -227,20 +326,25 @@ def main(argv=None):
     ap.add_argument("--json", help="write all figures here")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                     help="a Session option for minirt (`minirt options` lists them), e.g. --option gemm_tile=t44")
+    ap.add_argument("--batch", help="comma-separated batch sizes, e.g. 1,4,8,16: ms a batch item on the encoder built "
+                                    "with a symbolic batch dim, beside PyTorch's")
+    ap.add_argument("--frames", type=int, default=3000, help="input frames (default 3000: 30 s)")
+    ap.add_argument("--layers", type=int, help="override the number of layers (quick checks)")
     a = ap.parse_args(argv)
     import whisper_encoder as we
     results = []
     for size in a.sizes.split(","):
-        model = we.build_whisper_encoder(size, opset=17, seed=0)
-        x = we.sample_input(seed=1)
-        r = {"size": size}
+        model = we.build_whisper_encoder(size, opset=17, seed=0, layers=a.layers, n_frames=a.frames)
+        x = we.sample_input(we.SIZES[size][3], a.frames, seed=1)
+        r = {"size": size, "frames": a.frames}
         opts = dict(o.split("=", 1) for o in a.option)
         precisions = a.precision.split(",")
         ys = {}
         for prec in precisions:
             key = "minirt" if prec == "fp32" else f"minirt_{prec}"
             ys[prec], r[key] = bench_minirt(model, x, a.runs, a.warmup, a.storage, {**opts, "precision": prec})
-            r[key]["gemms"], r[key]["front_end"] = gemm_figures(r[key]["dispatch_us"], we.SIZES[size][0])
+            r[key]["gemms"], r[key]["front_end"] = gemm_figures(r[key]["dispatch_us"], we.SIZES[size][0],
+                                                                (a.frames + 1) // 2)
             r[key]["options"] = opts or None
             r[key]["precision"] = prec
         if "fp32" not in ys:    # the fp16 accuracy reference
@@ -271,6 +375,10 @@ def main(argv=None):
                     r[f"torch_cuda_{prec}"] = tr
         results.append(r)
         print_table(r, precisions)
+        for prec in precisions if a.batch else ():
+            batches = [int(b) for b in a.batch.split(",")]
+            r[f"batches_{prec}"] = bench_batches(we, size, batches, prec, a, opts, not a.no_torch)
+            print_batches(size, prec, r[f"batches_{prec}"], a.frames)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
         print(f"wrote {a.json}")
@@ -281,10 +389,13 @@ def print_table(r, precisions=("fp32",)):
     for prec in precisions:
         m = r["minirt" if prec == "fp32" else f"minirt_{prec}"]
         base = m["wall_ms"]
-        print(f"\nWhisper-{r['size']} encoder, input [1, 80, 3000], {prec}; {m['gflop']:.1f} GFLOP in {m['dispatches']} "
+        print(f"\nWhisper-{r['size']} encoder, input [1, mels, {r.get('frames', 3000)}], {prec}; "
+              f"{m['gflop']:.1f} GFLOP in {m['dispatches']} "
               f"dispatches; {m['device']}, storage {m['storage']}")
         print(f"{'runtime':<34} {'median ms':>10} {'min ms':>8} {'vs minirt wall':>15}")
         rows = [("minirt Session.run (wall)", m["wall_ms"], m["wall_min_ms"]),
+                ("minirt, outputs kept (wall)", m["kept_wall_ms"], m["kept_wall_min_ms"]),
+                ("minirt, into one out= (wall)", m["out_wall_ms"], m["out_wall_min_ms"]),
                 ("minirt GPU time (query pool)", m["gpu_ms"], None),
                 ("minirt GPU span (two stamps)", m["gpu_span_ms"], None)]
         t = r.get(f"torch_cuda_{prec}")

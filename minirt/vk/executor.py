@@ -1,9 +1,9 @@
 """The Executor: turns a Plan into Vulkan resources and recorded command buffers once, then replays them.
 
 Its parts: resources.py owns every Vulkan object and places the tensors (activation arena, images, host staging,
-readback and direct I/O), upload.py uploads the weights, zero_copy.py makes the host-imported output slots,
-recorder.py records the run (descriptors, barriers, poison, timestamps). This file runs the start-up phases in
-order, replays a run, reads the timestamps and closes."""
+readback and direct I/O), upload.py uploads the weights, outputs.py keeps the sets of output arrays a run hands out
+(zero_copy.py: host memory imported into Vulkan), recorder.py records the run (descriptors, barriers, poison,
+timestamps). This file runs the start-up phases in order, replays a run, reads the timestamps and closes."""
 from __future__ import annotations
 
 import time
@@ -17,7 +17,8 @@ from .kernels import Kernels
 from .recorder import Recorder, make_query_pools
 from .resources import Resources, count_live, live_objects
 from .upload import TIMEOUT_HINT, place_constants
-from .zero_copy import make_slots, refs
+from .outputs import free_set, fresh, plain_sets
+from .zero_copy import make_slots
 
 __all__ = ["Executor", "live_objects"]     # live_objects: tests and tools import it from here
 
@@ -49,7 +50,8 @@ class Executor:
         self.res = res = Resources(dev, plan, tuple(plan.direct_io) if plan.storage == "buffer" else ())
         self.kernels, self._kernel_objects = None, 0
         self.inputs = self.outputs = None
-        self.slots = []           # zero-copy output slots (zero_copy.py)
+        self.slots = []           # zero-copy output sets (zero_copy.py)
+        self.plain = []           # output sets the host copies into, where there are no zero-copy ones (outputs.py)
         try:
             phase("pipelines")                    # opening the on-disk pipeline cache
             self.kernels = Kernels(dev)
@@ -65,6 +67,8 @@ class Executor:
             self.inputs, self.outputs = res.inputs, res.outputs
             res.place_views()
             self.slots = make_slots(res)
+            if not self.slots:
+                self.plain = plain_sets(plan, list(res.outputs))
             if self.profiling:
                 self.query_pools = make_query_pools(res, 2 if self.span else len(plan.dispatches) + 1)
             phase("record", "creating pipelines and recording")
@@ -90,10 +94,12 @@ class Executor:
                                   f"{type(e).__name__}") from e
             raise
 
-    def run(self, feeds: dict, params: dict | None = None) -> dict:
+    def run(self, feeds: dict, params: dict | None = None, out: dict | None = None) -> dict:
         """feeds: {input name: array of the planned shape and dtype (float32, or int32 for integer inputs)};
         params: {name: int} for every run-time parameter of the plan (plan.params), written into the parameter block
-        before the submission. Returns {output name: array}."""
+        before the submission; out: {output name: float32 C-contiguous writeable array of its shape} (checked by the
+        caller) that those outputs are written into. Returns {output name: array}: arrays no caller holds
+        (outputs.py), or out's."""
         if self.plan.params:
             given = params or {}
             for slot, name in enumerate(self.plan.params):
@@ -105,8 +111,9 @@ class Executor:
             else:
                 np.copyto(view, x.reshape(-1), casting="no")
         lib, vk = self.vk.lib, self.vk
-        slot = next((i for i, sl in enumerate(self.slots) if refs(sl["items"]) == sl["base"]), None)
+        slot = None if out else free_set(self.slots)
         submit = self._submit if slot is None else self._submits[slot]
+        dest = None
         with self.dev.lock:
             rc = vk.VK_SUCCESS
             if self._pending:
@@ -123,7 +130,9 @@ class Executor:
                 rc = lib.vkQueueSubmit(self.dev.queue, 1, submit, self.fence)
                 if rc != vk.VK_SUCCESS:
                     self._pending = False       # nothing was submitted: the fence stays unsignalled
-                elif self.spin_s:
+                elif slot is None:
+                    dest = self._destination(out or {})     # while the GPU works: its pages are faulted in by now
+                if rc == vk.VK_SUCCESS and self.spin_s:
                     # poll first: a sleeping wait costs a thread wake-up after the GPU is done
                     end = time.perf_counter() + self.spin_s
                     while lib.vkGetFenceStatus(self.d, self.fence) == vk.VK_NOT_READY and time.perf_counter() < end:
@@ -141,15 +150,25 @@ class Executor:
             raise DeviceError(f"the GPU failed while running: {what}")
         if slot is not None:     # the GPU wrote these arrays; nobody else holds them
             return {name: arr for name, arr, _ in self.slots[slot]["items"]}
-        out = {}
         for name, (_, view, t, rng) in self.outputs.items():
             if rng is not None:
                 self.vk.vkInvalidateMappedMemoryRanges(self.d, 1, [rng])
             if self.texture:
-                out[name] = from_texels(view, t.shape, t.packed_dim)
+                from_texels(view, t.shape, t.packed_dim, out=dest[name])
             else:
-                out[name] = view.reshape(t.shape).copy()
-        return out
+                np.copyto(dest[name].reshape(-1), view, casting="no")
+        return dest
+
+    def _destination(self, out: dict) -> dict:
+        """{output name: the array a run's host copy fills}: out's, then a plain set no caller holds, else fresh arrays
+        with their pages faulted in (the caller kept every set)."""
+        i = free_set(self.plain)
+        if i is not None:
+            dest = {name: arr for name, arr, _ in self.plain[i]["items"]}
+        else:
+            dest = {name: fresh(t.shape) for name, (_, _, t, _) in self.outputs.items() if name not in out}
+        dest.update(out)
+        return dest
 
     def dispatch_times_ns(self):
         """GPU nanoseconds per dispatch of the last run (profile=True; profile="span": one figure, the whole run),
@@ -191,6 +210,6 @@ class Executor:
             count_live(-self._kernel_objects)
             self._kernel_objects = 0
         res.destroy_all(errors)
-        self.slots = []      # host memory goes only after the memory objects importing it
+        self.slots, self.plain = [], []      # host memory goes only after the memory objects importing it
         if errors:
             raise DeviceError(f"closing the executor failed: {type(errors[0]).__name__}: {errors[0]}") from errors[0]

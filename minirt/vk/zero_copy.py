@@ -1,17 +1,13 @@
-"""Zero-copy outputs (buffer storage, VK_EXT_external_memory_host): ZERO_COPY_SLOTS sets of numpy arrays whose
-memory the GPU copies the outputs into, each with its own recorded command buffer. A run uses a set no caller still
-holds (CPython reference counts of the arrays and of the memory they view) and returns its arrays as they are: no
-host copy of the result. When every set is held, the run falls back to the readback buffers and a copy."""
+"""Zero-copy outputs (buffer storage, VK_EXT_external_memory_host): the executor's output sets (outputs.py) as numpy
+arrays whose memory the GPU copies the outputs into, each set with its own recorded command buffer. A run uses a set no
+caller still holds and returns its arrays as they are: no host copy of the result. When every set is held, the run
+copies out of the readback buffers into a fresh array (outputs.py)."""
 from __future__ import annotations
-
-import sys
 
 import numpy as np
 
 from ..errors import DeviceError
-
-ZERO_COPY_SLOTS = 3     # output sets a caller may hold while runs still return without a copy
-ZERO_COPY_MAX_BYTES = 64 << 20   # above this (all outputs together), one slot
+from .outputs import refs, set_count
 
 
 def make_slots(res) -> list:
@@ -25,8 +21,7 @@ def make_slots(res) -> list:
         return []
     total = sum(plan.tensors[n].nbytes for n in names)
     slots = []
-    # big outputs get one slot: host memory for three copies of them is not worth a saved copy
-    for _ in range(ZERO_COPY_SLOTS if total <= ZERO_COPY_MAX_BYTES else 1):
+    for _ in range(set_count(total)):
         out, items = {}, []
         for n in names:
             t = plan.tensors[n]
@@ -45,12 +40,6 @@ def make_slots(res) -> list:
     for slot in slots:
         slot["base"] = refs(slot["items"])
     return slots
-
-
-def refs(items):
-    """CPython reference counts of a slot's arrays and of the memory they view: a caller holding an output, or any
-    view of it (numpy views reference the owner of the memory), raises one of them."""
-    return [(sys.getrefcount(arr), sys.getrefcount(raw)) for _, arr, raw in items]
 
 
 def import_host(res, addr, size, usage, what):

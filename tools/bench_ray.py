@@ -4,12 +4,13 @@ with the GPU, 2 actors sharing it), beside one process looping over the files an
 in one run, on the same random-weights Whisper checkpoint folder (written here: tiny's shapes, an English-only
 vocabulary) and the same fixed clips (seeded tones in noise, written as 16 kHz WAV).
 
-  python tools/bench_ray.py --clips 64 --seconds 10 --json ray.json
+  python tools/bench_ray.py --clips 128 --seconds 10 --json ray.json
 
 Per mode: files, wall s (from the start to the last file, start-up included), start-up s (to the first file
 finished), steady files/s (the files finished after every worker had finished its first, over the time they took)
 and files/s (files over wall s). Transcripts must be the same in every mode (the script says where they differ).
-Without ray installed the Ray modes are left out, and the script says so.
+Without ray installed the Ray modes are left out, and the script says so. First it prints, for each GPU NVML lists,
+the Vulkan device with its UUID (the match minirt.ray's workers rely on). Exit status 1 where transcripts differ.
 """
 from __future__ import annotations
 
@@ -154,6 +155,18 @@ def main():
     print(f"{args.clips} clips of {args.seconds:g} s, Whisper {args.size} shapes{shape} (random weights, English-only "
           f"vocabulary), beam {args.beam_size}, at most {args.max_new_tokens} tokens a window, batches of "
           f"{args.batch}; device {profile.name} ({profile.uuid or 'no UUID'})", flush=True)
+
+    from minirt.ray import nvml_uuids
+    from minirt.vk.device import choose, physical_devices
+    uuids = nvml_uuids()
+    if not uuids:
+        print("NVML: no NVIDIA GPU answers (pynvml, nvidia-smi): Ray's GPU indices cannot be mapped to UUIDs here")
+    for index, uuid in sorted((uuids or {}).items()):
+        try:
+            found = choose(physical_devices(), uuid)
+            print(f"NVML GPU {index} {uuid} is Vulkan device [{found[0]}] {found[2].name}")
+        except Exception as e:  # noqa: BLE001 - reported: the mapping is what is being checked
+            print(f"NVML GPU {index} {uuid}: {e}")
 
     results = []
 

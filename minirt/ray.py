@@ -12,8 +12,8 @@ Transcriber: a column `audio` (paths, float32 16 kHz samples, or a file's bytes)
 and `segments` (JSON) out. Runner: any model minirt runs, a column per input in, a column per output out.
 
 The device: Vulkan knows nothing of CUDA_VISIBLE_DEVICES or ray.get_gpu_ids(), so each worker finds the Vulkan device
-of the GPU Ray gave it by UUID (assigned_device). Ray itself is imported only by the caller: this module needs it
-only for ray.get_gpu_ids() inside a Ray worker, where it is already imported.
+of the GPU Ray gave it by UUID (assigned_device). Ray itself is imported only by the caller: this module asks it
+only what it assigned a Ray worker (ray.get_gpu_ids(), the worker's resources), where it is already imported.
 """
 from __future__ import annotations
 

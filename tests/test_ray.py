@@ -247,9 +247,9 @@ def ray_cluster():
 
 
 class Reporting(Transcriber):
-    """A Transcriber that adds the UUID of the Vulkan device its model runs on, and whose actor dies in the middle of
-    a batch (after its first row) once in the whole cluster: the first to remove `flag` exits, after leaving
-    `flag`.crashed behind."""
+    """A Transcriber that adds the device it was given and the UUID of the Vulkan device its model runs on, and whose
+    actor dies in the middle of a batch (after its first row) once in the whole cluster: the first to remove `flag`
+    exits, after leaving `flag`.crashed behind."""
 
     def __init__(self, model, flag, **opts):
         super().__init__(model, **opts)
@@ -267,6 +267,7 @@ class Reporting(Transcriber):
     def __call__(self, batch):
         out = super().__call__(batch)
         out["vulkan_uuid"] = np.array([self.model.backend.program.device.profile.uuid] * len(out["text"]))
+        out["device"] = np.array([self.device] * len(out["text"]))     # as assigned_device resolved it
         return out
 
 
@@ -303,7 +304,7 @@ def test_ray_data_pipelines(corpus, ray_cluster, tmp_path):
     assert sorted(r["audio"] for r in rows) == sorted(paths)               # each clip exactly once
     for r in rows:
         assert as_row(r) == want[r["audio"]], r["audio"]
-    assert {r["vulkan_uuid"] for r in rows} == {uuid}
+    assert {r["vulkan_uuid"] for r in rows} == {uuid} and {r["device"] for r in rows} == {"GPU-" + uuid}
     # the custom-resource way (drivers without NVML): the actor given resource vk0 opens device 0
     xs = [rand(16, seed=20 + i) for i in range(6)]
     ds = ray.data.from_items([{"x": x, "id": i} for i, x in enumerate(xs)])

@@ -7,8 +7,9 @@ vocabulary) and the same fixed clips (seeded tones in noise, written as 16 kHz W
   python tools/bench_ray.py --clips 128 --seconds 10 --json ray.json
 
 Per mode: files, workers, wall s (from the start to the last file, start-up included: the model's load in each
-worker, the worker processes' start; the Ray cluster is started before), start-up s (to the first file finished), steady files/s (the files finished after every worker had finished its first, over the time they took)
-and files/s (files over wall s). Transcripts must be the same in every mode (the script says where they differ).
+worker, the worker processes' start; the Ray cluster is started before), start-up s (to the first file finished),
+steady files/s (the files finished after every worker had finished its first, over the time they took) and files/s
+(files over wall s). Transcripts must be the same in every mode (the script says where they differ).
 Without ray installed the Ray modes are left out, and the script says so. First it prints, for each GPU NVML lists,
 the Vulkan device with its UUID (the match minirt.ray's workers rely on). Exit status 1 where transcripts differ.
 """

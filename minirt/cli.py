@@ -41,12 +41,12 @@ def _check_environment():
         env = read_environment()
     except MinirtError as e:
         raise _UsageError(str(e)) from None
-    if env.device:
-        try:
-            int(env.device)
-        except ValueError:
-            raise _UsageError(f"environment variable MINIRT_DEVICE={env.device!r} is not a device index "
-                              f"(see `minirt devices`)") from None
+    from .vk.device import parse_device
+    try:
+        parse_device(env.device)
+    except ValueError as e:
+        raise _UsageError(f"environment variable MINIRT_DEVICE={env.device!r} is not a device index or UUID: {e} "
+                          f"(see `minirt devices`)") from None
 
 
 def _check_device(device):
@@ -58,12 +58,21 @@ def _check_device(device):
     from .vk.device import choose, physical_devices
     devs = physical_devices()
     try:
-        choose(devs, None if device is None else str(device))
+        choose(devs, device)
     except DeviceError as e:
         if device is None:       # the message names MINIRT_DEVICE
             raise _UsageError(str(e)) from None
-        raise click.BadParameter(f"no device {device}; there are devices 0..{len(devs) - 1} (see `minirt devices`)",
-                                 ctx=click.get_current_context(), param_hint="'--device'") from None
+        raise click.BadParameter(str(e), ctx=click.get_current_context(), param_hint="'--device'") from None
+
+
+def _device_form(ctx, param, value):
+    """--device's form (an index or a UUID) is checked while parsing; whether such a device exists, by _check_device."""
+    from .vk.device import parse_device
+    try:
+        parse_device(value)
+    except ValueError as e:
+        raise click.BadParameter(f"{value!r} is not a device index or UUID: {e}", ctx=ctx, param=param) from None
+    return value
 
 
 def _check_output(ctx, param, value):
@@ -181,8 +190,9 @@ def main():
 
 storage_opt = click.option("--storage", type=click.Choice(["auto", "texture", "buffer"]), default=None,
                            help="Where tensors live: auto (the default) = textures on mobile GPUs, else buffers.")
-device_opt = click.option("--device", type=int, default=None,
-                          help="Device index from `minirt devices` (default: MINIRT_DEVICE or the best GPU).")
+device_opt = click.option("--device", default=None, callback=_device_form, metavar="INDEX|UUID",
+                          help="Device index or UUID from `minirt devices` (nvidia-smi's GPU-... form too, or a unique "
+                               "leading part of it; default: MINIRT_DEVICE or the best GPU).")
 precision_opt = click.option("--precision", type=click.Choice(["fp32", "fp16"]), default=None,
                              help="fp32 (the default), or fp16: weights and activations in 16-bit storage, fp32 arithmetic (tensor cores "
                                   "where the device has VK_KHR_cooperative_matrix); inputs and outputs stay float32.")
@@ -486,6 +496,7 @@ def devices():
     Examples:
       minirt devices
       MINIRT_DEVICE=1 minirt run model.onnx x.npy   # pick device 1
+      minirt run model.onnx x.npy --device GPU-5b3f0c2e   # or a device by (a unique leading part of) its UUID
     """
     from .vk.device import choose, physical_devices
     _check_environment()
@@ -501,6 +512,7 @@ def devices():
         mark = "*" if i == chosen else " "
         click.echo(f"{mark} [{i}] {p.name}  ({p.device_type}, vendor {p.vendor}, Vulkan {p.api_version})")
         click.echo(f"      driver: {p.driver}")
+        click.echo(f"      uuid: {p.uuid or 'none (the driver reports none)'}")
         click.echo(f"      work group: max {p.max_invocations} invocations, size {list(p.max_local_size)}; "
                    f"subgroup {p.subgroup_size}; shared memory {p.max_shared_memory} B"
                    + (f"; {p.compute_units} multiprocessors" if p.compute_units else ""))
@@ -516,7 +528,7 @@ def devices():
         if p.coopmat_shapes:
             shapes = sorted({f"{m}x{n}x{k} {a}*{b}+{c}" for m, n, k, a, b, c, _ in p.coopmat_shapes})
             click.echo(f"      cooperative matrix (subgroup, MxNxK A*B+C): {', '.join(shapes)}")
-    click.echo("(* = the device minirt picks; MINIRT_DEVICE=<index> overrides)")
+    click.echo("(* = the device minirt picks; MINIRT_DEVICE=<index or uuid> overrides)")
     if bad_choice is not None:
         raise _UsageError(str(bad_choice))
 
@@ -731,6 +743,7 @@ def _param(ctx, name):
 @click.option("--backend", type=click.Choice(["auto", "vulkan", "reference"]), default="auto", show_default=True,
               help="vulkan: encoder and decoder on the GPU (fp32, beams up to 5); reference: the numpy decoder on "
                    "the CPU; auto: vulkan at fp32, reference at fp16.")
+@device_opt
 @click.option("--format", "fmt", type=click.Choice(["txt", "json", "srt", "vtt"]), default="txt", show_default=True,
               help='txt: a line per segment; json: {"text", "language", "duration", "segments": [{"id", "start", '
                    '"end", "text", "tokens"}]}; srt, vtt: subtitles.')
@@ -742,7 +755,7 @@ def _param(ctx, name):
                    "terminal (a log file); on a terminal the status line shows the same without it.")
 @quiet_opt
 @click.pass_context
-def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, precision, backend, fmt, output,
+def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, precision, backend, device, fmt, output,
                progress_lines, quiet):
     """Transcribe speech in AUDIO files (WAV at any rate; FLAC, OGG, ... with the soundfile package) with a
     Whisper model, as faster-whisper does (its default options: beam search, temperature fallback, previous text
@@ -759,6 +772,7 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
       minirt transcribe talk.flac --model faster-whisper-small --format srt -o talk.srt
       minirt transcribe a.wav b.wav --model whisper-base --format json -o transcripts/
       minirt transcribe meeting.wav --model whisper-tiny.en --progress 2>progress.log
+      minirt transcribe talk.wav --model whisper-tiny.en --device GPU-5b3f0c2e   # the GPU with that UUID
     """
     targets = _output_targets(ctx, audio, output, fmt)
     if backend == "auto":
@@ -772,9 +786,11 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
         for a in audio:
             if not os.path.isfile(a):
                 raise InputError(f"{a}: no such file")
+        if backend == "vulkan":
+            _check_device(device)
         with _Status(quiet) as status:
             status("loading the model")
-            model = WhisperModel(model_path, precision=precision, backend=backend)
+            model = WhisperModel(model_path, precision=precision, device=device, backend=backend)
             status.done()
         if language is not None:
             if not model.is_multilingual and language != "en":

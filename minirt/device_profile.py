@@ -38,6 +38,14 @@ _NAME_HINTS = (
 )
 
 
+def format_uuid(raw: bytes) -> str:
+    """16 bytes as a UUID's text ("" for all zeros: a driver that gives no UUID)."""
+    h = bytes(raw).hex()
+    if len(h) != 32 or not h.strip("0"):
+        return ""
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
 def classify_vendor(vendor_id: int, name: str) -> str:
     """Map a vendorID and device name to one of VENDORS."""
     lname = (name or "").lower()
@@ -87,6 +95,9 @@ class DeviceProfile:
     host_heap: int = 0            # bytes of the heap that host-visible memory (input staging, output readback) comes from
     unified_heap: bool = False    # one heap holds both (CPUs, integrated GPUs): together they must fit it
     max_allocation: int = 0       # maxMemoryAllocationSize: no tensor may need more in one allocation
+    # VkPhysicalDeviceIDProperties.deviceUUID as "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" ("" where the driver reports
+    # zeros); on NVIDIA the GPU's UUID, the one NVML, nvidia-smi and CUDA_VISIBLE_DEVICES write "GPU-<uuid>"
+    uuid: str = ""
 
     def __post_init__(self):
         # Catch typos in hand-written fakes early.

@@ -275,10 +275,13 @@ def option_table() -> list[tuple[str, str, str, str]]:
 @dataclass(frozen=True)
 class Environment:
     """The process's environment variables, read once: MINIRT_DEVICE, MINIRT_VALIDATION, MINIRT_PIPELINE_STATS,
-    MINIRT_CACHE_DIR, MINIRT_NO_PIPELINE_CACHE, and the option defaults MINIRT_LOCAL_SIZE, MINIRT_NO_CONV1D_REWRITE,
-    MINIRT_DIRECT_IO, MINIRT_ZERO_COPY, MINIRT_TIMEOUT_S, MINIRT_SPIN_MS."""
+    MINIRT_CACHE_DIR, MINIRT_NO_PIPELINE_CACHE, the option defaults MINIRT_LOCAL_SIZE, MINIRT_NO_CONV1D_REWRITE,
+    MINIRT_DIRECT_IO, MINIRT_ZERO_COPY, MINIRT_TIMEOUT_S, MINIRT_SPIN_MS, and CUDA_VISIBLE_DEVICES (minirt.ray)."""
 
-    device: str = ""              # MINIRT_DEVICE: index of the default device
+    device: str = ""              # MINIRT_DEVICE: index or UUID of the default device
+    # CUDA_VISIBLE_DEVICES: the GPUs Ray (or a user) gave this process, indices or UUIDs; only minirt.ray reads it,
+    # to find the Vulkan device of a Ray worker's GPU (Vulkan itself ignores it)
+    cuda_visible_devices: str = ""
     validation: bool = False      # enable the Khronos validation layer
     pipeline_stats: bool = False  # ask the driver for pipeline statistics (tools/profile)
     cache_dir: Path | None = None  # the pipeline cache folder; None: off
@@ -316,6 +319,7 @@ def read_environment(env=None) -> Environment:
     if env.get("MINIRT_NO_PIPELINE_CACHE", "").strip() not in ("", "0"):
         cache_dir = None
     return Environment(device=env.get("MINIRT_DEVICE", "").strip(),
+                       cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES", "").strip(),
                        validation=env.get("MINIRT_VALIDATION", "").strip() not in ("", "0"),
                        pipeline_stats=env.get("MINIRT_PIPELINE_STATS", "").strip() not in ("", "0"),
                        cache_dir=cache_dir, options=tuple(opts))

@@ -52,7 +52,7 @@ def check_feeds(plan: Plan, feeds: dict, params: dict) -> dict:
 
 
 class Program:
-    """plans: {entry point: Plan}, each planned for `device` (an index as `minirt devices` lists them, or None) in
+    """plans: {entry point: Plan}, each planned for `device` (an index or UUID as `minirt devices` lists them, or None) in
     buffer storage. Executors are made at creation, all of them, with one StateBuffers for every plan's state.
     Runs are serialised by the Program's lock. profile=True: a GPU timestamp after every dispatch
     (dispatch_times)."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InputError, MinirtError, ModelError, UnsupportedError
+from .errors import DeviceError, InputError, MinirtError, ModelError, UnsupportedError
 from .infer import bind_inputs, prepare
 from .loaders import load
 from .options import Options
@@ -17,16 +17,24 @@ _devices: dict = {}
 _devices_lock = threading.Lock()
 
 
-def get_device(index=None):
-    """One logical device per physical device, shared by every Session in the process."""
-    from .vk.device import Device
+def get_device(device=None):
+    """One logical device per physical device, shared by every Session and Program in the process. device: an index
+    or a UUID as `minirt devices` lists them (minirt.vk.device.parse_device), None: MINIRT_DEVICE, else the best GPU.
+    Each spec is resolved once; specs naming the same physical device get the same Device (and its queue lock)."""
+    from .vk.device import Device, choose, physical_devices
+    if isinstance(device, bool) or not isinstance(device, (int, str, type(None))):
+        raise DeviceError(f"device must be an index or a UUID (see `minirt devices`), not {type(device).__name__}")
+    key = "default" if device is None else device
     with _devices_lock:
-        key = "default" if index is None else int(index)
-        if key not in _devices:
-            dev = Device(index)
+        dev = _devices.get(key)
+        if dev is None:
+            chosen = choose(physical_devices(), device)
+            dev = _devices.get(chosen[0])
+            if dev is None:
+                dev = Device(chosen)
+                _devices[chosen[0]] = dev
             _devices[key] = dev
-            _devices.setdefault(dev.index, dev)
-        return _devices[key]
+        return dev
 
 
 def _check_out(out: dict, shapes: dict) -> None:
@@ -63,7 +71,8 @@ class Session:
     precision: "fp32" (default) or "fp16": weights and activations in 16-bit storage with fp32 arithmetic
     (tensor cores through VK_KHR_cooperative_matrix where the device has them); inputs and outputs stay float32.
     A device without 16-bit storage buffers refuses fp16 with an UnsupportedError.
-    device: a device index as listed by `minirt devices` (default: MINIRT_DEVICE or the best GPU).
+    device: a device index or UUID ("GPU-..." as nvidia-smi shows it, the prefix optional, or a unique leading part)
+    as listed by `minirt devices` (default: MINIRT_DEVICE or the best GPU).
     options: a dict of Options fields (minirt/options.py, README "Options"); storage, precision, local_size and
     conv1d_rewrite given as keywords win over the dict. `session.options` is the resulting Options.
     profile: True: a timestamp after every dispatch (profile_records()); "span": one before the first dispatch and

@@ -163,3 +163,24 @@ def test_devices_lists_every_device():
     assert r.exit_code == EXIT_OK
     assert all(n in r.output for n in names)     # lavapipe in CI, the GPU on a GPU host
     assert r.output.count("*") >= 1
+
+
+def test_a_device_by_uuid(files):
+    """`minirt devices` shows each device's UUID; --device takes it (with GPU-, or a leading part); a UUID of no
+    device is a usage error that lists the UUIDs there are, as is a --device that is neither index nor UUID."""
+    from minirt.vk.device import physical_devices
+    model, x = files
+    uuids = [p.uuid for _, _, p in physical_devices() if p.uuid]
+    if not uuids:
+        pytest.skip("no device reports a UUID")
+    r = invoke("devices")
+    assert all(f"uuid: {u}" in r.output for u in uuids)
+    for spec in (uuids[0], "GPU-" + uuids[0][:8]):
+        r = invoke("run", model, x, "--device", spec, "-q")
+        assert r.exit_code == EXIT_OK, r.output
+    other = "GPU-" + ("e" if uuids[0][0] == "f" else "f") * 32
+    r = invoke("run", model, x, "--device", other)
+    assert r.exit_code == EXIT_USAGE and "--device" in r.output and "matches no Vulkan device" in r.output
+    assert all(u in r.output for u in uuids)
+    r = invoke("plan", model, "--device", "GPU-xyz")
+    assert r.exit_code == EXIT_USAGE and "is not a device index or UUID" in r.output

@@ -110,3 +110,34 @@ def test_close_while_other_threads_run():
     t.join(60)
     assert not t.is_alive()
     assert live_objects() < live0
+
+
+def test_a_lock_per_device(monkeypatch):
+    """Sessions and Programs on one physical device share its Device and queue lock, however the device is named (an
+    index, its UUID or a leading part of it, the default); another device has a lock of its own, so its runs do not
+    wait for the first one's (faked devices: lavapipe is one)."""
+    import dataclasses
+
+    from minirt import session
+    from minirt.device_profile import DeviceProfile
+    from minirt.vk import device as vk_device
+    gpu = DeviceProfile(name="gpu", vendor="nvidia", device_type="discrete")
+    devs = [(i, object(), dataclasses.replace(gpu, uuid=f"{i + 1:08x}-1111-2222-3333-444455556666")) for i in range(2)]
+
+    class FakeDevice:
+        def __init__(self, chosen):
+            self.index, self.pd, self.profile = chosen
+            self.lock = threading.Lock()
+
+    monkeypatch.setattr(vk_device, "physical_devices", lambda: devs)
+    monkeypatch.setattr(vk_device, "Device", FakeDevice)
+    monkeypatch.setattr(session, "_devices", {})
+    monkeypatch.delenv("MINIRT_DEVICE", raising=False)
+    d0 = session.get_device(0)
+    assert d0.index == 0 and session.get_device(None) is d0 and session.get_device("0") is d0
+    assert session.get_device("GPU-00000001") is d0
+    d1 = session.get_device("GPU-00000002-1111-2222-3333-444455556666")
+    assert d1.index == 1 and session.get_device(1) is d1 and d1.lock is not d0.lock
+    with d0.lock:                                   # a run waiting on device 0's queue ...
+        assert d1.lock.acquire(timeout=5)           # ... holds up none on device 1
+        d1.lock.release()

@@ -5,7 +5,7 @@ import dataclasses
 import sys
 import threading
 
-from ..device_profile import DeviceProfile, classify_vendor
+from ..device_profile import DeviceProfile, classify_vendor, format_uuid
 from ..errors import DeviceError
 from ..options import environment
 
@@ -173,7 +173,9 @@ def read_profile(vk, pd) -> DeviceProfile:
                                                         "pNext": head})
     m3 = ffi.new("VkPhysicalDeviceMaintenance3Properties*",
                  {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES, "pNext": drv})
-    p2 = ffi.new("VkPhysicalDeviceProperties2*", {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, "pNext": m3})
+    ids = ffi.new("VkPhysicalDeviceIDProperties*", {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES,
+                                                    "pNext": m3})
+    p2 = ffi.new("VkPhysicalDeviceProperties2*", {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, "pNext": ids})
     vk.vkGetPhysicalDeviceProperties2(pd, p2)
     units = sms.shaderSMCount if head is sms else cus.activeComputeUnitCount if head is cus else 0
     f16 = ffi.new("VkPhysicalDeviceShaderFloat16Int8Features*",
@@ -214,7 +216,7 @@ def read_profile(vk, pd) -> DeviceProfile:
         cooperative_matrix=bool(shapes and f16.shaderFloat16 and s16.storageBuffer16BitAccess), coopmat_shapes=shapes,
         timestamp_period=float(lim.timestampPeriod), timestamp_valid_bits=int(bits), compute_units=int(units),
         device_heap=device_heap, host_heap=host_heap, unified_heap=heaps[0] is not None and heaps[0] == heaps[1],
-        max_allocation=int(m3.maxMemoryAllocationSize))
+        max_allocation=int(m3.maxMemoryAllocationSize), uuid=format_uuid(bytes(ids.deviceUUID)))
 
 
 COOPMAT = "VK_KHR_cooperative_matrix"
@@ -250,28 +252,70 @@ def _coopmat_shapes(vk, pd) -> tuple:
     return tuple(out)
 
 
-def choose(devices, env=None):
-    """Pick a device: `env` (an index as text; None: MINIRT_DEVICE) if set, else discrete > integrated > virtual > CPU."""
-    env = environment().device if env is None else env
-    if env.strip():
-        try:
-            idx = int(env)
-        except ValueError:
-            raise DeviceError(f"MINIRT_DEVICE must be a device index (see `minirt devices`), got {env!r}") from None
+_HEX = frozenset("0123456789abcdef")
+
+
+def parse_device(spec):
+    """A device as Session(device=), --device and MINIRT_DEVICE give it: None (not given: "" too), an index (an int,
+    or text of digits), or a UUID as lowercase hex digits without dashes (text of hex digits, dashes allowed, with or
+    without nvidia-smi's "GPU-" prefix; fewer than 32 digits are a prefix that must name one device).
+    ValueError says why anything else is neither."""
+    if spec is None:
+        return None
+    if isinstance(spec, bool) or not isinstance(spec, (int, str)):
+        raise ValueError(f"a device index or UUID, not {type(spec).__name__}")
+    if isinstance(spec, int):
+        if spec < 0:
+            raise ValueError("a device index is >= 0")
+        return spec
+    s = spec.strip().lower()
+    if not s:
+        return None
+    if s.isdigit() and len(s) < 32:
+        return int(s)
+    if s.startswith("mig-"):
+        raise ValueError("a MIG instance is not a Vulkan device; give its GPU's UUID (nvidia-smi -L)")
+    digits = (s[4:] if s.startswith("gpu-") else s).replace("-", "")
+    if not digits or len(digits) > 32 or not set(digits) <= _HEX:
+        raise ValueError("a device index or UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, as `minirt devices` and "
+                         "nvidia-smi -L show it)")
+    return digits
+
+
+def choose(devices, spec=None):
+    """Pick one of `devices` ([(index, VkPhysicalDevice, DeviceProfile)]): `spec` as parse_device takes it (None:
+    MINIRT_DEVICE) when given, else discrete > integrated > virtual > CPU. DeviceError names the spec and, for a UUID
+    that matches no device or several, lists the devices' UUIDs."""
+    label = "device"
+    if spec is None:
+        spec, label = environment().device, "MINIRT_DEVICE"
+    shown = f"MINIRT_DEVICE={spec}" if label == "MINIRT_DEVICE" else f"device {spec!r}"
+    try:
+        want = parse_device(spec)
+    except ValueError as e:
+        raise DeviceError(f"{shown} is not a device index or UUID: {e}") from None
+    if want is None:
+        return min(devices, key=lambda d: (_RANK[d[2].device_type], d[0]))
+    if isinstance(want, int):
         for d in devices:
-            if d[0] == idx:
+            if d[0] == want:
                 return d
-        raise DeviceError(f"MINIRT_DEVICE={idx} but only devices 0..{len(devices) - 1} exist (see `minirt devices`)")
-    return min(devices, key=lambda d: (_RANK[d[2].device_type], d[0]))
+        raise DeviceError(f"{shown} but only devices 0..{len(devices) - 1} exist (see `minirt devices`)")
+    hits = [d for d in devices if d[2].uuid and d[2].uuid.replace("-", "").startswith(want)]
+    if len(hits) == 1:
+        return hits[0]
+    listing = "; ".join(f"[{i}] {p.name}: {p.uuid or 'no UUID'}" for i, _, p in devices)
+    raise DeviceError(f"{shown} matches {'no' if not hits else 'more than one'} Vulkan device's UUID "
+                      f"(the devices: {listing})")
 
 
 class Device:
     """A logical device with one compute queue. Shared by Sessions on the same physical device."""
 
-    def __init__(self, index=None):
+    def __init__(self, chosen):
+        """chosen: one (index, VkPhysicalDevice, DeviceProfile) of physical_devices(), as choose() picks it."""
         vk = self.vk = import_vulkan()
-        devs = physical_devices()
-        self.index, self.pd, self.profile = choose(devs, None if index is None else str(index))
+        self.index, self.pd, self.profile = chosen
         qf = vk.vkGetPhysicalDeviceQueueFamilyProperties(self.pd)
         self.family = next(i for i, q in enumerate(qf) if q.queueFlags & vk.VK_QUEUE_COMPUTE_BIT)
         prio = vk.ffi.new("float[1]", [1.0])
@@ -300,7 +344,9 @@ class Device:
             else:
                 self.host_import_alignment = 0
         self.mem_props = vk.vkGetPhysicalDeviceMemoryProperties(self.pd)
-        self.lock = threading.Lock()      # serialises queue submission across Sessions
+        # serialises this queue's submissions and waits across the Sessions and Programs on this device; one per
+        # Device, so runs on two devices of one process overlap
+        self.lock = threading.Lock()
         self.live = 0                     # Sessions using it
         self.validation_messages = validation_messages   # MINIRT_VALIDATION=1: warnings and errors, in order
         p = self.profile

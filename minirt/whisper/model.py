@@ -31,7 +31,8 @@ class WhisperModel:
     path: a Hugging Face Whisper folder (model.safetensors, config.json, tokenizer.json, generation_config.json
     when present) or a CTranslate2 / faster-whisper folder (model.bin, config.json, tokenizer.json).
     precision: "fp32" or "fp16" (weights rounded to float16; arithmetic stays float32 in the reference).
-    device: the Vulkan device index for the GPU decoder (the numpy reference runs on the CPU and ignores it).
+    device: the Vulkan device for the GPU decoder, an index or a UUID as Session takes it (the numpy reference runs on
+    the CPU and ignores it).
     backend: "vulkan" (minirt.whisper.vulkan.VulkanBackend: encoder and decoder on the GPU, fp32, beams and best_of
     up to 5), "reference" (the numpy reference on the CPU), None (the default: vulkan at fp32, the reference at fp16,
     which the GPU decoder does not run yet), or a DecoderBackend to use as it is."""

@@ -19,15 +19,21 @@ def to_txt(segments, info=None) -> str:
     return "".join(f"{s.text.strip()}\n" for s in segments)
 
 
+def full_text(segments) -> str:
+    """The transcript's text: the segments' texts joined, without the leading space."""
+    return "".join(s.text for s in segments).strip()
+
+
+def segment_dicts(segments) -> list:
+    """[{"id", "start", "end", "text", "tokens"}] of each segment, as the json format and minirt.ray write them."""
+    return [{"id": s.id, "start": s.start, "end": s.end, "text": s.text, "tokens": [int(t) for t in s.tokens]}
+            for s in segments]
+
+
 def to_json(segments, info) -> str:
     """{"text", "language", "duration", "segments": [{"id", "start", "end", "text", "tokens"}]}."""
-    doc = {
-        "text": "".join(s.text for s in segments).strip(),
-        "language": info.language,
-        "duration": info.duration,
-        "segments": [{"id": s.id, "start": s.start, "end": s.end, "text": s.text, "tokens": list(s.tokens)}
-                     for s in segments],
-    }
+    doc = {"text": full_text(segments), "language": info.language, "duration": info.duration,
+           "segments": segment_dicts(segments)}
     return json.dumps(doc, ensure_ascii=False, indent=2) + "\n"
 
 

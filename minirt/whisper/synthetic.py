@@ -61,3 +61,58 @@ def random_checkpoint(cfg: dict, seed: int = 0) -> tuple[dict, dict]:
     w = {f"model.encoder.{k}": rand(k, s) for k, s in encoder_param_shapes(cfg).items()}
     w.update({f"model.decoder.{k}": rand(k, s) for k, s in decoder_param_shapes(cfg).items()})
     return w, dict(cfg)
+
+
+# The special tokens of an English-only Whisper vocabulary (.en models: no language tokens), in Whisper's order right
+# after the text tokens; the timestamps <|0.00|> .. <|30.00|> fill the ids after them
+SPECIAL_TOKENS = ("<|endoftext|>", "<|startoftranscript|>", "<|translate|>", "<|transcribe|>", "<|startoflm|>",
+                  "<|startofprev|>", "<|nocaptions|>", "<|notimestamps|>")
+TIMESTAMPS = 1501
+
+
+def _byte_chars() -> list:
+    """GPT-2's byte-level alphabet: the character standing for each byte 0..255."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    extra = iter(range(256, 512))
+    return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
+
+
+def tokenizer_json(vocab_size: int) -> dict:
+    """A tokenizer.json (byte-level BPE) for an English-only Whisper of `vocab_size` tokens: the 256 byte tokens, then
+    two-byte tokens that no merge makes (they only fill ids up to the special tokens, as a real vocabulary's merged
+    tokens would), SPECIAL_TOKENS, and TIMESTAMPS ids left for the timestamps."""
+    chars = _byte_chars()
+    n_text = vocab_size - len(SPECIAL_TOKENS) - TIMESTAMPS
+    if not 256 <= n_text or vocab_size >= 51865:
+        raise ValueError(f"an English-only vocabulary of 256 + {len(SPECIAL_TOKENS)} + {TIMESTAMPS} to 51864 tokens, "
+                         f"got {vocab_size}")
+    vocab = {c: i for i, c in enumerate(chars)}
+    pairs = (a + b for a in chars for b in chars)
+    while len(vocab) < n_text:
+        vocab[next(pairs)] = len(vocab)
+    specials = [{"id": n_text + i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                 "normalized": False, "special": True} for i, t in enumerate(SPECIAL_TOKENS)]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": specials, "normalizer": None,
+            "pre_tokenizer": byte_level, "post_processor": None, "decoder": byte_level,
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                      "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "vocab": vocab,
+                      "merges": []}}
+
+
+def write_folder(folder, cfg: dict, seed: int = 0):
+    """A Whisper model folder that WhisperModel loads, with random_checkpoint(cfg, seed)'s weights: model.safetensors,
+    config.json and tokenizer.json (tokenizer_json: English-only, so cfg's vocab_size is below 51865). What it
+    transcribes is noise, but deterministic: the same folder and audio give the same tokens. Returns the folder."""
+    import json
+    from pathlib import Path
+
+    from safetensors.numpy import save_file
+    folder = Path(folder)
+    tokenizer = tokenizer_json(int(cfg["vocab_size"]))
+    folder.mkdir(parents=True, exist_ok=True)
+    weights, config = random_checkpoint(cfg, seed)
+    save_file(weights, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"model_type": "whisper", **config}, indent=1))
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
+    return folder

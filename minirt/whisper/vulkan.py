@@ -43,7 +43,7 @@ def plan_program(weights: dict, config: dict, profile, max_batch: int = 5, optio
 
 
 class VulkanBackend:
-    """weights and config as checkpoint.load_checkpoint returns them; device: a Vulkan device index (None: the
+    """weights and config as checkpoint.load_checkpoint returns them; device: a Vulkan device index or UUID (None: the
     default one); max_batch: cache rows; options: minirt Session options for planning (storage and precision are
     buffer and fp32); profile: GPU time per dispatch (self.program.dispatch_times(entry))."""
 

@@ -44,14 +44,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def timed(fn, runs, warmup):
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ts), min(ts)
+    """(median, min) wall ms (benchconfig.timed)."""
+    from benchconfig import timed as median_min
+    return median_min(fn, runs, warmup)
 
 
 def output_modes(s, x, runs, warmup, rounds=3):

@@ -17,15 +17,14 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT / "tools"))   # benchconfig; last, so nothing in tools/ shadows an installed module
 
 
 def resnet50(num_classes=1000):
@@ -80,14 +79,8 @@ def export(model, shape) -> bytes:
 
 
 def timed(fn, runs, warmup):
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ts)
+    from benchconfig import timed as median_min
+    return median_min(fn, runs, warmup)[0]
 
 
 def bench_minirt(onnx_bytes, x, precision, args):

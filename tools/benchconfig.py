@@ -5,8 +5,21 @@ from __future__ import annotations
 
 import re
 import statistics
+import time
 
 _DIMS = re.compile(r"^\d+(x\d+)+$")
+
+
+def timed(fn, runs, warmup=0):
+    """(median, min) wall ms of fn() over `runs` calls after `warmup` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ts), min(ts)
 
 
 def parse_config(text: str, local_size_families=("gemm",)) -> dict:

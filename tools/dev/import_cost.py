@@ -18,15 +18,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT)]   # the checkout's minirt
+sys.path.append(str(ROOT / "tools"))   # benchconfig; last, so nothing in tools/ shadows an installed module
 
 
 def median_ms(fn, runs):
-    ts = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ts)
+    from benchconfig import timed
+    return timed(fn, runs)[0]
 
 
 def main(argv=None):

@@ -1,7 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
-// Attention of a few query rows against a key/value cache (buffers, fp32): out[b, t, head h] = softmax(scale q k^T) v
+// variants: dtype=float,half
+// Attention of a few query rows against a key/value cache (buffers): out[b, t, head h] = softmax(scale q k^T) v
 // over keys 0 .. n-1 of K/V batch row kb (b, or 0 where K and V hold one batch row that every query row shares, as
 // cross-attention on an encoder output does).
 //   n = min(param(lp) + LOFS + t + 1, Tk) where lp >= 0: causal over a cache that grows, query t sits at position
@@ -17,16 +18,18 @@
 // out; with S > 1 it writes its unnormalised sums and (max in the log2 domain, sum) as attention_combine.comp reads
 // them (row ((b H + h) S + s) Tq + t), and that pass merges the splits: a decoder step has few (b, h, t) and many
 // keys (1500 of an encoder output), and one group each would leave the GPU nearly idle.
+// q, k, v and out are ELEM (the half variant: 16-bit storage, fp32 arithmetic); the partials are fp32 whatever ELEM.
 #include "common.glslh"
 #include "params.glslh"
 
 layout(constant_id = 3) const int DH = 64;   // head dim, a multiple of 4, at most 4 NT
 
-layout(set = 0, binding = 0, std430) writeonly buffer o_buf { float o[]; };
-layout(set = 0, binding = 0, std430) writeonly buffer ml_buf { vec2 ml_out[]; };
-layout(set = 0, binding = 1, std430) readonly buffer q_buf { float q[]; };
-layout(set = 0, binding = 2, std430) readonly buffer k_buf { vec4 k4[]; };
-layout(set = 0, binding = 3, std430) readonly buffer v_buf { vec4 v4[]; };
+layout(set = 0, binding = 0, std430) writeonly buffer o_buf { ELEM o[]; };
+layout(set = 0, binding = 0, std430) writeonly buffer po_buf { float po[]; };     // S > 1: the partials ...
+layout(set = 0, binding = 0, std430) writeonly buffer ml_buf { vec2 ml_out[]; };  // ... and their (m, l) pairs
+layout(set = 0, binding = 1, std430) readonly buffer q_buf { ELEM q[]; };
+layout(set = 0, binding = 2, std430) readonly buffer k_buf { ELEM4 k4[]; };
+layout(set = 0, binding = 3, std430) readonly buffer v_buf { ELEM4 v4[]; };
 PARAMS_BLOCK(4)
 
 layout(push_constant) uniform Params {
@@ -87,7 +90,8 @@ void main() {
   const int qb = (b * Tq + t) * D + h * DH;
   const int kv0 = kb * Tk * D4 + h * DH4;           // vec4 index of key 0's head columns
   for (int d4 = tid; d4 < DH4; d4 += NT)
-    q_sh[d4] = vec4(q[qb + 4 * d4], q[qb + 4 * d4 + 1], q[qb + 4 * d4 + 2], q[qb + 4 * d4 + 3]) * p.scale.x;
+    q_sh[d4] = vec4(float(q[qb + 4 * d4]), float(q[qb + 4 * d4 + 1]), float(q[qb + 4 * d4 + 2]),
+                    float(q[qb + 4 * d4 + 3])) * p.scale.x;
   barrier();
   const int c4 = tid % DH4, kl = tid / DH4;
   float m = NEG, l = 0.0;
@@ -98,7 +102,7 @@ void main() {
     if (tid < cn) {
       const int base = kv0 + (c0 + tid) * D4;
       vec4 dot4 = vec4(0.0);
-      [[unroll]] for (int d4 = 0; d4 < DH4; ++d4) dot4 += q_sh[d4] * k4[base + d4];
+      [[unroll]] for (int d4 = 0; d4 < DH4; ++d4) dot4 += q_sh[d4] * vec4(k4[base + d4]);
       sc = dot4.x + dot4.y + dot4.z + dot4.w;
     }
     const float mn = max(m, group_max(sc));
@@ -108,7 +112,7 @@ void main() {
     l = l * f + group_sum(e);                  // (its barriers also publish s_sh)
     acc *= f;
     if (kl < KL)                               // (NT need not be a multiple of DH / 4)
-      for (int j = kl; j < cn; j += KL) acc += s_sh[j] * v4[kv0 + (c0 + j) * D4 + c4];
+      for (int j = kl; j < cn; j += KL) acc += s_sh[j] * vec4(v4[kv0 + (c0 + j) * D4 + c4]);
     m = mn;
     barrier();                                 // s_sh is rewritten by the next chunk
   }
@@ -119,11 +123,11 @@ void main() {
     if (S == 1) {
       const vec4 r = l > 0.0 ? acc / l : vec4(0.0);
       const int ob = qb + 4 * c4;
-      o[ob] = r.x; o[ob + 1] = r.y; o[ob + 2] = r.z; o[ob + 3] = r.w;
+      o[ob] = to_elem(r.x); o[ob + 1] = to_elem(r.y); o[ob + 2] = to_elem(r.z); o[ob + 3] = to_elem(r.w);
     } else {
       const int row = ((b * H + h) * S + s) * Tq + t;
       const int ob = row * DH + 4 * c4;
-      o[ob] = acc.x; o[ob + 1] = acc.y; o[ob + 2] = acc.z; o[ob + 3] = acc.w;
+      po[ob] = acc.x; po[ob + 1] = acc.y; po[ob + 2] = acc.z; po[ob + 3] = acc.w;
       if (c4 == 0) ml_out[p.part.x + row] = vec2(k1 > k0 ? m * LOG2E : NEG, l);
     }
   }

@@ -1,6 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// Row copies with run-time row maps (buffers, fp32): for each of R rows of C elements,
+// variants: dtype=float,half
+// Row copies with run-time row maps (buffers): for each of R rows of C elements,
 //   out[dst_row(r)][c] = src[src_row(r)][c]   for c < cols
 // src_row(r): idx[r] (SRC_MODE 0: an int32 index tensor, e.g. token ids, or the rows of a beam reorder),
 //   param(sp) + r (1: rows from a run-time offset, e.g. a positional embedding), r (2); clamped to [0, src_rows).
@@ -9,15 +10,16 @@
 //   dst_row(r) = r); rows outside [0, dst_rows) are not written.
 // cols = min(C, param(cp) * CM) where cp >= 0 (the valid part of each row: the first len positions), else C.
 // VEC4: C and CM count vec4 (every row a whole number of vec4).
+// Source and destination hold the same element type (ELEM): the half variant copies 16-bit values as they are.
 #include "common.glslh"
 #include "params.glslh"
 
 layout(constant_id = 3) const bool VEC4 = false;
 
-layout(set = 0, binding = 0, std430) writeonly buffer o_buf { float o[]; };
-layout(set = 0, binding = 0, std430) writeonly buffer o4_buf { vec4 o4[]; };
-layout(set = 0, binding = 1, std430) readonly buffer s_buf { float s[]; };
-layout(set = 0, binding = 1, std430) readonly buffer s4_buf { vec4 s4[]; };
+layout(set = 0, binding = 0, std430) writeonly buffer o_buf { ELEM o[]; };
+layout(set = 0, binding = 0, std430) writeonly buffer o4_buf { ELEM4 o4[]; };
+layout(set = 0, binding = 1, std430) readonly buffer s_buf { ELEM s[]; };
+layout(set = 0, binding = 1, std430) readonly buffer s4_buf { ELEM4 s4[]; };
 layout(set = 0, binding = 2, std430) readonly buffer i_buf { int idx[]; };
 PARAMS_BLOCK(3)
 

@@ -739,10 +739,12 @@ def _param(ctx, name):
                    "models always use en.")
 @click.option("--no-timestamps", is_flag=True, help="Decode without timestamp tokens (one segment per 30 s window).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
-              help="fp16 rounds the weights to float16 (the numpy reference still computes in float32).")
+              help="fp16: on the GPU, weights, activations and the key/value cache in 16-bit storage with fp32 "
+                   "arithmetic (a device with 16-bit storage buffers); in the numpy reference, the weights rounded "
+                   "to float16.")
 @click.option("--backend", type=click.Choice(["auto", "vulkan", "reference"]), default="auto", show_default=True,
-              help="vulkan: encoder and decoder on the GPU (fp32, beams up to 5); reference: the numpy decoder on "
-                   "the CPU; auto: vulkan at fp32, reference at fp16.")
+              help="vulkan: encoder and decoder on the GPU (fp32 or fp16, beams up to 5); reference: the numpy "
+                   "decoder on the CPU; auto: vulkan.")
 @device_opt
 @click.option("--format", "fmt", type=click.Choice(["txt", "json", "srt", "vtt"]), default="txt", show_default=True,
               help='txt: a line per segment; json: {"text", "language", "duration", "segments": [{"id", "start", '
@@ -761,8 +763,9 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
     Whisper model, as faster-whisper does (its default options: beam search, temperature fallback, previous text
     as the prompt).
 
-    The encoder and the decoder run on the GPU (at fp32; --backend reference runs minirt.whisper's numpy
-    reference decoder on the CPU instead, as fp16 does). Files are read 10 s at a time, so hours of audio need no more memory than a minute.
+    The encoder and the decoder run on the GPU, at fp32 or fp16 (--backend reference runs minirt.whisper's numpy
+    reference decoder on the CPU instead). Files are read 10 s at a time, so hours of audio need no more memory than
+    a minute.
     Exit codes as for `minirt run`: 3 for a model or audio file that cannot be used (the message names it), 4 for
     a runtime failure, 2 for a usage error.
 
@@ -776,7 +779,7 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
     """
     targets = _output_targets(ctx, audio, output, fmt)
     if backend == "auto":
-        backend = "vulkan" if precision == "fp32" else "reference"
+        backend = "vulkan"
     if backend == "vulkan" and beam_size > 5:
         raise click.BadParameter(f"{beam_size}: the vulkan backend holds 5 rows (beams) at most", ctx=ctx,
                                  param=_param(ctx, "beam_size"))
@@ -862,7 +865,7 @@ def _state_lines(p) -> list:
         return []
     written = {p.root(n) for d in p.dispatches for n in d.writes}
     ins = ", ".join(f"{n} {_shapes(p, [n])} {p.tensors[n].dtype}" for n in p.inputs) or "none"
-    st = [f"{n} {_shapes(p, [n])} {'written' if n in written else 'read'}" for n in p.state]
+    st = [f"{n} {_shapes(p, [n])} {p.tensors[n].dtype} {'written' if n in written else 'read'}" for n in p.state]
     lines = [f"inputs {ins}"]
     if p.state:
         lines.append("state (kept across runs, shared by name with the program's other plans):")

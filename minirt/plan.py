@@ -129,7 +129,7 @@ class Plan:
     direct_io: tuple = ()       # roles (INPUT, OUTPUT) whose graph tensors live in host memory the kernels use directly
     zero_copy: bool = False     # outputs copied by the GPU into host arrays handed to the caller (where the driver can)
     spin_ms: float = 0.0        # poll the run's fence this long before a sleeping wait
-    # Across runs (buffer storage, fp32):
+    # Across runs (buffer storage; state tensors in the plan's element type):
     state: list[str] = field(default_factory=list)     # tensors (role STATE) that persist across runs; shared by
                                                        # name with the other Plans of a Program (minirt/program.py)
     params: list[str] = field(default_factory=list)    # int32 scalars of the run-time parameter block, by slot: the

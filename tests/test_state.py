@@ -74,7 +74,7 @@ def test_plan_shows_state_params_and_integer_inputs(program):
     assert prog.plans["reorder"].tensors["rows"].dtype == "int32"
     from minirt.cli import format_plan
     text = format_plan(prog.plans["reorder"])
-    assert "cache [3,6,8] written" in text and "params len (slot 0)" in text and "rows [3] int32" in text
+    assert "cache [3,6,8] float32 written" in text and "params len (slot 0)" in text and "rows [3] int32" in text
 
 
 def test_state_persists_across_runs_and_plans(program):
@@ -184,3 +184,55 @@ def test_cached_attention_key_splits(splits):
             (want,) = CachedAttention().reference(node, q.astype(np.float64), enc.astype(np.float64),
                                                   enc.astype(np.float64))
             np.testing.assert_allclose(out["cross"], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_state_at_fp16(splits):
+    """The same ops at precision fp16 (their kernels' half variants; the state in float16): token and positional
+    embeddings written into a cache at a parameter (runtime Gather, ParamRows, Add, CacheWrite), read back whole, a
+    causal CachedAttention over it (keys split `splits` ways) and a ReorderRows, against float64 references on the
+    float16-rounded values."""
+    from minirt.ops.state import CachedAttention
+    rng = np.random.default_rng(10 + splits)
+    heads, dh, tk = 2, 8, 40
+    d = heads * dh
+    table, pos_table = rng.standard_normal((10, d), np.float32), rng.standard_normal((tk, d), np.float32)
+    cache = {"cache": ((B, tk, d), "cache@new")}
+    write = graph("write", [("ids", (2, 1), "int32")], (), cache, ["pos"],
+                  [("Gather", ["table", "ids"], ["g"], {"axis": 0}),
+                   ("ParamRows", ["pos_table"], ["p"], {"param": "pos"}), ("Add", ["g", "p"], ["x"], {}),
+                   ("CacheWrite", ["cache", "x"], ["cache@new"], {"param": "pos"})],
+                  {"table": table, "pos_table": pos_table})
+    read = graph("read", [("q", (B, 1, d), "float32")], ["y", "att"], {"cache": ((B, tk, d), "cache")}, ["pos"],
+                 [("Identity", ["cache"], ["y"], {}),
+                  ("CachedAttention", ["q", "cache", "cache"], ["att"],
+                   {"heads": heads, "scale": 0.5, "param": "pos"})])
+    reorder = graph("reorder", [("rows", (B,), "int32")], (), cache, ["len"],
+                    [("ReorderRows", ["cache", "rows"], ["cache@new"], {"valid": "len"})])
+    plans = {k: plan_of(g, precision="fp16", attention_splits=splits)
+             for k, g in (("write", write), ("read", read), ("reorder", reorder))}
+    assert all(p.tensors["cache"].dtype == "float16" for p in plans.values())
+    kernels = [x.kernel for p in plans.values() for x in p.dispatches]
+    assert {"copy_rows_half", "cached_attention_half"} <= set(kernels)
+    assert kernels.count("attention_combine_buffer_half") == (splits > 1)
+
+    def r16(x):
+        return np.asarray(x, np.float32).astype(np.float16).astype(np.float64)
+    node = Node("CachedAttention", "a", [], [], {"heads": heads, "scale": 0.5})
+    want = np.zeros((B, tk, d))
+    with Program(plans) as prog:
+        for pos in range(6):
+            ids = rng.integers(0, 10, (2, 1))
+            prog.run("write", {"ids": ids}, {"pos": pos})
+            want[:2, pos] = r16(r16(table[ids[:, 0]]) + r16(pos_table[pos]))
+            q = rng.standard_normal((B, 1, d), np.float32)
+            out = prog.run("read", {"q": q}, {"pos": pos})
+            assert out["y"].dtype == np.float32 and out["att"].dtype == np.float32
+            np.testing.assert_allclose(out["y"], want, rtol=1e-3, atol=1e-3)
+            (ref,) = CachedAttention().reference(node, r16(q), want, want, offset=pos)
+            np.testing.assert_allclose(out["att"], ref, rtol=2e-3, atol=2e-3)
+        rows = np.array([2, 0, 0])
+        prog.run("reorder", {"rows": rows}, {"len": 4})
+        got = prog.run("read", {"q": q}, {"pos": 0})["y"]
+        np.testing.assert_array_equal(got[:, :4], out["y"][rows, :4])     # 16-bit values moved as they are
+        np.testing.assert_array_equal(got[:, 4:], out["y"][:, 4:])

@@ -1,7 +1,8 @@
 """The Vulkan Whisper backend (minirt.whisper.vulkan) against the numpy reference through the conformance driver
 (start, steps, replication, beam reorders, dropped rows) on a small random-weights Whisper; its plans (state
 tensors, the parameter block, int32 inputs); steps that replay without recording; and the real tiny.en's greedy
-tokens on the speech sample (slow)."""
+tokens on the speech sample (slow). The same at precision fp16 (state in 16-bit storage) against the float32
+reference, and a transcription at fp16 through WhisperModel's default backend."""
 import numpy as np
 import pytest
 
@@ -12,13 +13,13 @@ from minirt.whisper.synthetic import random_checkpoint
 D, HEADS, LAYERS, VOCAB, N_TEXT, N_MELS, N_AUDIO = 64, 2, 2, 500, 448, 80, 24
 
 
-def small_whisper(seed=0):
+def small_whisper(seed=0, **config):
     """HF-named random weights and config of a small Whisper: d_model 64, 2 heads, 2 layers each side, 500 tokens,
-    448 text positions, 80 mel bins, 24 audio positions (48 frames)."""
+    448 text positions, 80 mel bins, 24 audio positions (48 frames); config: other values of these keys."""
     return random_checkpoint({"d_model": D, "num_mel_bins": N_MELS, "max_source_positions": N_AUDIO,
                               "max_target_positions": N_TEXT, "encoder_layers": LAYERS, "decoder_layers": LAYERS,
                               "encoder_attention_heads": HEADS, "decoder_attention_heads": HEADS,
-                              "vocab_size": VOCAB}, seed)
+                              "vocab_size": VOCAB, **config}, seed)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,6 @@ def test_conformance_with_the_reference(small):
 
 def test_plans_show_state_and_steps_replay(small):
     from minirt.cli import format_plan
-    from minirt.vk.recorder import recordings
     vb, _ = small
     step, enc, reorder = vb.plans["step4"], vb.plans["encode"], vb.plans["reorder"]
     assert sorted(vb.plans) == ["cross", "encode", "prompt232", "prompt8", "reorder", "step1", "step4"]
@@ -68,7 +68,7 @@ def test_plans_show_state_and_steps_replay(small):
     assert step.tensors["tokens"].dtype == "int32" and step.outputs == ["logits"]
     assert enc.outputs == [] and reorder.outputs == []           # nothing but the logits comes back
     text = format_plan(step)
-    assert "self_k.0 [4,448,64] written" in text and "cross_k.1 [1,24,64] read" in text
+    assert "self_k.0 [4,448,64] float32 written" in text and "cross_k.1 [1,24,64] float32 read" in text
     assert "params pos (slot 0)" in text and "tokens [4,1] int32" in text
     assert "cached_attention" in text and "copy_rows" in text
     one = vb.plans["step1"]      # one row of the same 4-row cache
@@ -80,7 +80,14 @@ def test_plans_show_state_and_steps_replay(small):
     assert weights and all(len(placed[k]) == 1 for k in placed)
     assert {k[0] for k in placed} >= weights
     assert vb.program.executors["step1"].res.const_buf is None
-    vb.encode(np.zeros((N_MELS, 2 * N_AUDIO), np.float32))
+    assert_steps_replay(vb, np.zeros((N_MELS, 2 * N_AUDIO), np.float32))
+
+
+def assert_steps_replay(vb, features):
+    """After encode and a prompt, steps of 3 rows, beam reorders, a dropped row and a step of the 2 left record
+    nothing: each run replays its entry point's recording."""
+    from minirt.vk.recorder import recordings
+    vb.encode(features)
     vb.start([1, 2], [1])
     vb.reorder(np.array([0, 0, 0]))
     before = recordings()
@@ -88,6 +95,7 @@ def test_plans_show_state_and_steps_replay(small):
         vb.step(np.array([t, t + 1, t + 2]))
         vb.reorder(np.array([2, 0, 1]))
     vb.reorder(np.array([0, 1]))
+    vb.step(np.array([9, 10]))
     assert recordings() == before
 
 
@@ -108,13 +116,18 @@ def test_minirt_plan_of_a_whisper_folder(tmp_path):
     for entry in ("encode", "cross", "prompt8", "prompt232", "step1", "step2", "reorder"):
         assert f"entry point {entry}" in r.output
     assert "tokens [2,1] int32" in r.output and "rows [2] int32" in r.output
-    assert "cross_v.1 [1,24,64] written" in r.output and "self_k.0 [2,448,64] written" in r.output
+    assert "cross_v.1 [1,24,64] float32 written" in r.output and "self_k.0 [2,448,64] float32 written" in r.output
     assert "params pos (slot 0)" in r.output and "params len (slot 0)" in r.output
     r = CliRunner().invoke(main, ["plan", str(tmp_path), "--entry", "reorder"], catch_exceptions=False)
     assert "entry point step" not in r.output and "ReorderRows" in r.output
     r = CliRunner().invoke(main, ["plan", str(tmp_path), "--entry", "step"])
     assert r.exit_code == 2 and "'step' is not an entry point of this program (encode, cross, prompt8, prompt232, step1, step5, reorder)" \
         in r.output
+    r = CliRunner().invoke(main, ["plan", str(tmp_path), "--batch", "2", "--entry", "step2", "--precision", "fp16"],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert "precision fp16" in r.output and "self_k.0 [2,448,64] float16 written" in r.output
+    assert "cached_attention_half" in r.output and "copy_rows_half" in r.output
 
 
 def test_errors(small):
@@ -197,3 +210,139 @@ def test_tiny_en_greedy_tokens_equal_the_reference():
                 b.reorder(np.array(rows))
             out.append(b.step(np.array([13])))
     assert max(relative_errors(got, want)) <= 1e-4
+
+
+# -- precision fp16 ---------------------------------------------------------------------------------------------
+# 16-bit storage of weights, activations and state against the float32 reference: each stored value is rounded to
+# 11 significant bits (relative error up to 2^-12, about 2.4e-4), through a few dozen roundings on the way to the
+# logits. FP16_TOLERANCE, 1e-2 of the largest |logit|, is eleven times the largest error measured here (8.9e-4; the
+# fp16 reference, whose weights alone are rounded, is 5.0e-4 from the float32 one) and still far below what would
+# change a token: a wrong kernel, index or element type gives errors of order 1.
+FP16_TOLERANCE = 1e-2
+EN_VOCAB = 51864        # tiny.en's vocabulary, so that its tokenizer reads what a model of it decodes
+
+
+@pytest.fixture(scope="module")
+def half():
+    """small_whisper's Vulkan backend at fp16 and its float32 numpy reference."""
+    from minirt.whisper.reference import ReferenceBackend
+    from minirt.whisper.vulkan import VulkanBackend
+    w, cfg = small_whisper()
+    with VulkanBackend(w, cfg, precision="fp16", max_batch=4) as vb:
+        yield vb, ReferenceBackend(w, cfg)
+
+
+def test_fp16_conformance_with_the_fp32_reference(half):
+    """The whole program at fp16 (encode, both prompt entry points, steps of 1 and 4 rows, reorders, the cross entry
+    point) against the float32 reference, within FP16_TOLERANCE of the largest |logit|."""
+    vb, ref = half
+    assert vb.precision == "fp16" and vb.name == "Vulkan (float16)"
+    features = np.random.default_rng(1).standard_normal((N_MELS, 2 * N_AUDIO)).astype(np.float32)
+    prompt = [7, 300, 12, 499, 0]
+    got, want = (drive(b, features, prompt, steps=6, batch=4, seed=2) for b in (vb, ref))
+    assert [x.shape for x in got] == [x.shape for x in want] and got[0].dtype == np.float32
+    errors = relative_errors(got, want)
+    # a prompt past the short entry point's 8 slots, then a one-row step; a one-token prompt (step1)
+    got, want = ([b.start(list(range(20, 40)), [19, 0]), b.step(np.array([41])), b.start([5], [0])]
+                 for b in (vb, ref))
+    errors += relative_errors(got, want)
+    # the cross entry point: the reference's float32 encoder output in, float16 cross keys and values made of it
+    vb.set_encoder_output(ref.encoder_output(features))
+    got, want = (b.start(prompt, [4, 0]) for b in (vb, ref))
+    errors += relative_errors([got], [want])
+    assert max(errors) <= FP16_TOLERANCE, errors
+
+
+def test_fp16_plans_keep_state_in_half_and_steps_replay(half):
+    """Every plan at fp16 runs half kernel variants (casts only at the float32 edges); the state tensors are float16,
+    the logits and the encoder output float32, the token ids, rows and picks int32; steps and reorders replay their
+    recordings."""
+    from minirt.cli import format_plan
+    vb = half[0]
+    assert sorted(vb.plans) == ["cross", "encode", "prompt232", "prompt8", "reorder", "step1", "step4"]
+    for name, p in vb.plans.items():
+        assert p.precision == "fp16" and p.state, name
+        assert {p.tensors[s].dtype for s in p.state} == {"float16"}, name
+        assert all("half" in d.kernel.split("_") or d.stem == "cast" for d in p.dispatches), name
+    step, prompt, cross = vb.plans["step4"], vb.plans["prompt232"], vb.plans["cross"]
+    assert step.tensors["tokens"].dtype == "int32" and step.tensors["logits"].dtype == "float32"
+    assert prompt.tensors["picks"].dtype == "int32" and vb.plans["reorder"].tensors["rows"].dtype == "int32"
+    assert cross.tensors["encoder_output"].dtype == "float32"
+    kernels = {d.kernel for p in vb.plans.values() for d in p.dispatches}
+    assert {"copy_rows_half", "cached_attention_half"} <= kernels
+    text = format_plan(step)
+    assert "precision fp16" in text and "self_k.0 [4,448,64] float16 written" in text
+    assert "cross_k.1 [1,24,64] float16 read" in text
+    assert_steps_replay(vb, np.random.default_rng(6).standard_normal((N_MELS, 2 * N_AUDIO)).astype(np.float32))
+
+
+class _FirstFrames:
+    """A backend of small_whisper's 24 audio positions behind transcribe(), which encodes 30 s windows of 3000 frames:
+    encode() takes the first 48 frames (all there is of a clip of 0.48 s or less; the rest is padding)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+    def encode(self, features):
+        self.backend.encode(np.asarray(features)[..., :2 * N_AUDIO])
+
+
+def test_fp16_transcribes_on_the_gpu_by_default(tmp_path, monkeypatch):
+    """WhisperModel(precision="fp16") runs the Vulkan backend at fp16, and a short synthetic clip goes through
+    transcribe() end to end on it (features, encode, prompt, greedy steps, segments): small_whisper with tiny.en's
+    vocabulary (for its tokenizer; seed 1, whose first tokens decode to text), whose tokens are the fp16 numpy
+    reference's."""
+    pytest.importorskip("tokenizers", reason="the whisper extra (tokenizers) is not installed")
+    import minirt.whisper.vulkan as vulkan
+    from minirt.whisper import WhisperModel
+    from minirt.whisper.reference import ReferenceBackend
+    from test_whisper_bad_input import hf_folder
+    w, cfg = small_whisper(1, vocab_size=EN_VOCAB)
+    folder = hf_folder(tmp_path / "model", w, dict(cfg, model_type="whisper"))
+    made, vulkan_backend = [], vulkan.VulkanBackend
+
+    def backend(weights, config, precision, device):
+        made.append(precision)
+        return _FirstFrames(vulkan_backend(weights, config, precision, device, max_batch=1))
+    monkeypatch.setattr(vulkan, "VulkanBackend", backend)
+    t = np.arange(6400) / 16000
+    audio = (0.3 * np.sin(2 * np.pi * 440 * t) * np.exp(-4 * t)).astype(np.float32)
+    opts = dict(beam_size=1, temperature=0.0, max_new_tokens=4, without_timestamps=True,
+                no_speech_threshold=None)
+    model = WhisperModel(folder, precision="fp16")
+    try:
+        assert made == ["fp16"] and model.backend.precision == "fp16"
+        segments, info = model.transcribe(audio, **opts)
+        segments = list(segments)
+    finally:
+        model.backend.close()
+    assert info.duration == pytest.approx(0.4) and segments and segments[0].text.strip()
+    ref = WhisperModel(folder, backend=_FirstFrames(ReferenceBackend(w, cfg, "fp16")))
+    want, _ = ref.transcribe(audio, **opts)
+    assert [s.tokens for s in segments] == [s.tokens for s in want]
+
+
+def test_transcribe_command_at_fp16_picks_the_gpu(tmp_path, monkeypatch):
+    """`minirt transcribe --precision fp16` makes its WhisperModel with the Vulkan backend (--backend auto), as at
+    fp32; --backend reference still picks the reference."""
+    from click.testing import CliRunner
+
+    import minirt.whisper.model as model
+    from minirt.cli import main
+    from minirt.errors import ModelError
+    from test_whisper_stream import write_wav
+    made = []
+
+    class Stub:
+        def __init__(self, path, precision, backend, device=None):
+            made.append((precision, backend))
+            raise ModelError("a stub model")
+    monkeypatch.setattr(model, "WhisperModel", Stub)
+    wav = write_wav(tmp_path / "a.wav", np.zeros(1600, "<i2"), 16000)
+    for args in ([], ["--backend", "reference"]):
+        r = CliRunner().invoke(main, ["transcribe", wav, "--model", str(tmp_path), "--precision", "fp16", *args])
+        assert r.exit_code == 3 and "a stub model" in r.output
+    assert made == [("fp16", "vulkan"), ("fp16", "reference")]

@@ -13,7 +13,9 @@ Figures, each a median over --runs windows after one untimed window:
   window ms      a 30 s window end to end: encode, the 4-token prompt, --tokens steps
 transformers peers (each where it runs): `loop`, a hand-written loop over the model with its key/value cache
 (greedy: argmax on the GPU); `generate` (greedy and beam search, min_new_tokens = max_new_tokens = --tokens), with
-the dynamic cache and with cache_implementation="static". fp32 peers run with TF32 off.
+the dynamic cache and with cache_implementation="static". fp32 peers run with TF32 off. --precision fp16: minirt's
+whole program at fp16 (weights, activations and the key/value cache in 16-bit storage, fp32 arithmetic), the peers in
+torch.float16.
 """
 from __future__ import annotations
 

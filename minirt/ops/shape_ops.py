@@ -302,7 +302,7 @@ class Gather(ShapeOp):
     name, consts = "Gather", (1,)
     limits = ("on the GPU: float32 data with constant indices (runs of evenly spaced indices become one copy "
               "each, joined by Concat), or int32 indices computed at run time (a graph input: an embedding "
-              "lookup) along axis 0 in buffer storage at fp32, clamped to the axis (no negative indices)")
+              "lookup) along axis 0 in buffer storage, clamped to the axis (no negative indices)")
 
     @staticmethod
     def runtime(ins) -> bool:
@@ -342,8 +342,8 @@ class Gather(ShapeOp):
     def lower(self, node, ctx):
         out, src = ctx.t(node.outputs[0]), ctx.t(node.inputs[0])
         if not ctx.graph.tensor(node.inputs[1]).is_const:      # runtime indices: one row copy by index
-            from .state import _fp32_buffers, _width, copy_rows
-            _fp32_buffers(ctx, node)
+            from .state import _buffers, _width, copy_rows
+            _buffers(ctx, node)
             idx = ctx.t(node.inputs[1])
             return copy_rows(ctx, out, src, idx.numel, _width(src.shape), index=idx)
         axis, idx = self._idx(node, src.shape, ctx.graph.tensor(node.inputs[1]).data)

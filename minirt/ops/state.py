@@ -3,7 +3,8 @@ whose rows come from an int32 tensor or a parameter (glsl/copy_rows.comp), and a
 whose length is a parameter (glsl/cached_attention.comp). A parameter is an int32 scalar of the Plan's parameter
 block, which the host writes before each submission: the recorded command buffer is replayed as it is.
 
-All minirt-domain ops (made by a graph builder, such as minirt/whisper/decoder_graph.py), buffer storage, fp32:
+All minirt-domain ops (made by a graph builder, such as minirt/whisper/decoder_graph.py), buffer storage, at fp32 and
+at fp16 (the kernels' half variants: 16-bit storage of tensors and state, fp32 arithmetic):
   ParamRows(table) [param p, rows R]           out[i] = table[param(p) + i], i < R (a positional embedding)
   CacheWrite(cache, x) [param p]               out = cache with out[b, param(p) + t] = x[b, t] (in place where out is
                                                the new value of the state `cache`: only x's rows are written)
@@ -35,9 +36,9 @@ def _width(shape, axis=1) -> int:
     return int(np.prod(shape[axis:], dtype=np.int64))
 
 
-def _fp32_buffers(ctx, node):
-    if ctx.storage != "buffer" or ctx.half:
-        raise UnsupportedError(f"{node} runs in buffer storage at precision fp32 only")
+def _buffers(ctx, node):
+    if ctx.storage != "buffer":
+        raise UnsupportedError(f"{node} runs in buffer storage only (this plan: {ctx.storage})")
 
 
 def copy_rows(ctx, out, src, rows, width, *, index=None, src_param=None, group=None, dst_stride=0, dst_param=None,
@@ -73,7 +74,7 @@ class _ParamOp(Op):
 @register
 class ParamRows(_ParamOp):
     name = "ParamRows"
-    limits = "internal: rows of a constant at a run-time offset (a parameter); buffers, fp32"
+    limits = "internal: rows of a constant at a run-time offset (a parameter); buffers"
 
     def infer(self, node, ins):
         t = ins[0].shape
@@ -84,7 +85,7 @@ class ParamRows(_ParamOp):
         return [table[offset:offset + int(attr(node, "rows", 1))]]
 
     def lower(self, node, ctx):
-        _fp32_buffers(ctx, node)
+        _buffers(ctx, node)
         out, table = ctx.t(node.outputs[0]), ctx.t(node.inputs[0])
         copy_rows(ctx, out, table, out.shape[0], _width(table.shape), src_param=attr(node, "param"))
 
@@ -92,7 +93,7 @@ class ParamRows(_ParamOp):
 @register
 class CacheWrite(_ParamOp):
     name = "CacheWrite"
-    limits = "internal: rows written into a cache at a run-time position; buffers, fp32"
+    limits = "internal: rows written into a cache at a run-time position; buffers"
 
     def infer(self, node, ins):
         c, x = ins[0].shape, ins[1].shape
@@ -107,7 +108,7 @@ class CacheWrite(_ParamOp):
         return [y]
 
     def lower(self, node, ctx):
-        _fp32_buffers(ctx, node)
+        _buffers(ctx, node)
         out, cache, x = ctx.t(node.outputs[0]), ctx.t(node.inputs[0]), ctx.t(node.inputs[1])
         width = _width(x.shape, 2)
         if not _same_memory(ctx, out, cache):      # not in place: start from a copy of the cache
@@ -119,7 +120,7 @@ class CacheWrite(_ParamOp):
 @register
 class ReorderRows(_ParamOp):
     name = "ReorderRows"
-    limits = "internal: rows gathered by a run-time int32 index tensor, in place (beam reordering); buffers, fp32"
+    limits = "internal: rows gathered by a run-time int32 index tensor, in place (beam reordering); buffers"
 
     def infer(self, node, ins):
         x, r = ins[0].shape, ins[1].shape
@@ -134,7 +135,7 @@ class ReorderRows(_ParamOp):
         return [y]
 
     def lower(self, node, ctx):
-        _fp32_buffers(ctx, node)
+        _buffers(ctx, node)
         out, x, rows = ctx.t(node.outputs[0]), ctx.t(node.inputs[0]), ctx.t(node.inputs[1])
         n, width, unit = rows.shape[0], _width(x.shape), _width(x.shape, 2)
         valid = attr(node, "valid")
@@ -149,7 +150,7 @@ class ReorderRows(_ParamOp):
 class CachedAttention(_ParamOp):
     name = "CachedAttention"
     limits = (f"internal: attention over a key/value cache, causal over a run-time length or over every key; head "
-              f"dim up to {ATTENTION_MAX_DH}; buffers, fp32")
+              f"dim up to {ATTENTION_MAX_DH}; buffers")
 
     def infer(self, node, ins):
         q, k, v = (t.shape for t in ins)
@@ -185,7 +186,7 @@ class CachedAttention(_ParamOp):
         return [o.transpose(0, 2, 1, 3).reshape(q.shape).astype(q.dtype, copy=False)]
 
     def lower(self, node, ctx):
-        _fp32_buffers(ctx, node)
+        _buffers(ctx, node)
         out, q, k, v = ctx.t(node.outputs[0]), *(ctx.t(i) for i in node.inputs)
         heads, param = int(attr(node, "heads", 1)), attr(node, "param")
         B, Tq, D = q.shape

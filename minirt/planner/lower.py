@@ -39,9 +39,9 @@ class LowerCtx:
         self.read_by_nodes = set(self.consumers)
         # state: the new value of a state tensor lives in its memory (a view of it from the start)
         self.state_of = {new: name for name, new in graph.state.items() if new != name}
-        if (graph.state or graph.params) and (storage != "buffer" or self.half):
-            raise UnsupportedError(f"{graph.source}: state tensors and run-time parameters need buffer storage and "
-                                   f"precision fp32 (this plan: {storage}, {precision})")
+        if (graph.state or graph.params) and storage != "buffer":
+            raise UnsupportedError(f"{graph.source}: state tensors and run-time parameters need buffer storage (this "
+                                   f"plan: {storage})")
         self.plan.state = list(graph.state)
         if len(graph.params) > PARAMS_MAX:
             raise UnsupportedError(f"{graph.source}: {len(graph.params)} run-time parameters; a parameter block "
@@ -77,7 +77,8 @@ class LowerCtx:
         if len(shape) > 4:
             raise UnsupportedError(f"{self.graph.source}: tensor '{name}' has rank {len(shape)}; kernels take rank <= 4")
         data = np.ascontiguousarray(gt.data, np.float32) if gt.is_const else None
-        dtype = "int32" if integer_input else "float32" if role in (INPUT, OUTPUT, STATE) else self.dtype
+        # float32 where the host reads or writes it; state tensors, which only kernels touch, as activations
+        dtype = "int32" if integer_input else "float32" if role in (INPUT, OUTPUT) else self.dtype
         spec = TensorSpec(name, shape, role, self.storage, packed_dim_for(shape, self.storage), data, dtype=dtype)
         self.plan.tensors[name] = spec
         if name in self.state_of:         # a state's new value: written where the state lives

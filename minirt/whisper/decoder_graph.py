@@ -20,7 +20,8 @@
 B is the program's batch (the most rows a search uses); there is a step entry point for 1 row and for B (greedy
 decoding and the prompt run the first, beam search the second), and the Program shares their weights. Weights are
 Hugging Face-named (model.encoder.*, model.decoder.*, proj_out.weight when not tied), as checkpoint.load_checkpoint
-gives them. fp32, buffer storage."""
+gives them. The graphs are float32 (int32 token ids, rows and picks); plan_program (minirt/whisper/vulkan.py) plans
+them in buffer storage at fp32 or fp16."""
 from __future__ import annotations
 
 from dataclasses import dataclass

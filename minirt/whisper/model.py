@@ -1,9 +1,10 @@
 """WhisperModel: speech in, text out, with faster-whisper's API (WhisperModel(...).transcribe(audio, ...) ->
 (segments generator, TranscriptionInfo)).
 
-The model runs behind a DecoderBackend; the default is the numpy reference (ReferenceBackend), which computes in
-float32 on the CPU. Everything else (features, prompts, logit filters, search, fallback, segmentation) is host
-code that follows faster-whisper and CTranslate2 and gives their tokens for the same model and audio.
+The model runs behind a DecoderBackend: by default VulkanBackend (encoder and decoder on the GPU, at fp32 or fp16),
+or the numpy reference (ReferenceBackend), which computes in float32 on the CPU. Everything else (features, prompts,
+logit filters, search, fallback, segmentation) is host code that follows faster-whisper and CTranslate2 and gives their
+tokens for the same model and audio.
 """
 from __future__ import annotations
 
@@ -30,12 +31,13 @@ class WhisperModel:
 
     path: a Hugging Face Whisper folder (model.safetensors, config.json, tokenizer.json, generation_config.json
     when present) or a CTranslate2 / faster-whisper folder (model.bin, config.json, tokenizer.json).
-    precision: "fp32" or "fp16" (weights rounded to float16; arithmetic stays float32 in the reference).
+    precision: "fp32" or "fp16" (on the GPU: weights, activations and the key/value cache in 16-bit storage, fp32
+    arithmetic; in the reference: weights rounded to float16, arithmetic in float32).
     device: the Vulkan device for the GPU decoder, an index or a UUID as Session takes it (the numpy reference runs on
     the CPU and ignores it).
-    backend: "vulkan" (minirt.whisper.vulkan.VulkanBackend: encoder and decoder on the GPU, fp32, beams and best_of
-    up to 5), "reference" (the numpy reference on the CPU), None (the default: vulkan at fp32, the reference at fp16,
-    which the GPU decoder does not run yet), or a DecoderBackend to use as it is."""
+    backend: "vulkan" (minirt.whisper.vulkan.VulkanBackend: encoder and decoder on the GPU, at either precision,
+    beams and best_of up to 5), "reference" (the numpy reference on the CPU), None (the default: vulkan), or a
+    DecoderBackend to use as it is."""
 
     def __init__(self, path, precision: str = "fp32", device=None, backend=None):
         if precision not in ("fp32", "fp16"):
@@ -46,7 +48,7 @@ class WhisperModel:
         self.config = ckpt.config
         self.tokenizer = WhisperTokenizer.from_file(ckpt.tokenizer_path, ckpt.multilingual)
         if backend is None:
-            backend = "vulkan" if precision == "fp32" else "reference"
+            backend = "vulkan"
         if backend == "reference":
             from .reference import ReferenceBackend
             backend = ReferenceBackend(ckpt.weights, ckpt.config, precision)

@@ -16,7 +16,10 @@ points over state tensors that stay on the GPU (minirt/whisper/decoder_graph.py)
                     the last rows.
 
 The cache holds max_batch rows (the most a search uses: beam_size, or best_of when sampling; 5 by default). The step
-entry points share their weights on the GPU (minirt/program.py)."""
+entry points share their weights on the GPU (minirt/program.py). At precision fp16 every plan runs its kernels' half
+variants (docs/architecture.md, Precision): weights, activations and the state (the key/value cache, the cross keys
+and values) in 16-bit storage, fp32 arithmetic; the features, the encoder output and the logits stay float32 for the
+host, the token ids int32."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -28,34 +31,32 @@ from . import decoder_graph
 
 
 def plan_program(weights: dict, config: dict, profile, max_batch: int = 5, options=None) -> dict:
-    """{entry point: Plan} of the Whisper program (decoder_graph.py) for a device profile, in buffer storage at
-    fp32 (options: other Session options for planning)."""
+    """{entry point: Plan} of the Whisper program (decoder_graph.py) for a device profile, in buffer storage at the
+    precision of options (fp32 by default, or fp16; options: Session options for planning)."""
     from ..infer import prepare
     from ..options import Options
     from ..planner import make_plan
     opts = Options.of(options)
-    if opts.precision != "fp32" or opts.storage not in ("auto", "buffer"):
-        raise UnsupportedError(f"the Vulkan Whisper program runs in buffer storage at precision fp32 (asked: "
-                               f"{opts.storage}, {opts.precision})")
+    if opts.storage not in ("auto", "buffer"):
+        raise UnsupportedError(f"the Vulkan Whisper program runs in buffer storage (asked: {opts.storage})")
     opts = opts.replace(storage="buffer")
     graphs = decoder_graph.program_graphs(weights, decoder_graph.dims_of(weights, config), int(max_batch))
     return {k: make_plan(prepare(g), profile, "buffer", opts) for k, g in graphs.items()}
 
 
 class VulkanBackend:
-    """weights and config as checkpoint.load_checkpoint returns them; device: a Vulkan device index or UUID (None: the
-    default one); max_batch: cache rows; options: minirt Session options for planning (storage and precision are
-    buffer and fp32); profile: GPU time per dispatch (self.program.dispatch_times(entry))."""
-
-    name = "Vulkan (float32)"
+    """weights and config as checkpoint.load_checkpoint returns them; precision: "fp32" or "fp16" (16-bit storage,
+    fp32 arithmetic; it overrides options' precision); device: a Vulkan device index or UUID (None: the default
+    one); max_batch: cache rows; options: minirt Session options for planning (the storage is buffer); profile: GPU time
+    per dispatch (self.program.dispatch_times(entry))."""
 
     def __init__(self, weights: dict, config: dict, precision: str = "fp32", device=None, max_batch: int = 5,
                  options=None, profile=False):
         from ..options import Options
         from ..program import Program
         from ..session import get_device
-        if precision != "fp32":
-            raise UnsupportedError(f"the Vulkan Whisper decoder runs at precision fp32 (asked: {precision})")
+        if precision not in ("fp32", "fp16"):
+            raise ValueError(f"precision must be 'fp32' or 'fp16', got {precision!r}")
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.dims = dm = decoder_graph.dims_of(weights, config)
@@ -67,8 +68,11 @@ class VulkanBackend:
         self._entries = [None] + [next((decoder_graph.step_entry(n), n) for n in sizes if n >= r)
                                   for r in range(1, self.max_batch + 1)]
         self._prompt_sizes = decoder_graph.prompt_sizes(dm)
-        self.plans = plan_program(weights, config, get_device(device).profile, self.max_batch, options)
-        self.program = Program(self.plans, device, timeout_s=Options.of(options).timeout_s, profile=profile)
+        opts = Options.of(options).replace(precision=precision)
+        self.precision = precision
+        self.name = f"Vulkan ({'float16' if precision == 'fp16' else 'float32'})"
+        self.plans = plan_program(weights, config, get_device(device).profile, self.max_batch, opts)
+        self.program = Program(self.plans, device, timeout_s=opts.timeout_s, profile=profile)
         self._len = 0             # positions in the cache
         self._batch = 0           # rows in use
         self._encoded = False

@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import ModelError
 from ..plan import Push
 from . import Op, attr, register
-from .conv import _as4d, _from4d, _out4d
+from .conv import _as4d, _from4d, _out4d, rank_reason
 
 
 def _auto_pad(node) -> str:
@@ -64,11 +64,10 @@ class ConvTranspose(Op):
               "ONNX defines (onnxruntime gives fewer)")
 
     def check(self, node, ins):
-        x, w = ins[0], ins[1]
-        rank = len(w.shape) if w.shape is not None else len(x.shape) if x.shape is not None else None
-        if rank not in (3, 4):
-            return (f"{rank - 2}-D transposed convolution (rank-{rank} tensors) is not supported; minirt runs 1-D "
-                    f"and 2-D ConvTranspose" if rank else "the weight's rank is unknown")
+        w = ins[1]
+        why = rank_reason(node, ins, "transposed convolution")
+        if why:
+            return why
         for i, what in ((1, "weight"), (2, "bias")):
             if len(ins) > i and ins[i] is not None and not ins[i].is_const:
                 return (f"{what} '{node.inputs[i]}' is computed at run time; minirt needs ConvTranspose {what}s to "

@@ -342,16 +342,21 @@ class Gather(ShapeOp):
 
     def lower(self, node, ctx):
         out, src = ctx.t(node.outputs[0]), ctx.t(node.inputs[0])
-        if not ctx.graph.tensor(node.inputs[1]).is_const:      # runtime indices: one row copy by index
-            from .state import _fp32_buffers, _width, copy_rows
-            _fp32_buffers(ctx, node)
-            idx = ctx.t(node.inputs[1])
-            return copy_rows(ctx, out, src, idx.numel, _width(src.shape), index=idx)
+        if not ctx.graph.tensor(node.inputs[1]).is_const:
+            return gather_rows_at_run_time(ctx, node, out, src)
         axis, idx = self._idx(node, src.shape, ctx.graph.tensor(node.inputs[1]).data)
         if idx.ndim == 0:          # a fixed index; the axis disappears
             return affine_copy(ctx, out, src, [(int(idx), 0, None) if a == axis else (0, 1, a - (a > axis))
                                                for a in range(len(src.shape))])
         gather_const(ctx, out, src, axis, idx)
+
+
+def gather_rows_at_run_time(ctx, node, out, src):
+    """out = src's rows along axis 0 picked by the run-time int32 indices (input 1): one row copy by index."""
+    from .state import _fp32_buffers, _width, copy_rows
+    _fp32_buffers(ctx, node)
+    idx = ctx.t(node.inputs[1])
+    copy_rows(ctx, out, src, idx.numel, _width(src.shape), index=idx)
 
 
 def gather_const(ctx, out, src, axis, idx):
@@ -426,11 +431,8 @@ class GatherND(ShapeOp):
 
     def lower(self, node, ctx):
         out, src = ctx.t(node.outputs[0]), ctx.t(node.inputs[0])
-        if not ctx.graph.tensor(node.inputs[1]).is_const:      # runtime indices: one row copy by index
-            from .state import _fp32_buffers, _width, copy_rows
-            _fp32_buffers(ctx, node)
-            idx = ctx.t(node.inputs[1])
-            return copy_rows(ctx, out, src, idx.numel, _width(src.shape), index=idx)
+        if not ctx.graph.tensor(node.inputs[1]).is_const:
+            return gather_rows_at_run_time(ctx, node, out, src)
         indices = ctx.graph.tensor(node.inputs[1]).data
         b, q = int(attr(node, "batch_dims", 0)), indices.shape[-1]
         rows, flat = self._flat(node, src.shape, indices)

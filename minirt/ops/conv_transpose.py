@@ -132,12 +132,12 @@ class ConvTranspose(Op):
         n, _, h, wd = x4.shape
         cg, ncols, m = c // g, ocg * kh * kw, n * h * wd
         # B: group after group, [G * C/G, C_out/G * KH * KW], columns ordered (output channel, kh, kw)
-        wt, n4 = pack_weight(ctx, node.inputs[1], w.reshape(c, ncols))
+        wt, n4 = pack_weight(ctx, f"{node.inputs[1]}@cols", w.reshape(c, ncols))   # a layout of its own
         zero = ctx.weight(f"{node.name}.gemm_zero", np.zeros(n4 * 4, np.float32))    # the bias comes in col2im
         cols = ctx.temp(f"{node.outputs[0]}@cols", (g * n * h, wd, ncols))
         gemm_dispatch(ctx, cols, x4, wt, zero, m, ncols, cg, n4, a_mode=1, out_mode=0, groups=g)
         bias = np.zeros(y4.shape[1], np.float32) if b is None else np.asarray(b, np.float32)
-        bt = ctx.weight(f"{node.inputs[2] if b is not None else node.name + '.zero_bias'}", bias)
+        bt = ctx.weight(f"{node.name}.bias", bias)
         p = (Push().sizes(y4).sizes(cols).ivec4(kh, kw, strides[0], strides[1]).ivec4(pb[0], pb[1], dil[0], dil[1])
              .ivec4(h, wd, ocg, n).ivec4(y4.packed_dim, cols.packed_dim))
         taps = -(-kh // strides[0]) * -(-kw // strides[1])

@@ -3,10 +3,12 @@
 them against onnxruntime: a ResNet-18-like, a MobileNetV2-like, a MobileNetV3-like and a UNet-like network, at
 reduced widths so that each file is a few hundred KB. Weights and BatchNorm statistics are seeded; the models are in
 eval mode, and torch's TorchScript exporter folds each BatchNorm into the Conv before it (as for a deployed model).
-The UNet's nn.Upsample(bilinear, align_corners=False) exports as a linear Resize (half_pixel) with constant scales.
+The UNet-like is also exported by torch.export's exporter (dynamo=True) at opset 20, as unet_like_dynamo.onnx. Either
+way torch 2.13 writes the UNet's nn.Upsample(bilinear, align_corners=False) as a linear Resize (half_pixel) with
+constant scales, and folds the BatchNorms.
 
-Needs torch and onnx, which minirt does not depend on: in a separate venv,
-    python -m venv /tmp/tv && /tmp/tv/bin/pip install torch==2.13.0 onnx
+Needs torch, onnx and (for the dynamo export) onnxscript, which minirt does not depend on: in a separate venv,
+    python -m venv /tmp/tv && /tmp/tv/bin/pip install torch==2.13.0 onnx onnxscript   # onnxscript 0.7.2 was used
     /tmp/tv/bin/python tools/export_families.py            # writes models/families/<family>.onnx
 """
 from __future__ import annotations
@@ -21,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "models" / "families"
 INPUT_SHAPE = (1, 3, 32, 32)
 OPSET = 17
+DYNAMO_OPSET = 20
+DYNAMO_FAMILIES = ("unet_like",)    # also exported by torch.export's exporter, as <family>_dynamo.onnx
 
 
 def conv_bn(cin, cout, k, stride=1, groups=1, act=None):
@@ -157,11 +161,17 @@ def randomize(model: nn.Module, seed: int) -> nn.Module:
     return model.eval()
 
 
-def export(name: str, path: Path, seed: int = 0) -> Path:
+def export(name: str, path: Path, seed: int = 0, dynamo: bool = False) -> Path:
+    """The TorchScript exporter at OPSET, or (dynamo) torch.export's at DYNAMO_OPSET with the weights inside the file;
+    the same seeded weights either way."""
     model = randomize(FAMILIES[name](), seed)
     x = torch.randn(INPUT_SHAPE, generator=torch.Generator().manual_seed(seed + 1))
-    torch.onnx.export(model, (x,), str(path), opset_version=OPSET, input_names=["input"], output_names=["logits"],
-                      do_constant_folding=True, dynamo=False)
+    if dynamo:
+        torch.onnx.export(model, (x,), str(path), opset_version=DYNAMO_OPSET, input_names=["input"],
+                          output_names=["logits"], dynamo=True, external_data=False)
+    else:
+        torch.onnx.export(model, (x,), str(path), opset_version=OPSET, input_names=["input"], output_names=["logits"],
+                          do_constant_folding=True, dynamo=False)
     return path
 
 
@@ -172,8 +182,11 @@ def main(argv=None):
     a = ap.parse_args(argv)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     for name in a.families:
-        p = export(name, Path(a.out) / f"{name}.onnx")
-        print(f"wrote {p} ({p.stat().st_size // 1024} KB)")
+        paths = [export(name, Path(a.out) / f"{name}.onnx")]
+        if name in DYNAMO_FAMILIES:
+            paths.append(export(name, Path(a.out) / f"{name}_dynamo.onnx", dynamo=True))
+        for p in paths:
+            print(f"wrote {p} ({p.stat().st_size // 1024} KB)")
 
 
 if __name__ == "__main__":

@@ -30,9 +30,12 @@ def conv_transpose_params(node, in_spatial, k_spatial):
     strides = [int(s) for s in attr(node, "strides", [1] * nd)]
     dil = [int(d) for d in attr(node, "dilations", [1] * nd)]
     opad = [int(p) for p in attr(node, "output_padding", [0] * nd)]
-    if len(strides) != nd or len(dil) != nd or len(opad) != nd:
-        raise ModelError(f"{node}: strides {strides}, dilations {dil} or output_padding {opad} do not have "
-                         f"{nd} values (one per spatial dim)")
+    if len(strides) != nd or len(dil) != nd or len(opad) != nd or len(in_spatial) != nd:
+        raise ModelError(f"{node}: strides {strides}, dilations {dil}, output_padding {opad} or the input's spatial "
+                         f"dims {list(in_spatial)} do not have {nd} values (one per spatial dim of the weight)")
+    if min(strides) < 1 or min(dil) < 1 or min(opad) < 0:
+        raise ModelError(f"{node}: strides {strides} and dilations {dil} must be positive, output_padding {opad} "
+                         f"not negative")
     full = [s * (i - 1) + p + d * (k - 1) + 1 for s, i, p, d, k in zip(strides, in_spatial, opad, dil, k_spatial)]
     auto = _auto_pad(node)
     out_shape = attr(node, "output_shape")
@@ -84,7 +87,9 @@ class ConvTranspose(Op):
     def infer(self, node, ins):
         x, w = ins[0], ins[1]
         c, g = x.shape[1], int(attr(node, "group", 1))
-        if isinstance(c, int) and (g < 1 or c != w.shape[0] or c % g):
+        if len(x.shape) != len(w.shape) or g < 1:
+            raise ModelError(f"{node}: input of rank {len(x.shape)}, weight {list(w.shape)}, group {g}")
+        if isinstance(c, int) and (c != w.shape[0] or c % g):
             raise ModelError(f"{node}: input has {c} channels but the weight is {list(w.shape)} with group {g}")
         sp = x.shape[2:]
         out = [f"{node.outputs[0]}_d{2 + i}" for i in range(len(sp))]

@@ -142,6 +142,8 @@ class _Setup:
                 s = (min if policy == "not_larger" else max)(scales[d] for d in axes)
                 scales = [s if i in axes else 1.0 for i in range(r)]
                 out = [int(s * shape[i] + 0.5) if i in axes else shape[i] for i in range(r)]
+        if min(out, default=1) < 1 or not all(np.isfinite(scales)):
+            raise ModelError(f"{node}: the output would have shape {out} (scales {scales})")
         self.out = tuple(out)
         self.axes = {}
         for d in range(r):

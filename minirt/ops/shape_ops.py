@@ -403,8 +403,8 @@ class GatherND(ShapeOp):
 
     def infer(self, node, ins):
         b, data, idx = int(attr(node, "batch_dims", 0)), ins[0].shape, ins[1].shape
-        q = idx[-1]
-        if not isinstance(q, int) or not 1 <= q <= len(data) - b or b >= len(idx):
+        q = idx[-1] if idx else None
+        if not isinstance(q, int) or not 1 <= q <= len(data) - b or not 0 <= b < len(idx):
             raise ModelError(f"{node}: indices {list(idx)} with batch_dims {b} do not fit data {list(data)}")
         return [(tuple(data[:b]) + tuple(idx[b:-1]) + tuple(data[b + q:]), ins[0].dtype)]
 

@@ -7,7 +7,9 @@
 // neighbouring shared words). B is a weight prepacked once as [Kp][N4] vec4 (zero past K and N).
 //   A_MODE 0: A row-major [M, K] with row stride LDA (a linear layer's input, or the im2col scratch);
 //             in textures a width-packed [.., M, K] tensor.
-//   A_MODE 1: A(m, k) = channel k at spatial position m of an NCHW [1, K, H, W] tensor (pointwise conv).
+//   A_MODE 1: A(m, k) = channel k at position m = (n * H + h) * W + w of an NCHW [N, K, H, W] tensor (pointwise
+//             conv; ConvTranspose's columns, one work-group layer z per group: channels z * K .., B rows z * K ..,
+//             output rows z * M ..).
 //   OUT_MODE 0: out[m, n] row-major / width-packed. OUT_MODE 1: NCHW [1, N, H, W] with m = h * W + w
 //             (conv output; in textures channels-packed, so a vec4 of 4 output channels is one texel).
 #include "common.glslh"
@@ -39,6 +41,7 @@ const int LX = int(gl_WorkGroupSize.x);
 const int LY = int(gl_WorkGroupSize.y);
 const int BM = LY * TM;
 const int BN4 = LX * TN4;
+#define GROUP int(gl_WorkGroupID.z)   // 0 but for grouped A_MODE 1 dispatches
 shared float a_sh[BK * BM];     // [k][m]
 shared vec4 b_sh[BK * BN4];     // [k][n4]
 
@@ -49,7 +52,8 @@ float a_at(int m, int k) {
 #else
   int mm = m + p.geo.x;
   ivec4 i = A_MODE == 0 ? ivec4(k, mm % p.a_sizes.y, (mm / p.a_sizes.y) % p.a_sizes.z, mm / (p.a_sizes.y * p.a_sizes.z))
-                        : ivec4(mm % p.a_sizes.x, mm / p.a_sizes.x, k, 0);
+                        : ivec4(mm % p.a_sizes.x, (mm / p.a_sizes.x) % p.a_sizes.y, GROUP * p.dims.z + k,
+                                mm / (p.a_sizes.x * p.a_sizes.y));
   return LOAD(t_a, i, p.a_sizes, p.geo.z);
 #endif
 }
@@ -61,7 +65,7 @@ void store(int m, int n4, vec4 v) {
   if (m >= p.dims.x || n >= p.dims.y) return;
   v += W4(w_bias, n4);
   v = vec4(activate(v.x), activate(v.y), activate(v.z), activate(v.w));
-  int mm = m + p.geo.x;
+  int mm = m + p.geo.x + GROUP * p.dims.x;
   int rem = p.dims.y - n;
   if (rem < 4) v = vec4(v.x, rem > 1 ? v.y : 0.0, rem > 2 ? v.z : 0.0, 0.0);
 #if defined(STORAGE_TEXTURE)
@@ -94,7 +98,8 @@ void main() {
     for (int e = tid; e < BN4 * BK; e += LX * LY) {
       int kk = e / BN4, c = e % BN4;
       int k = k0 + kk, n4 = n4_base + c;
-      b_sh[kk * BN4 + c] = (k < p.dims.z && n4 < p.dims.w) ? W4(w_b, k * p.dims.w + n4) : vec4(0.0);
+      b_sh[kk * BN4 + c] = (k < p.dims.z && n4 < p.dims.w) ? W4(w_b, (GROUP * p.dims.z + k) * p.dims.w + n4)
+                                                             : vec4(0.0);
     }
     barrier();
     for (int kk = 0; kk < BK; ++kk) {

@@ -62,6 +62,31 @@ def fold_nan_guards(graph: Graph) -> int:
     return done
 
 
+def fold_index_casts(graph: Graph) -> int:
+    """Cast(to int64) of an int32 graph input read only as the indices of Gather or GatherND (which ONNX types int64
+    for GatherND) is dropped: they read the int32 input itself, as minirt keeps run-time integers in int32. Returns
+    how many."""
+    readers = {}
+    for n in graph.nodes:
+        for k, i in enumerate(n.inputs):
+            readers.setdefault(i, []).append((n, k))
+    drop = set()
+    for n in graph.nodes:
+        src = n.inputs[0] if n.op == "Cast" and n.domain in ("", "ai.onnx") and n.inputs else None
+        t = graph.tensors.get(src) if src else None
+        if (t is None or src not in graph.inputs or t.dtype != "int32" or n.attrs.get("to") != 7
+                or n.outputs[0] in graph.outputs):
+            continue
+        users = readers.get(n.outputs[0], [])
+        if users and all(u.op in ("Gather", "GatherND") and u.domain in ("", "ai.onnx") and k == 1 for u, k in users):
+            for u, k in users:
+                u.inputs[k] = src
+            drop.add(id(n))
+    if drop:
+        graph.nodes = [n for n in graph.nodes if id(n) not in drop]
+    return len(drop)
+
+
 def prepare(graph: Graph, *, symbolic: bool = False) -> Graph:
     """Fold and infer in place; raise for anything that cannot run. Returns the graph.
 
@@ -83,6 +108,7 @@ def prepare(graph: Graph, *, symbolic: bool = False) -> Graph:
                                f"({', '.join(kinds)}; minirt's own ops of that name are internal, domain "
                                f"'minirt'):\n" + "\n".join(lines), clash)
     fold_nan_guards(graph)
+    fold_index_casts(graph)
     ops.require_supported(graph)
     graph.toposort()
     for name in graph.inputs:

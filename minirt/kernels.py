@@ -43,6 +43,7 @@ SPEC_CONSTANTS: dict[str, tuple[str, ...]] = {
     "attention_cmr": ("DH", "NR", "BK", "SPLIT", "VEC8"),
     "binary": ("OP",),
     "cast": (),
+    "col2im": (),
     "cached_attention": ("DH",),
     "concat": (),
     "conv": ("CONV1D",),
@@ -63,6 +64,7 @@ SPEC_CONSTANTS: dict[str, tuple[str, ...]] = {
     "occupancy_probe": ("SHARED",),
     "pool": ("OP",),
     "reduce": ("OP",),
+    "resize": (),
     "softmax": (),
     "unary": ("OP",),
 }

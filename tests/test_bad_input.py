@@ -296,19 +296,25 @@ def _one_op_model(case):
              "Gather": {"b": np.array([3, 0, 5], np.int64)}, "Reshape": {"b": np.array([6, 8], np.int64)},
              "Expand": {"b": np.array([2, 2, 3, 8], np.int64)}, "Clip": {"b": np.float32(-0.5), "c": np.float32(0.5)},
              "InstanceNormalization": {"b": rand(3, seed=3), "c": rand(3, seed=4)},
+             "ConvTranspose": {"b": rand(3, 4, 3, seed=5), "c": rand(4, seed=6)},
+             "Resize": {"": None, "b": np.array([1, 1, 2.5], np.float32)},
+             "GatherND": {"b": np.array([[1], [0], [1]], np.int64)},
              **{k: {"b": np.array(a, np.int64)} for k, a in axes.items()}}.get(op, {})
     kw = {"Softmax": {"axis": 1 if how == "axis1" else -1}, "LayerNormalization": {"axis": -1},
           "Gelu": {"approximate": "tanh"} if how == "tanh" else {}, "Gemm": {"transB": 1},
           "Conv": {"kernel_shape": [3], "pads": [1, 1]}, "Transpose": {"perm": [2, 0, 1]}, "Concat": {"axis": 1},
           "Gather": {"axis": 2}, "MaxPool": {"kernel_shape": [3], "pads": [1, 1]},
-          "AveragePool": {"kernel_shape": [3], "pads": [1, 1], "strides": [2]}}.get(op, {})
+          "AveragePool": {"kernel_shape": [3], "pads": [1, 1], "strides": [2]},
+          "ConvTranspose": {"strides": [2], "pads": [1, 0], "output_padding": [1]},
+          "Resize": {"mode": "nearest"}}.get(op, {})
     shape = [6, 8] if op == "Gemm" else [2, 3, 8]
     if op == "Linear":      # MatMul + Add (+ an activation): one fused Linear dispatch
         nodes = [n("MatMul", ["x", "w"], ["h"]), n("Add", ["h", "c"], ["y" if not how else "hb"])]
         if how:
             nodes.append(n(how, ["hb"], ["y"]))
         return make_model(nodes, {"x": shape}, ["y"], {"w": rand(8, 12, seed=5), "c": rand(12, seed=6)}, opset=20)
-    return make_model([n(op, ["x", *extra], ["y"], **kw)], {"x": shape}, ["y"], extra, opset=20)
+    return make_model([n(op, ["x", *extra], ["y"], **kw)], {"x": shape}, ["y"], {k: v for k, v in extra.items() if k},
+                      opset=20)
 
 
 @pytest.mark.parametrize("case", [
@@ -317,7 +323,7 @@ def _one_op_model(case):
     "ReduceMax", "ReduceMin", "Gemm", "Conv", "Linear", "Linear Gelu", "Linear Relu", "Identity", "Transpose",
     "Concat", "Slice", "Gather", "Reshape", "Expand", "Clip", "HardSigmoid", "HardSwish", "Log", "Reciprocal",
     "Linear HardSwish", "ReduceL2", "GlobalAveragePool", "MaxPool", "AveragePool",
-    "InstanceNormalization"])
+    "InstanceNormalization", "ConvTranspose", "Resize", "GatherND"])
 def test_nan_and_inf_propagate_like_onnxruntime(case, request):
     op = case.split()[0]
     if op in KNOWN_NAN_BUGS:

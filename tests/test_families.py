@@ -1,7 +1,8 @@
 """Small random-weight models of common families (models/families/, exported by tools/export_families.py from torch
 at opset 17) against onnxruntime in both storages: a ResNet-18-like (Conv, Relu, MaxPool, Add, GlobalAveragePool,
-Gemm), a MobileNetV2-like (depthwise convs, Clip as ReLU6) and a MobileNetV3-like (HardSwish, squeeze-and-excitation
-with HardSigmoid)."""
+Gemm), a MobileNetV2-like (depthwise convs, Clip as ReLU6), a MobileNetV3-like (HardSwish, squeeze-and-excitation
+with HardSigmoid) and a UNet-like (MaxPool down, ConvTranspose and a bilinear Resize up, skip Concats; also as
+torch.export's exporter writes it at opset 20)."""
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,8 @@ from oracle import STORAGES, cosine, onnxruntime_run, rand
 FAMILIES = Path(__file__).resolve().parents[1] / "models" / "families"
 
 
-@pytest.mark.parametrize("family", ["resnet18_like", "mobilenet_v2_like", "mobilenet_v3_like"])
+@pytest.mark.parametrize("family", ["resnet18_like", "mobilenet_v2_like", "mobilenet_v3_like", "unet_like",
+                                    "unet_like_dynamo"])
 def test_family_matches_onnxruntime(family):
     model = onnx.load(FAMILIES / f"{family}.onnx")
     x = rand(1, 3, 32, 32, seed=5)

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Exports small random-weight models of common families to ONNX (opset 17) for tests/test_families.py, which runs
-them against onnxruntime: a ResNet-18-like, a MobileNetV2-like and a MobileNetV3-like network, at reduced widths so
-that each file is a few hundred KB. Weights and BatchNorm statistics are seeded; the models are in eval mode, and
-torch's TorchScript exporter folds each BatchNorm into the Conv before it (as for a deployed model).
+them against onnxruntime: a ResNet-18-like, a MobileNetV2-like, a MobileNetV3-like and a UNet-like network, at
+reduced widths so that each file is a few hundred KB. Weights and BatchNorm statistics are seeded; the models are in
+eval mode, and torch's TorchScript exporter folds each BatchNorm into the Conv before it (as for a deployed model).
+The UNet-like is also exported by torch.export's exporter (dynamo=True) at opset 20, as unet_like_dynamo.onnx. Either
+way torch 2.13 writes the UNet's nn.Upsample(bilinear, align_corners=False) as a linear Resize (half_pixel) with
+constant scales, and folds the BatchNorms.
 
-Needs torch and onnx, which minirt does not depend on: in a separate venv,
-    python -m venv /tmp/tv && /tmp/tv/bin/pip install torch==2.13.0 onnx
+Needs torch, onnx and (for the dynamo export) onnxscript, which minirt does not depend on: in a separate venv,
+    python -m venv /tmp/tv && /tmp/tv/bin/pip install torch==2.13.0 onnx onnxscript   # onnxscript 0.7.2 was used
     /tmp/tv/bin/python tools/export_families.py            # writes models/families/<family>.onnx
 """
 from __future__ import annotations
@@ -20,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "models" / "families"
 INPUT_SHAPE = (1, 3, 32, 32)
 OPSET = 17
+DYNAMO_OPSET = 20
+DYNAMO_FAMILIES = ("unet_like",)    # also exported by torch.export's exporter, as <family>_dynamo.onnx
 
 
 def conv_bn(cin, cout, k, stride=1, groups=1, act=None):
@@ -107,8 +112,35 @@ def mobilenet_v3_like():
     return MobileNetV2Like(act=nn.Hardswish, se=True, settings=[(1, 8, 1, 1), (4, 12, 2, 2)])
 
 
+# -- UNet: two down blocks (Conv + BatchNorm + ReLU twice, then max pooling), a bottleneck, two up blocks (one a 2x2
+# ConvTranspose of stride 2, the other a bilinear nn.Upsample) each joined with its skip by Concat, a 1x1 conv head ---
+def double_conv(cin, cout):
+    return nn.Sequential(conv_bn(cin, cout, 3, act=nn.ReLU), conv_bn(cout, cout, 3, act=nn.ReLU))
+
+
+class UNetLike(nn.Module):
+    def __init__(self, widths=(8, 16, 32), classes=2):
+        super().__init__()
+        a, b, c = widths
+        self.down1, self.down2, self.pool = double_conv(3, a), double_conv(a, b), nn.MaxPool2d(2)
+        self.bottleneck = double_conv(b, c)
+        self.up1 = nn.ConvTranspose2d(c, b, 2, stride=2)
+        self.dec1 = double_conv(2 * b, b)
+        self.up2 = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)
+        self.dec2 = double_conv(b + a, a)
+        self.head = nn.Conv2d(a, classes, 1)
+
+    def forward(self, x):
+        s1 = self.down1(x)
+        s2 = self.down2(self.pool(s1))
+        y = self.bottleneck(self.pool(s2))
+        y = self.dec1(torch.cat([self.up1(y), s2], dim=1))
+        y = self.dec2(torch.cat([self.up2(y), s1], dim=1))
+        return self.head(y)
+
+
 FAMILIES = {"resnet18_like": ResNet18Like, "mobilenet_v2_like": MobileNetV2Like,
-            "mobilenet_v3_like": mobilenet_v3_like}
+            "mobilenet_v3_like": mobilenet_v3_like, "unet_like": UNetLike}
 
 
 def randomize(model: nn.Module, seed: int) -> nn.Module:
@@ -121,7 +153,7 @@ def randomize(model: nn.Module, seed: int) -> nn.Module:
                 m.bias.copy_(torch.randn(m.num_features, generator=g) * 0.1)
                 m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
                 m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-            elif isinstance(m, (nn.Conv2d, nn.Linear)):
+            elif isinstance(m, (nn.Conv2d, nn.ConvTranspose2d, nn.Linear)):
                 fan_in = m.weight[0].numel()
                 m.weight.copy_(torch.randn(m.weight.shape, generator=g) * (2.0 / fan_in) ** 0.5)
                 if m.bias is not None:
@@ -129,11 +161,17 @@ def randomize(model: nn.Module, seed: int) -> nn.Module:
     return model.eval()
 
 
-def export(name: str, path: Path, seed: int = 0) -> Path:
+def export(name: str, path: Path, seed: int = 0, dynamo: bool = False) -> Path:
+    """The TorchScript exporter at OPSET, or (dynamo) torch.export's at DYNAMO_OPSET with the weights inside the file;
+    the same seeded weights either way."""
     model = randomize(FAMILIES[name](), seed)
     x = torch.randn(INPUT_SHAPE, generator=torch.Generator().manual_seed(seed + 1))
-    torch.onnx.export(model, (x,), str(path), opset_version=OPSET, input_names=["input"], output_names=["logits"],
-                      do_constant_folding=True, dynamo=False)
+    if dynamo:
+        torch.onnx.export(model, (x,), str(path), opset_version=DYNAMO_OPSET, input_names=["input"],
+                          output_names=["logits"], dynamo=True, external_data=False)
+    else:
+        torch.onnx.export(model, (x,), str(path), opset_version=OPSET, input_names=["input"], output_names=["logits"],
+                          do_constant_folding=True, dynamo=False)
     return path
 
 
@@ -144,8 +182,11 @@ def main(argv=None):
     a = ap.parse_args(argv)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     for name in a.families:
-        p = export(name, Path(a.out) / f"{name}.onnx")
-        print(f"wrote {p} ({p.stat().st_size // 1024} KB)")
+        paths = [export(name, Path(a.out) / f"{name}.onnx")]
+        if name in DYNAMO_FAMILIES:
+            paths.append(export(name, Path(a.out) / f"{name}_dynamo.onnx", dynamo=True))
+        for p in paths:
+            print(f"wrote {p} ({p.stat().st_size // 1024} KB)")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,9 @@ SPECIAL_VALUES = [
     "1e38s) or NaN (3e38, -3e38, 3e38, -3e38) wherever that running sum overflows.",
     "MaxPool skips NaN elements, as onnxruntime and ONNX's reference do (unlike ReduceMax); a window of NaN alone "
     "gives NaN.",
+    "Resize (linear, cubic) adds each tap's weight times its element, as ONNX's reference does, a weight of 0 "
+    "included: an inf among an output position's taps gives inf or NaN there. onnxruntime picks the neighbours "
+    "otherwise at the edges, so where it gives NaN or a finite value next to an inf can differ.",
     "ReduceL2: where the sum of squares overflows, it is taken again with every element divided by the largest "
     "|element| (the norm then multiplied by it), so only a norm past float32's range is inf.",
     "LayerNormalization: a row of finite values never gives NaN. As in onnxruntime, a row whose squared deviations "

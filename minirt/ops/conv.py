@@ -56,6 +56,16 @@ def conv_params(node, in_spatial, k_spatial, ceil_mode=False):
     return strides, dil, pb, pe, out
 
 
+def rank_reason(node, ins, kind):
+    """Why a conv-like node (input, weight, ...) cannot run for its rank, or None for 1-D and 2-D."""
+    x, w = ins[0], ins[1]
+    rank = len(w.shape) if w.shape is not None else len(x.shape) if x.shape is not None else None
+    if rank not in (3, 4):
+        return (f"{rank - 2}-D {kind} (rank-{rank} tensors) is not supported; minirt runs 1-D and 2-D {node.op}"
+                if rank else "the weight's rank is unknown")
+    return None
+
+
 @register
 class Conv(Op):
     name = "Conv"
@@ -63,11 +73,10 @@ class Conv(Op):
               "(prepacked at load); float32")
 
     def check(self, node, ins):
-        x, w = ins[0], ins[1]
-        rank = len(w.shape) if w.shape is not None else len(x.shape) if x.shape is not None else None
-        if rank not in (3, 4):
-            return (f"{rank - 2}-D convolution (rank-{rank} tensors) is not supported; minirt runs 1-D and 2-D Conv"
-                    if rank else "the weight's rank is unknown")
+        w = ins[1]
+        why = rank_reason(node, ins, "convolution")
+        if why:
+            return why
         b = ins[2] if len(ins) > 2 else None
         if b is not None and b.shape is not None and w.shape is not None and tuple(b.shape) != (w.shape[0],):
             return f"bias '{node.inputs[2]}' has shape {list(b.shape)}, expected [{w.shape[0]}] (one per output channel)"

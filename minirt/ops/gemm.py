@@ -55,15 +55,17 @@ def pack_bias(ctx, name: str, bias, n: int):
 
 
 def gemm_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, a_mode=0, out_mode=0, act=None, m0=0, lda=None,
-                  scratch=False):
+                  scratch=False, groups=1):
     """out[m0 : m0 + m] = act(A @ B + bias); `a` is the A tensor (activation or im2col scratch), `wt` B as pack_weight
-    gives it."""
+    gives it. groups > 1 (a_mode 1, out_mode 0): group z multiplies channels z * k .. of A by rows z * k .. of B into
+    output rows z * m .., one work-group layer each."""
     tm, tn4, bk = tile_config(ctx.profile)
     p = (Push().sizes(out).sizes(a).ivec4(m, n, k, n4)
          .ivec4(m0, lda if lda is not None else k, a.packed_dim, 0))
     ctx.dispatch("gemm", [(out.name, "w"), (a.name, "r"), (wt.row_major(ctx).name, "r"), (bt.name, "r")], p,
                  spec("gemm", TM=tm, TN4=tn4, BK=bk, A_MODE=a_mode, OUT_MODE=out_mode, ACT=act_code(act)),
-                 (-(-n4 // tn4), -(-m // tm), 1), "gemm", flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n),
+                 (-(-n4 // tn4), -(-m // tm), groups), "gemm", flops=2 * groups * m * n * k,
+                 nbytes=4 * groups * (m * k + k * n + m * n),
                  axes={"storage": ctx.storage, "a": "scratch" if scratch else "act"})
 
 

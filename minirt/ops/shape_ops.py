@@ -301,8 +301,8 @@ class Expand(Affine):
 class Gather(ShapeOp):
     name, consts = "Gather", (1,)
     limits = ("on the GPU: float32 data with constant indices (runs of evenly spaced indices become one copy "
-              "each, joined by Concat), or int32 indices computed at run time (a graph input: an embedding "
-              "lookup) along axis 0 in buffer storage, clamped to the axis (no negative indices)")
+              "each, joined by Concat), or int32 indices computed at run time (a graph input, or one cast to "
+              "int64: an embedding lookup) along axis 0 in buffer storage, clamped to the axis (no negative indices)")
 
     @staticmethod
     def runtime(ins) -> bool:
@@ -341,36 +341,108 @@ class Gather(ShapeOp):
 
     def lower(self, node, ctx):
         out, src = ctx.t(node.outputs[0]), ctx.t(node.inputs[0])
-        if not ctx.graph.tensor(node.inputs[1]).is_const:      # runtime indices: one row copy by index
-            from .state import _buffers, _width, copy_rows
-            _buffers(ctx, node)
-            idx = ctx.t(node.inputs[1])
-            return copy_rows(ctx, out, src, idx.numel, _width(src.shape), index=idx)
+        if not ctx.graph.tensor(node.inputs[1]).is_const:
+            return gather_rows_at_run_time(ctx, node, out, src)
         axis, idx = self._idx(node, src.shape, ctx.graph.tensor(node.inputs[1]).data)
-        rank = len(src.shape)
         if idx.ndim == 0:          # a fixed index; the axis disappears
             return affine_copy(ctx, out, src, [(int(idx), 0, None) if a == axis else (0, 1, a - (a > axis))
-                                               for a in range(rank)])
-        flat = src.shape[:axis] + (idx.size,) + src.shape[axis + 1:]
-        dst = out if idx.ndim == 1 else ctx.temp(f"{out.name}@flat", flat)
-        runs = []                  # (first, step, count): evenly spaced indices
-        for v in idx.reshape(-1).tolist():
-            if runs and (runs[-1][2] == 1 or runs[-1][0] + runs[-1][1] * runs[-1][2] == v):
-                f, s, n = runs[-1]
-                runs[-1] = (f, v - f if n == 1 else s, n + 1)
-            else:
-                runs.append((v, 1, 1))
-        parts = []
-        for k, (f, s, n) in enumerate(runs):
-            # one hint per run: temp() probes hint, hint#1, ... so thousands of runs sharing one hint
-            # (shuffled indices) would make planning quadratic in their number
-            part = dst if len(runs) == 1 else ctx.temp(f"{out.name}@run{k}", flat[:axis] + (n,) + flat[axis + 1:])
-            affine_copy(ctx, part, src, [(f, s, a) if a == axis else (0, 1, a) for a in range(rank)])
-            parts.append(part)
-        if len(runs) > 1:
-            concat(ctx, dst, parts, axis)
-        if dst is not out:
-            view_or_copy(ctx, out, dst)
+                                               for a in range(len(src.shape))])
+        gather_const(ctx, out, src, axis, idx)
+
+
+def gather_rows_at_run_time(ctx, node, out, src):
+    """out = src's rows along axis 0 picked by the run-time int32 indices (input 1): one row copy by index."""
+    from .state import _buffers, _width, copy_rows
+    _buffers(ctx, node)
+    idx = ctx.t(node.inputs[1])
+    copy_rows(ctx, out, src, idx.numel, _width(src.shape), index=idx)
+
+
+def gather_const(ctx, out, src, axis, idx):
+    """out = np.take(src, idx, axis) for constant indices (non-negative, at least 1-D): each run of evenly spaced
+    indices one affine copy, the runs joined by Concat."""
+    rank = len(src.shape)
+    flat = src.shape[:axis] + (idx.size,) + src.shape[axis + 1:]
+    dst = out if idx.ndim == 1 else ctx.temp(f"{out.name}@flat", flat)
+    runs = []                  # (first, step, count): evenly spaced indices
+    for v in idx.reshape(-1).tolist():
+        if runs and (runs[-1][2] == 1 or runs[-1][0] + runs[-1][1] * runs[-1][2] == v):
+            f, s, n = runs[-1]
+            runs[-1] = (f, v - f if n == 1 else s, n + 1)
+        else:
+            runs.append((v, 1, 1))
+    parts = []
+    for k, (f, s, n) in enumerate(runs):
+        # one hint per run: temp() probes hint, hint#1, ... so thousands of runs sharing one hint
+        # (shuffled indices) would make planning quadratic in their number
+        part = dst if len(runs) == 1 else ctx.temp(f"{out.name}@run{k}", flat[:axis] + (n,) + flat[axis + 1:])
+        affine_copy(ctx, part, src, [(f, s, a) if a == axis else (0, 1, a) for a in range(rank)])
+        parts.append(part)
+    if len(runs) > 1:
+        concat(ctx, dst, parts, axis)
+    if dst is not out:
+        view_or_copy(ctx, out, dst)
+
+
+@register
+class GatherND(ShapeOp):
+    name, consts = "GatherND", (1,)
+    limits = ("float32 data with constant indices (any batch_dims: the slices become rows of one Gather), or "
+              "indices computed at run time (an int32 graph input cast to int64) picking along axis 0 alone (last "
+              "indices dim 1, batch_dims 0) in buffer storage, clamped to the axis (no negative indices)")
+
+    def check(self, node, ins):
+        if not Gather.runtime(ins):
+            return super().check(node, ins)
+        shape = ins[1].shape
+        if int(attr(node, "batch_dims", 0)) != 0 or ins[1].dtype != "int32" or not shape or shape[-1] != 1:
+            return (f"indices computed at run time ('{node.inputs[1]}', {ins[1].dtype} {list(shape or [])}) are "
+                    f"supported as int32 picking along axis 0 alone (last dim 1, batch_dims 0)")
+        return None
+
+    def infer(self, node, ins):
+        b, data, idx = int(attr(node, "batch_dims", 0)), ins[0].shape, ins[1].shape
+        q = idx[-1] if idx else None
+        if not isinstance(q, int) or not 1 <= q <= len(data) - b or not 0 <= b < len(idx):
+            raise ModelError(f"{node}: indices {list(idx)} with batch_dims {b} do not fit data {list(data)}")
+        return [(tuple(data[:b]) + tuple(idx[b:-1]) + tuple(data[b + q:]), ins[0].dtype)]
+
+    def _flat(self, node, shape, indices):
+        """(rows, flat row indices): data viewed as [prod(batch dims) * prod(indexed dims), rest...], each index
+        tuple's row in it (negative indices counted from the end)."""
+        b, idx = int(attr(node, "batch_dims", 0)), np.asarray(indices).astype(np.int64)
+        q, dims = idx.shape[-1], shape[b:b + idx.shape[-1]]
+        nb = int(np.prod(shape[:b], dtype=np.int64))
+        if tuple(idx.shape[:b]) != tuple(shape[:b]):
+            raise ModelError(f"{node}: indices {list(idx.shape)} and data {list(shape)} differ in the batch dims")
+        idx = idx.reshape(nb, -1, q)
+        if idx.size and (np.any(idx < -np.array(dims)) or np.any(idx >= np.array(dims))):
+            raise ModelError(f"{node}: indices out of range for dims {list(dims)}")
+        local = np.ravel_multi_index(tuple(np.where(idx < 0, idx + dims, idx).transpose(2, 0, 1)), dims)
+        per = int(np.prod(dims, dtype=np.int64))
+        return nb * per, (local + np.arange(nb)[:, None] * per).reshape(-1)
+
+    def reference(self, node, x, indices):
+        b, q = int(attr(node, "batch_dims", 0)), np.shape(indices)[-1]
+        rows, flat = self._flat(node, x.shape, indices)
+        out = x.reshape((rows,) + x.shape[b + q:])[flat]
+        return [out.reshape(x.shape[:b] + np.shape(indices)[b:-1] + x.shape[b + q:])]
+
+    def lower(self, node, ctx):
+        out, src = ctx.t(node.outputs[0]), ctx.t(node.inputs[0])
+        if not ctx.graph.tensor(node.inputs[1]).is_const:
+            return gather_rows_at_run_time(ctx, node, out, src)
+        indices = ctx.graph.tensor(node.inputs[1]).data
+        b, q = int(attr(node, "batch_dims", 0)), indices.shape[-1]
+        rows, flat = self._flat(node, src.shape, indices)
+        rest = tuple(src.shape[b + q:])
+        rows_in = ctx.temp(f"{src.name}@rows", (rows,) + rest)
+        view_or_copy(ctx, rows_in, src)
+        if out.shape == (flat.size,) + rest:
+            return gather_const(ctx, out, rows_in, 0, flat)
+        rows_out = ctx.temp(f"{out.name}@rows", (flat.size,) + rest)
+        gather_const(ctx, rows_out, rows_in, 0, flat)
+        view_or_copy(ctx, out, rows_out)
 
 
 @register

@@ -90,15 +90,17 @@ class LowerCtx:
             return self.plan.tensors[self._half_output(name)]
         return spec
 
-    def weight(self, name: str, data: np.ndarray) -> TensorSpec:
+    def weight(self, name: str, data: np.ndarray, dtype=None) -> TensorSpec:
         """A prepacked weight: a read-only vec4 storage buffer in both storage modes (float16 at fp16,
-        saturated to the fp16 range rather than overflowing to inf)."""
+        saturated to the fp16 range rather than overflowing to inf; `dtype` for a kernel that reads another type, such
+        as the fp16 parts of a split fp32 weight)."""
+        dtype = dtype or self.dtype
         data = np.ascontiguousarray(data, np.float32).reshape(-1)
         if data.size % 4:
             data = np.pad(data, (0, 4 - data.size % 4))
-        data = as_dtype(data, self.dtype)
+        data = as_dtype(data, dtype)
         key = f"{name}@packed"
-        spec = TensorSpec(key, (data.size,), WEIGHT, "buffer", 0, data, dtype=self.dtype)
+        spec = TensorSpec(key, (data.size,), WEIGHT, "buffer", 0, data, dtype=dtype)
         self.plan.tensors[key] = spec
         return spec
 

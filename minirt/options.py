@@ -169,7 +169,8 @@ class Options:
                                       "the kernel families local_size applies to")
     coopmat: str = _opt("auto", _coopmat,
                         "cooperative-matrix kernels at fp16 (and fp32_precision's at fp32): auto (where the device "
-                        "has them), off, or emulate (their logic in plain code, on any device with subgroups: for tests)",
+                        "has them), off, or emulate (their logic in plain code, on any device with subgroups: for "
+                        "tests)",
                         "devices with VK_KHR_cooperative_matrix")
     memory_reuse: bool = _opt(True, _flag, "activations share memory once their last reader has run (off: every "
                               "tensor its own bytes, a debugging aid)")

@@ -104,7 +104,7 @@ def test_whisper_gemms_take_the_split_kernel_on_h200():
         assert w.endswith("@f16x3@packed") and wt.dtype == "float16" and st.dtype == "float32", (w, wt.dtype)
         m, n, k = (int(v) for v in np.frombuffer(d.push[:12], np.int32))
         assert wt.shape == (-(-k // 32) * 32 * -(-n // 16) * 16 * 2,) and st.shape == (-(-n // 16) * 16,)
-        assert any(f"fp32_precision f16x3: fp32 GEMM on tensor cores" in t for t in plan.notes[d.node])
+        assert any("fp32_precision f16x3: fp32 GEMM on tensor cores" in t for t in plan.notes[d.node])
     assert [d.kernel for d in ieee.dispatches if d.kernel.startswith("linear_t")]    # the ieee path is SIMT
     default = _plan(model, fp32_precision="ieee", coopmat="auto")
     assert [d.kernel for d in default.dispatches] == [d.kernel for d in ieee.dispatches]
@@ -261,8 +261,8 @@ def test_whisper_encoder_against_onnxruntime(mode):
     model = we.build_whisper_encoder("tiny", layers=layers, n_frames=frames, seed=3, **narrow)
     x = we.sample_input(n_frames=frames, seed=4)
     ref = onnxruntime_run(model, {"input_features": x})[0].astype(np.float64)
-    with Session(model, storage="buffer", options=_options(mode, **SPLIT, **({"conv_route": "im2col"} if cpu else {}))) \
-            as s:
+    options = _options(mode, **SPLIT, **({"conv_route": "im2col"} if cpu else {}))
+    with Session(model, storage="buffer", options=options) as s:
         gemms = _gemms(s.plan)
         assert len(gemms) == 2 + 4 * layers and all(d.kernel.endswith("_f16x3") for d in gemms)
         outs = [s.run(x) for _ in range(3)]

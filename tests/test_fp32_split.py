@@ -273,3 +273,23 @@ def test_whisper_encoder_against_onnxruntime(mode):
     print(f"{mode} whisper ({layers} layers, {frames} frames, {narrow}): cosine {cos:.9f}, max |err| {err:.3g} of "
           f"{np.abs(ref).max():.3g}")
     assert cos >= 0.99999 and err <= 1e-3 * np.abs(ref).max()
+
+
+@pytest.mark.unoptimized
+@pytest.mark.parametrize("mode", MODES)
+def test_conv_front_end_nchw_row_tiles(mode, monkeypatch):
+    """Whisper's two convs as im2col + the split GEMM writing NCHW (OUT_MODE 1; conv_input_nlc off) in several row tiles
+    (output rows from M0 > 0, a small scratch budget), against onnxruntime."""
+    import minirt.ops.conv as conv
+    from test_coopmat_linear import _front_end_model
+    _device_or_skip(mode)
+    monkeypatch.setattr(conv, "IM2COL_SCRATCH_BUDGET", 32 * 240 * 4)    # 32 rows of conv1, 6 of conv2
+    model, _ = _front_end_model(64, seed=5)
+    x = np.random.default_rng(6).standard_normal((1, 80, 64)).astype(np.float32)
+    ref = onnxruntime_run(model, {"x": x})[0].astype(np.float64)
+    with Session(model, storage="buffer", options=_options(mode, **SPLIT, conv_input_nlc=False)) as s:
+        gemms = _gemms(s.plan)
+        y = s.run(x).astype(np.float64)
+    assert len(gemms) == 2 + 6 and all(d.kernel.endswith("_f16x3") and d.spec[0] == 1 for d in gemms), \
+        [(d.kernel, d.spec) for d in gemms]
+    assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max()

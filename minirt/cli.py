@@ -343,8 +343,11 @@ def run(model, input, output, storage, device, repeat, precision, fp32_precision
                 click.echo(f"values   min {y.min():.6g}  max {y.max():.6g}  mean {y.mean():.6g}")
             else:
                 click.echo("values   none (the output has no elements)")
+            split = s.options.fp32_precision
+            on = sum(d.kernel.endswith(f"_{split}") for d in s.plan.dispatches)   # (the plan's notes say why not)
             click.echo(f"device   {p.name} ({p.device_type}, {p.driver}), storage {s.storage}, "
-                       f"precision {s.precision}")
+                       f"precision {s.precision}"
+                       + (f", fp32_precision {split} on {on} GEMM dispatch(es)" if split != "ieee" else ""))
             walls_ms = sorted(w * 1e3 for w in walls)
             click.echo(f"run      {walls_ms[len(walls_ms) // 2]:.2f} ms wall, median of {repeat} "
                        f"(Session.run, upload and download included)")

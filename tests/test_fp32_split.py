@@ -158,6 +158,12 @@ def test_cli_plan_shows_the_split_kernel(tmp_path):
     bad = subprocess.run(run + ["--fp32-precision", "f16x3", "--precision", "fp16"], capture_output=True, text=True,
                          cwd=ROOT)
     assert bad.returncode != 0 and "does not apply at precision fp16" in bad.stderr
+    np.save(tmp_path / "x.npy", np.random.default_rng(2).standard_normal((1, 100, 64)).astype(np.float32))
+    ran = subprocess.run([sys.executable, "-m", "minirt", "run", str(path), str(tmp_path / "x.npy"), "--storage",
+                          "buffer", "--fp32-precision", "f16x3", "--option", "coopmat=emulate", "--repeat", "2"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert ran.returncode == 0, ran.stderr
+    assert "fp32_precision f16x3 on 1 GEMM dispatch(es)" in ran.stdout and "1 distinct output" in ran.stdout
 
 
 # -- numerics ----------------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 #version 450
-// variants: tile=r64n64,r32n64 dtype=half
+// variants: tile=r64n64,r32n64 dtype=half,f16x3
 // The tensor-core GEMM with its operands loaded straight into registers (REGFED in linear_cm.glslh): no shared
 // stages and no barriers in the K loop; B packed per slice and lane (minirt/ops/gemm.py pack_regfed).
 #extension GL_GOOGLE_include_directive : require
@@ -9,5 +9,8 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_cooperative_matrix : require
+#if defined(DTYPE_F16X3)   // fp32 from split operands (SPLIT3): quad maxima of the rows' scales
+#extension GL_KHR_shader_subgroup_shuffle : require
+#endif
 #define REGFED 1
 #include "linear_cm.glslh"

@@ -196,6 +196,18 @@ device_opt = click.option("--device", default=None, callback=_device_form, metav
 precision_opt = click.option("--precision", type=click.Choice(["fp32", "fp16"]), default=None,
                              help="fp32 (the default), or fp16: weights and activations in 16-bit storage, fp32 arithmetic (tensor cores "
                                   "where the device has VK_KHR_cooperative_matrix); inputs and outputs stay float32.")
+fp32_precision_opt = click.option(
+    "--fp32-precision", type=click.Choice(["ieee", "f16x3"]), default=None,
+    help="How fp32 GEMMs multiply: ieee (the default: fp32 arithmetic), or f16x3 (operands split into fp16 hi and lo "
+         "parts, three products on the tensor cores, fp32 accumulation; about fp32's accuracy). Same as --option "
+         "fp32_precision=...")
+
+
+def _with_fp32_precision(options, fp32_precision):
+    """The --option dict with --fp32-precision in it (checked with the rest when the Session is made)."""
+    return {**options, "fp32_precision": fp32_precision} if fp32_precision else options
+
+
 quiet_opt = click.option("-q", "--quiet", is_flag=True,
                          help="No progress display on stderr (there is none anyway when stderr is not a terminal).")
 rewrite_opt = click.option("--no-conv1d-rewrite", is_flag=True,
@@ -286,11 +298,13 @@ def _check_local_size(local, device, options):
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Run N times and report distinct outputs; exit 5 if they differ.")
 @precision_opt
+@fp32_precision_opt
 @local_size_opt
 @rewrite_opt
 @option_opt
 @quiet_opt
-def run(model, input, output, storage, device, repeat, precision, local_size, no_conv1d_rewrite, options, quiet):
+def run(model, input, output, storage, device, repeat, precision, fp32_precision, local_size, no_conv1d_rewrite,
+        options, quiet):
     """Run MODEL on INPUT (.npy, or a 16 kHz .wav for Whisper encoders) and summarise the output.
 
     \b
@@ -299,9 +313,11 @@ def run(model, input, output, storage, device, repeat, precision, local_size, no
       minirt run whisper-tiny.en/model.safetensors models/speech-sample.wav   # log-mel computed
       minirt run model.onnx x.npy --repeat 60      # determinism check; exit 5 if outputs differ
       minirt run model.onnx x.npy --precision fp16 # 16-bit storage, tensor cores where available
+      minirt run model.onnx x.npy --fp32-precision f16x3   # fp32 GEMMs from fp16 parts on tensor cores
       minirt run model.onnx x.npy --local-size 64,1,1 --no-conv1d-rewrite   # experiments
     """
     from .session import Session
+    options = _with_fp32_precision(options, fp32_precision)
     try:
         _check_device(device)
         _check_local_size(local_size, device, options)
@@ -337,8 +353,11 @@ def run(model, input, output, storage, device, repeat, precision, local_size, no
                 click.echo(f"values   min {y.min():.6g}  max {y.max():.6g}  mean {y.mean():.6g}")
             else:
                 click.echo("values   none (the output has no elements)")
+            split = s.options.fp32_precision
+            on = sum(d.kernel.endswith(f"_{split}") for d in s.plan.dispatches)   # (the plan's notes say why not)
             click.echo(f"device   {p.name} ({p.device_type}, {p.driver}), storage {s.storage}, "
-                       f"precision {s.precision}")
+                       f"precision {s.precision}"
+                       + (f", fp32_precision {split} on {on} GEMM dispatch(es)" if split != "ieee" else ""))
             walls_ms = sorted(w * 1e3 for w in walls)
             click.echo(f"run      {walls_ms[len(walls_ms) // 2]:.2f} ms wall, median of {repeat} "
                        f"(Session.run, upload and download included)")
@@ -565,10 +584,12 @@ def options_cmd(markdown):
 @click.option("--batch", type=click.IntRange(min=1), default=5, show_default=True,
               help="A Whisper model folder: the rows (beams) of its Vulkan program.")
 @precision_opt
+@fp32_precision_opt
 @local_size_opt
 @rewrite_opt
 @option_opt
-def plan(model, storage, device, shapes, entry, batch, precision, local_size, no_conv1d_rewrite, options):
+def plan(model, storage, device, shapes, entry, batch, precision, fp32_precision, local_size, no_conv1d_rewrite,
+         options):
     """Print the plan: per node its op, input and output shapes, the kernels it dispatches (with global
     and local sizes), then the planner's notes (conv1d rewrite, conv routing and why).
 
@@ -585,12 +606,14 @@ def plan(model, storage, device, shapes, entry, batch, precision, local_size, no
       minirt plan models/whisper-tiny-encoder.onnx --storage texture --no-conv1d-rewrite
       minirt plan dynamic.onnx --shape input_features=1,80,3000
       minirt plan whisper-tiny.en --entry step1
+      minirt plan models/whisper-tiny-encoder.onnx --fp32-precision f16x3 --option coopmat=emulate
     """
     from .infer import bind_inputs, prepare
     from .loaders import load
     from .options import Options
     from .planner import make_plan
     from .session import get_device
+    options = _with_fp32_precision(options, fp32_precision)
     try:
         _check_device(device)
         _check_local_size(local_size, device, options)
@@ -642,12 +665,13 @@ def plan(model, storage, device, shapes, entry, batch, precision, local_size, no
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), callback=_check_output,
               help="Write a Chrome trace (open it in Perfetto).")
 @precision_opt
+@fp32_precision_opt
 @local_size_opt
 @rewrite_opt
 @option_opt
 @quiet_opt
-def profile(model, input, storage, device, runs, warmup, top, json_path, csv_path, trace_path, precision, local_size,
-            no_conv1d_rewrite, options, quiet):
+def profile(model, input, storage, device, runs, warmup, top, json_path, csv_path, trace_path, precision,
+            fp32_precision, local_size, no_conv1d_rewrite, options, quiet):
     """Per-dispatch GPU time from a Vulkan timestamp query pool.
 
     INPUT is a .npy file (or a 16 kHz .wav for Whisper encoders); without it a seeded random input of
@@ -660,6 +684,7 @@ def profile(model, input, storage, device, runs, warmup, top, json_path, csv_pat
     """
     from . import profile as prof
     from .session import Session
+    options = _with_fp32_precision(options, fp32_precision)
     writes = [(flag, path, fn) for flag, path, fn in (("--json", json_path, prof.to_json),
                                                       ("--csv", csv_path, prof.to_csv),
                                                       ("--trace", trace_path, prof.to_trace)) if path]

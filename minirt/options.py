@@ -17,6 +17,8 @@ from pathlib import Path
 from .errors import MinirtError
 
 PRECISIONS = ("fp32", "fp16")
+# fp32_precision: "ieee" (exact fp32 arithmetic) or a split scheme on the fp16 tensor cores (minirt/ops/gemm.py)
+FP32_PRECISIONS = ("ieee", "f16x3")
 STORAGES = ("auto", "texture", "buffer")
 COOPMAT_MODES = ("auto", "off", "emulate")
 DIRECT_IO = ("off", "in", "out", "both")
@@ -149,6 +151,12 @@ class Options:
     precision: str = _opt("fp32", _choice(PRECISIONS),
                           "fp32, or fp16: weights and activations in 16-bit storage, fp32 arithmetic; inputs and "
                           "outputs stay float32", "any with 16-bit storage buffers")
+    fp32_precision: str = _opt("ieee", _choice(FP32_PRECISIONS),
+                               "how fp32 GEMMs (Linear layers, im2col convs) multiply: ieee (fp32 arithmetic), or "
+                               "f16x3 (each operand split into fp16 hi + lo parts, three products on the tensor "
+                               "cores, fp32 accumulation: about fp32's accuracy; docs/usage.md); where it cannot run, "
+                               "ieee, with a plan note; precision fp32 only",
+                               "devices with VK_KHR_cooperative_matrix in NVIDIA's 'mma' layout (coopmat=emulate: any)")
     storage: str = _opt("auto", _choice(STORAGES),
                         "where activations live: auto (textures on Adreno, Mali and PowerVR, buffers elsewhere), "
                         "texture or buffer")
@@ -160,8 +168,9 @@ class Options:
     local_size_families: tuple = _opt(FORCEABLE_FAMILIES, _names(FORCEABLE_FAMILIES),
                                       "the kernel families local_size applies to")
     coopmat: str = _opt("auto", _coopmat,
-                        "cooperative-matrix kernels at fp16: auto (where the device has them), off, or emulate "
-                        "(their logic in plain code, on any device with subgroups: for tests)",
+                        "cooperative-matrix kernels at fp16 (and fp32_precision's at fp32): auto (where the device "
+                        "has them), off, or emulate (their logic in plain code, on any device with subgroups: for "
+                        "tests)",
                         "devices with VK_KHR_cooperative_matrix")
     memory_reuse: bool = _opt(True, _flag, "activations share memory once their last reader has run (off: every "
                               "tensor its own bytes, a debugging aid)")
@@ -239,6 +248,9 @@ class Options:
                 out[k] = fields[k].metadata["conv"](v)
             except ValueError as e:     # every converter says what it wants
                 raise MinirtError(f"option {k} must be {e}, got {v!r}") from None
+        if out.get("fp32_precision", "ieee") != "ieee" and out.get("precision") == "fp16":
+            raise MinirtError(f"option fp32_precision={out['fp32_precision']} sets how fp32 GEMMs multiply; it "
+                              f"does not apply at precision fp16 (use fp32_precision=ieee, or precision fp32)")
         return cls(**out)
 
     @classmethod

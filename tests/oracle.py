@@ -19,10 +19,10 @@ def make_model(nodes, inputs: dict, outputs, initializers=None, opset=17):
     return m
 
 
-def linear_case(m, n, k, act, residual, seed=0):
+def linear_model(m, w, b, act=False, residual=False):
     """A Linear layer as an exporter writes it: x [1, m, k] @ w [k, n] + b, then Gelu if act, then + r [1, m, n] if
-    residual (opset 20); seeded weights. Returns (model, feeds)."""
-    rng = np.random.default_rng(seed)
+    residual (opset 20). Returns (model, its inputs' shapes)."""
+    (k, n) = w.shape
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"])]
     cur, inputs = "hb", {"x": (1, m, k)}
     if act:
@@ -33,8 +33,14 @@ def linear_case(m, n, k, act, residual, seed=0):
         inputs["r"] = (1, m, n)
     else:
         nodes.append(helper.make_node("Identity", [cur], ["y"]))
-    model = make_model(nodes, inputs, ["y"], {"w": (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32),
-                                              "b": rng.standard_normal(n).astype(np.float32)}, opset=20)
+    return make_model(nodes, inputs, ["y"], {"w": w, "b": b}, opset=20), inputs
+
+
+def linear_case(m, n, k, act, residual, seed=0):
+    """linear_model with seeded weights. Returns (model, feeds)."""
+    rng = np.random.default_rng(seed)
+    model, inputs = linear_model(m, (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32),
+                                 rng.standard_normal(n).astype(np.float32), act, residual)
     return model, {name: rng.standard_normal(shape).astype(np.float32) for name, shape in inputs.items()}
 
 

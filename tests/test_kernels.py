@@ -148,7 +148,9 @@ def test_activations_of_onnx_nodes(op, attrs, name):
 @pytest.mark.parametrize("profile, precision, options", [
     ("nvidia-h200", "fp32", {}), ("nvidia-h200", "fp16", {}), ("lavapipe", "fp16", {"coopmat": "emulate"}),
     ("lavapipe", "fp16", {"coopmat": "emulate", "gemm_splitk": 2, "cm_regfed": False}),
-    ("lavapipe", "fp32", {"fast_gemm": False}), ("adreno-840", "fp16", {}), ("lavapipe", "fp32", {"gemm_splitk": 2})])
+    ("lavapipe", "fp32", {"fast_gemm": False}), ("adreno-840", "fp16", {}), ("lavapipe", "fp32", {"gemm_splitk": 2}),
+    ("nvidia-h200", "fp32", {"fp32_precision": "f16x3"}),
+    ("lavapipe", "fp32", {"fp32_precision": "f16x3", "coopmat": "emulate", "gemm_splitk": 2})])
 def test_dispatches_name_built_kernels(profile, precision, options):
     """Each dispatch's kernel is variant(stem, **axes), a variant in the manifest, with at most as many specialization
     constants as its source declares."""

@@ -7,8 +7,12 @@ Prints a table with ratios and writes JSON.
 
   python tools/bench.py --sizes tiny,base --runs 50 --json bench.json
   python tools/bench.py --sizes tiny --precision fp32,fp16     # fp16: minirt precision="fp16", torch .half()
+  python tools/bench.py --sizes tiny --fp32-precision f16x3    # fp32 GEMMs from split operands beside ieee
 
 fp16 accuracy is reported against minirt's own fp32 result (relative L2 error and cosine).
+--fp32-precision SCHEME[,SCHEME]: minirt at fp32 again with the Session option fp32_precision=SCHEME (the fp32 GEMMs on
+tensor cores from split operands), after the ieee run in the same process: its GPU time and the ratio to ieee's, its
+accuracy against ieee and onnxruntime, its GEMMs.
 
 Below each table, the encoder's GEMMs from the run with a stamp after every dispatch: each role's time a layer (the
 GEMM dispatch alone, then with the pass that adds its K splits, which also does the next LayerNorm where one follows)
@@ -316,6 +320,8 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--storage", default="auto", choices=["auto", "buffer", "texture"])
     ap.add_argument("--precision", default="fp32", help="comma-separated: fp32, fp16 (minirt and torch both)")
+    ap.add_argument("--fp32-precision", default="", metavar="SCHEME[,SCHEME]",
+                    help="also run minirt fp32 with option fp32_precision=SCHEME (e.g. f16x3), beside ieee")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-ort", action="store_true")
     ap.add_argument("--json", help="write all figures here")
@@ -334,6 +340,9 @@ def main(argv=None):
         r = {"size": size, "frames": a.frames}
         opts = dict(o.split("=", 1) for o in a.option)
         precisions = a.precision.split(",")
+        schemes = [s for s in a.fp32_precision.split(",") if s and s != "ieee"]
+        if schemes and "fp32" not in precisions:    # the split schemes are measured beside ieee, in the same run
+            precisions.insert(0, "fp32")
         ys = {}
         for prec in precisions:
             key = "minirt" if prec == "fp32" else f"minirt_{prec}"
@@ -345,16 +354,24 @@ def main(argv=None):
         if "fp32" not in ys:    # the fp16 accuracy reference
             ys["fp32"], _ = bench_minirt(model, x, 1, 0, a.storage, opts)
         y = ys["fp32"]
+        for scheme in schemes:
+            key = f"minirt_fp32_{scheme}"
+            ys[key], r[key] = bench_minirt(model, x, a.runs, a.warmup, a.storage,
+                                           {**opts, "precision": "fp32", "fp32_precision": scheme})
+            r[key]["gemms"], r[key]["front_end"] = gemm_figures(r[key]["dispatch_us"], we.SIZES[size][0],
+                                                                (a.frames + 1) // 2)
+            r[key]["rel_l2_vs_minirt_fp32"], r[key]["cosine_vs_minirt_fp32"] = rel_l2(ys[key], y), cosine(ys[key], y)
         for prec in precisions:
             if prec != "fp32":
                 m = r[f"minirt_{prec}"]
                 m["rel_l2_vs_minirt_fp32"], m["cosine_vs_minirt_fp32"] = rel_l2(ys[prec], y), cosine(ys[prec], y)
         if not a.no_ort:
             yo, r["onnxruntime_cpu"] = bench_ort(model, x, max(5, a.runs // 5), 2)
-            for prec in precisions:
-                m = r["minirt" if prec == "fp32" else f"minirt_{prec}"]
+            for prec in precisions + [f"minirt_fp32_{s}" for s in schemes]:
+                m = r[prec] if prec.startswith("minirt_fp32_") else r["minirt" if prec == "fp32" else f"minirt_{prec}"]
                 m["cosine_vs_onnxruntime"] = cosine(ys[prec], yo)
                 m["max_abs_diff_vs_onnxruntime"] = float(np.abs(ys[prec] - yo).max())
+                m["max_abs_onnxruntime"] = float(np.abs(yo).max())
         if not a.no_torch:
             for prec in precisions:
                 try:
@@ -374,6 +391,8 @@ def main(argv=None):
             batches = [int(b) for b in a.batch.split(",")]
             r[f"batches_{prec}"] = bench_batches(we, size, batches, prec, a, opts, not a.no_torch)
             print_batches(size, prec, r[f"batches_{prec}"], a.frames)
+        for scheme in schemes:
+            print_split(r, scheme)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
         print(f"wrote {a.json}")
@@ -412,6 +431,25 @@ def print_table(r, precisions=("fp32",)):
         print("; ".join(extra))
         if m.get("gemms"):
             print_gemms(m, t.get("gemm_us") if t else None)
+
+
+def print_split(r, scheme):
+    """minirt fp32 with fp32_precision=scheme beside the ieee run of the same process."""
+    m, ieee = r[f"minirt_fp32_{scheme}"], r["minirt"]
+    print(f"\nWhisper-{r['size']} encoder, fp32, fp32_precision {scheme} (ieee: the fp32 run above); {m['device']}")
+    print(f"{'':<34} {scheme:>10} {'ieee':>10} {'ratio':>8}")
+    for name, key in (("minirt GPU time (query pool), ms", "gpu_ms"),
+                      ("minirt GPU span (two stamps), ms", "gpu_span_ms"), ("minirt Session.run (wall), ms", "wall_ms")):
+        print(f"{name:<34} {m[key]:>10.3f} {ieee[key]:>10.3f} {m[key] / ieee[key]:>7.2f}x")
+    extra = [f"{m['distinct_outputs']} distinct output(s)",
+             f"vs ieee: rel L2 {m['rel_l2_vs_minirt_fp32']:.2e}, cosine {m['cosine_vs_minirt_fp32']:.9f}"]
+    if "cosine_vs_onnxruntime" in m:
+        extra.append(f"vs onnxruntime: cosine {m['cosine_vs_onnxruntime']:.9f} "
+                     f"(ieee {ieee['cosine_vs_onnxruntime']:.9f}), max |diff| {m['max_abs_diff_vs_onnxruntime']:.3g} "
+                     f"(ieee {ieee['max_abs_diff_vs_onnxruntime']:.3g}) of max |y| {m['max_abs_onnxruntime']:.3g}")
+    print("; ".join(extra))
+    if m.get("gemms"):
+        print_gemms(m)
 
 
 if __name__ == "__main__":

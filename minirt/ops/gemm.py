@@ -41,6 +41,19 @@ class GemmWeight:
     def regfed(self, ctx):
         return self._packed(ctx, f"{self.name}@regfed", lambda: pack_regfed(self.b_kn))
 
+    def split(self, ctx, scheme):
+        """(the fp16 hi and lo parts packed for linear_cmreg's split variant, the float32 2^-s of each column) for
+        fp32_precision `scheme` (split_f16x3): float16 and float32 weights in the plan."""
+        key = f"{self.name}@{scheme}"
+        if f"{key}@packed" not in ctx.plan.tensors:
+            hi, lo, inv = split_f16x3(self.b_kn)
+            w = ctx.weight(key, pack_regfed_split(hi, lo), dtype="float16")
+            scales = ctx.weight(f"{key}.colscale", np.pad(inv, (0, -len(inv) % 16)))
+            ctx.note(f"fp32_precision {scheme}: fp32 GEMM on tensor cores from split operands: weights as fp16 hi and "
+                     f"lo parts ({w.name}, {w.dtype} [{w.shape[0]}]) and column scales ({scales.name}), activations "
+                     f"split as loaded")
+        return ctx.plan.tensors[f"{key}@packed"], ctx.plan.tensors[f"{key}.colscale@packed"]
+
 
 def pack_weight(ctx, name: str, b_kn: np.ndarray):
     """B [K, N] as a GemmWeight (packed by the dispatch that reads it) and N4, its vec4 columns."""
@@ -149,6 +162,12 @@ def cm_kernel(ctx, m, n):
         emulate = False
     else:
         return None
+    tile = cm_tile(ctx, m, n)
+    return (emulate, tile) if tile else None
+
+
+def cm_tile(ctx, m, n):
+    """cm_kernel's linear_cm tile for an M x N output, or None where the device cannot run one."""
     forced = ctx.options.cm_tile
     if forced in REG_TILES:    # cm_regfed takes it where REGFED applies; elsewhere the default linear_cm tile
         forced = None
@@ -159,7 +178,7 @@ def cm_kernel(ctx, m, n):
         return None
     if not forced and _cm_fits(ctx, WIDE_TILE) and cm_waves(ctx, tile, m, n) > 1:
         tile = WIDE_TILE
-    return emulate, tile
+    return tile
 
 
 # A multiprocessor holds as many work groups at once as its shared memory and its registers allow. Shared memory:
@@ -190,17 +209,23 @@ def cm_waves(ctx, tile, m, n) -> int:
 
 
 def linear_cm_dispatch(ctx, emulate, tile, out, a, wt, bt, m, n, k, n4, *, out_mode, act, m0, lda4, m_total,
-                       residual, part_n=0, a_win=None):
+                       residual, part_n=0, a_win=None, split=None):
     """linear_dispatch on tensor cores: same bindings, push constants and specialization constants as linear.comp.
     Global size: x = the work group's invocations (whole subgroups, family "coopmat"), y = row blocks,
-    z = column blocks."""
+    z = column blocks. split: an fp32 GEMM from split operands (fp32_precision, split_kernel): the scheme, which
+    names the kernel's dtype variant; B as its split parts and their column scales (binding 5)."""
     lda = lda4 if lda4 is not None else k // 4
     splittable = out_mode == OUT_ROWS and m0 == 0 and n % 4 == 0
     S = cm_split_k(ctx, tile, m, n, k, before_ln(ctx, out, n)) if splittable else 1
-    reg = cm_regfed(ctx, emulate, a, m, n, k, lda, a_win, S > 1)
+    reg = regfed_tile(ctx, m, n, S > 1) if split else cm_regfed(ctx, emulate, a, m, n, k, lda, a_win, S > 1)
     if reg:
         tile = reg      # same splits as the tile it replaces (REGFED's 64 x 64 tile keeps its rules)
-    wt = wt.regfed(ctx) if reg else wt.row_major(ctx)
+    extra, axes = [], {"tile": tile}
+    if split:
+        wt, scales = wt.split(ctx, split)
+        extra, axes["dtype"] = [(scales.name, "r")], split
+    else:
+        wt = wt.regfed(ctx) if reg else wt.row_major(ctx)
     bm, bn, _bk, warps = CM_TILES[tile]
     res = residual if residual is not None else bt
     if S > 1:
@@ -208,23 +233,23 @@ def linear_cm_dispatch(ctx, emulate, tile, out, a, wt, bt, m, n, k, n4, *, out_m
         # with bias, activation and residual; work group z = column block + column blocks * split
         part = ctx.scratch("linear.partials", S * m * n)
         stem = CM_SOURCES[bool(reg), emulate, True]
-        ctx.dispatch(stem, [(part.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (bt.name, "r")],
+        ctx.dispatch(stem, [(part.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (bt.name, "r"), *extra],
                      Push().ivec4(m, n, k, n4).ivec4(0, lda, 0, S).ivec4(*_win(a_win)),
                      _cm_spec(ctx, stem, a, k, n, lda, a_win, out_mode=OUT_SPLIT, act=None, has_res=False,
                               reg_epi=cm_reg_epilogue(ctx, emulate, True)),
                      (warps * ctx.profile.subgroup_size, -(-m // bm), -(-n // bn) * S),
-                     "coopmat", flops=2 * m * n * k, nbytes=4 * (m * k + k * n) + 16 * S * m * n, axes={"tile": tile})
+                     "coopmat", flops=2 * m * n * k, nbytes=4 * (m * k + k * n) + 16 * S * m * n, axes=axes)
         reduce_dispatch(ctx, out, part, bt, res, m, n, n4, S, act, residual is not None)
         return
     stem = CM_SOURCES[bool(reg), emulate, False]
     p = Push().ivec4(m, n, k, n4).ivec4(m0, lda, m_total, part_n).ivec4(*_win(a_win))
-    ctx.dispatch(stem, [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
+    ctx.dispatch(stem, [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r"), *extra],
                  p, _cm_spec(ctx, stem, a, k, n, lda, a_win, out_mode=out_mode, act=act, has_res=residual is not None,
                              reg_epi=cm_reg_epilogue(ctx, emulate, False),
-                             epi8=_cm_epi8(ctx, out, residual, n, out_mode, part_n)),
+                             epi8=not split and _cm_epi8(ctx, out, residual, n, out_mode, part_n)),
                  (warps * ctx.profile.subgroup_size, -(-m // bm), -(-n // bn)), "coopmat",
                  flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)),
-                 axes={"tile": tile})
+                 axes=axes)
 
 
 OUT_ROWS, OUT_NCHW, OUT_PARTS, OUT_SPLIT = 0, 1, 2, 3    # linear.comp / linear_cm.glslh OUT_MODE
@@ -250,10 +275,23 @@ def cm_regfed(ctx, emulate, a, m, n, k, lda4, a_win, split):
         return None
     if not (emulate or ctx.profile.coopmat_layout == "mma"):
         return None
-    if k % 8 or lda4 % 2 or (a_win is not None and (a_win[0] % 2 or a_win[1] % 2)) \
-            or ctx.plan.byte_offset(a.name) % 16:
+    if not regfed_operands(ctx, a, k, lda4, a_win):
         return None
-    if forced:
+    return regfed_tile(ctx, m, n, split)
+
+
+def regfed_operands(ctx, a, k, lda4, a_win) -> bool:
+    """REGFED's A loads are 16 bytes (8 halves; at fp32, two of 4 floats): K, A's row stride and window offsets are
+    whole 8-element groups and A starts 16-byte aligned."""
+    return not (k % 8 or lda4 % 2 or (a_win is not None and (a_win[0] % 2 or a_win[1] % 2))
+                or ctx.plan.byte_offset(a.name) % 16)
+
+
+def regfed_tile(ctx, m, n, split) -> str:
+    """The REGFED tile: option cm_tile where it names one, else 64 x 64, or 32 x 64 for an unsplit grid that fills
+    under REGFED_SMALL_GRID of the resident places."""
+    forced = ctx.options.cm_tile
+    if forced in REG_TILES:
         return forced
     if not split:
         slots = cm_slots(ctx, "r64n64")
@@ -270,6 +308,67 @@ def pack_regfed(w_kn: np.ndarray) -> np.ndarray:
     wp = np.zeros((kb * 32, nb * 16), np.float32)
     wp[:k, :n] = w_kn
     return wp.reshape(kb, 4, 8, nb, 2, 8).transpose(0, 3, 4, 5, 1, 2).reshape(-1)
+
+
+# fp32_precision (Session option): fp32 GEMMs on the fp16 tensor cores from split operands, each fp32 value as an fp16
+# hi part and an fp16 lo part scaled by 2^11, three of the four products kept, accumulated in fp32 (Ootomo & Yokota
+# 2022; glsl/linear_cm.glslh SPLIT3, the dtype=f16x3 variants of linear_cmreg*). The option's value names the variant.
+
+
+def split_exponents(mx: np.ndarray) -> np.ndarray:
+    """The power of two s that scales a largest |x| (float32) into [2^14, 2^15), clamped to [-126, 126]: as
+    glsl/linear_cm.glslh split_exp."""
+    biased = (np.asarray(mx, np.float32).view(np.uint32) >> 23) & 0xFF
+    return np.clip(141 - biased.astype(np.int64), -126, 126)
+
+
+def split_f16x3(w_kn: np.ndarray):
+    """W [K, N] float32 as (hi, lo) float16 [K, N] and inv float32 [N]: column n scaled by 2^s (split_exponents of its
+    largest |w|), hi = fp16(w 2^s), lo = fp16((w 2^s - hi) 2^11), inv = 2^-s; w = (hi + lo 2^-11) inv to about fp32's
+    precision for any finite w (hi never overflows, lo stays clear of fp16's subnormals)."""
+    w = np.asarray(w_kn, np.float32)
+    s = split_exponents(np.abs(w).max(axis=0) if w.shape[0] else np.zeros(w.shape[1], np.float32))
+    ws = w.astype(np.float64) * np.exp2(s.astype(np.float64))
+    with np.errstate(invalid="ignore", over="ignore"):      # non-finite weights stay non-finite
+        hi = ws.astype(np.float16)
+        lo = ((ws - hi.astype(np.float64)) * 2048.0).astype(np.float16)
+    return hi, lo, np.exp2(-s.astype(np.float64)).astype(np.float32)
+
+
+def pack_regfed_split(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """linear_cmreg's split B: pack_regfed's layout with, for each 32-deep slice and 16-column block, its hi part then
+    its lo part: [K / 32][N / 16][2 parts][2][32 lanes][8 halves]."""
+    k, n = hi.shape
+    kb, nb = -(-k // 32), -(-n // 16)
+    parts = [pack_regfed(x.astype(np.float32)).reshape(kb, nb, 1, 512) for x in (hi, lo)]
+    return np.concatenate(parts, axis=2).reshape(-1)
+
+
+def split_kernel(ctx, a, m, n, k, lda4, a_win):
+    """(emulated, linear_cm tile) for an fp32 GEMM under fp32_precision != "ieee", or None (the ieee kernels), with a
+    plan note saying which and why. It needs a device with the 16x16x16 f16 x f16 -> f32 cooperative-matrix shape in the
+    "mma" element layout (the kernel is register-fed), shaderFloat16, 16-bit storage and subgroup shuffles, or
+    coopmat="emulate" (any device with 16-bit storage and subgroups of 8, 16 or 32 lanes); and REGFED's operands."""
+    scheme, p = ctx.options.fp32_precision, ctx.profile
+    if scheme == "ieee" or ctx.half:
+        return None
+    emulate = ctx.options.coopmat == "emulate"
+    if ctx.options.coopmat == "off":
+        why = "option coopmat=off"
+    elif emulate and not (p.fp16 and p.storage16 and p.subgroup_size in (8, 16, 32)):
+        why = "the emulated kernel needs shaderFloat16, 16-bit storage and subgroups of 8, 16 or 32 lanes"
+    elif not emulate and not (p.cooperative_matrix and p.fp16 and p.storage16 and CM_SHAPE in p.coopmat_shapes):
+        why = "the device has no 16x16x16 f16 x f16 -> f32 cooperative matrices with 16-bit storage"
+    elif not emulate and not (p.coopmat_layout == "mma" and p.subgroup_shuffle):
+        why = "the split kernel is register-fed: it needs the 'mma' element layout and subgroup shuffles"
+    elif not regfed_operands(ctx, a, k, lda4 if lda4 is not None else k // 4, a_win):
+        why = f"K ({k}), A's row stride and offset must be whole groups of 8 floats"
+    elif cm_tile(ctx, m, n) is None or not _cm_fits(ctx, "r64n64"):
+        why = "the device's shared memory or work-group size is too small for the tensor-core tiles"
+    else:
+        return emulate, cm_tile(ctx, m, n)
+    ctx.note(f"fp32_precision {scheme} not applied ({why}): ieee fp32 GEMM")
+    return None
 
 
 def _win(a_win):
@@ -467,6 +566,12 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
     if cm is not None:
         linear_cm_dispatch(ctx, *cm, out, a, wt, bt, m, n, k, n4, out_mode=out_mode, act=act, m0=m0, lda4=lda4,
                            m_total=m_total, residual=residual, part_n=part_n, a_win=a_win)
+        return
+    cm = split_kernel(ctx, a, m, n, k, lda4, a_win)
+    if cm is not None:
+        linear_cm_dispatch(ctx, *cm, out, a, wt, bt, m, n, k, n4, out_mode=out_mode, act=act, m0=m0, lda4=lda4,
+                           m_total=m_total, residual=residual, part_n=part_n, a_win=a_win,
+                           split=ctx.options.fp32_precision)
         return
     tile = linear_tile(ctx, m, n)
     tm, tn4, _bk = LINEAR_TILES[tile]

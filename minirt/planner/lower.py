@@ -93,8 +93,9 @@ class LowerCtx:
 
     def weight(self, name: str, data: np.ndarray, dtype: str | None = None) -> TensorSpec:
         """A prepacked weight: a read-only vec4 storage buffer in both storage modes (float16 at fp16,
-        saturated to the fp16 range rather than overflowing to inf). dtype "float32": float32 at every precision
-        (a table of indices and weights that fp16 would round)."""
+        saturated to the fp16 range rather than overflowing to inf). dtype: the element type a kernel reads where it
+        is not the plan's: "float32" at every precision for a table of indices and weights that fp16 would round,
+        "float16" for the parts of a split fp32 weight."""
         dtype = dtype or self.dtype
         data = np.ascontiguousarray(data, np.float32).reshape(-1)
         if data.size % 4:

@@ -362,7 +362,7 @@ def _has_kernel(name):
 def test_whisper_fp16_close_to_fp32(cm_emulate, fuse_attention):
     if fuse_attention and not _has_kernel("attention_buffer_half"):
         pytest.skip("no attention_buffer_half kernel in this tree (fp16 attention is written elsewhere)")
-    model = _whisper()
+    model = _whisper(layers=1)
     x = we.sample_input(n_frames=200, seed=seed())
     opts = {"fuse_attention": fuse_attention}
     with Session(model, storage="buffer", options={**opts, "merge_siblings": False}) as s:

@@ -28,9 +28,9 @@ def _check(model, x, storage, **kw):
 @pytest.mark.parametrize("opset, storage", [(20, "texture")])
 def test_whisper_tiny_full(opset, storage):
     """The real Whisper-tiny encoder shape: input [1, 80, 3000], output [1, 1500, 384], the opset 20 graph in
-    texture storage, two of its four layers (the layers repeat the same dispatches; tests/test_safetensors.py runs
+    texture storage, one of its four layers (the layers repeat the same dispatches; tests/test_safetensors.py runs
     the opset 17 graph and the safetensors one whole and full size in buffers, with OpenAI's weights on speech)."""
-    model = we.build_whisper_encoder("tiny", layers=2, opset=opset, seed=opset)
+    model = we.build_whisper_encoder("tiny", layers=1, opset=opset, seed=opset)
     x = we.sample_input(seed=np.random.SeedSequence().entropy % 2**31)   # fresh input each run
     y = _check(model, x, storage)
     assert y.shape == (1, 1500, 384)
@@ -74,7 +74,7 @@ def test_batch_items_equal_single_runs(precision):
 @pytest.mark.slow
 def test_whisper_small_config_is_deterministic():
     """8 runs of one Session give bit-identical outputs."""
-    model = we.build_whisper_encoder("tiny", layers=1, n_frames=200, seed=7)
+    model = we.build_whisper_encoder("tiny", layers=1, d_model=128, heads=2, n_frames=200, seed=7)
     x = we.sample_input(n_frames=200, seed=3)
     with Session(model) as s:
         outs = {s.run(x).tobytes() for _ in range(8)}

@@ -1,7 +1,6 @@
 """glsl/linear_rows.comp: Linears of at most ROWS_MAX rows (a decoder step) split K across a group's invocations.
 Against onnxruntime (poisoned outputs): rows 1..8, widths that are and are not multiples of 4, with the bias, GELU
 and a residual; the plan routes them there and a ninth row back to the tiled GEMM; two runs give the same bits."""
-import numpy as np
 import pytest
 
 from minirt import Session

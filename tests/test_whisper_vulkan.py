@@ -161,8 +161,6 @@ class _EncoderOutput:
 
 def test_cross_entry_equals_encode(small):
     """set_encoder_output (the cross entry point) on the encoder's output gives what encode() gives."""
-    from minirt import Session
-    from minirt.loaders.safetensors_loader import build_whisper_encoder_graph
     vb, ref = small
     features = np.random.default_rng(5).standard_normal((N_MELS, 2 * N_AUDIO)).astype(np.float32)
     prompt = [7, 300, 12]

@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import sys
 import tempfile
+import threading
 import time
 import wave
 from pathlib import Path
@@ -45,7 +46,7 @@ class Timed(Transcriber):
         self.finished = []
         out = super().__call__(batch)
         out["finished"] = np.array(self.finished)
-        out["worker"] = np.full(len(out["text"]), os.getpid())
+        out["worker"] = np.full(len(out["text"]), f"{os.getpid()}:{threading.get_native_id()}")
         return out
 
 
@@ -91,8 +92,17 @@ def one_process(folder, paths, options, batch):
     return rows, started
 
 
-def _pool_init(folder, options):
+def _pool_init(folder, options, gpus=None):
+    """One model per worker process; with `gpus` (a queue of (how, device)) each worker takes one device: an NVML
+    UUID it sees as Ray shows an actor its GPU, through CUDA_VISIBLE_DEVICES (Transcriber finds it by UUID), or a
+    device passed as device=."""
     global _worker
+    if gpus is not None:
+        how, device = gpus.get()
+        if how == "env":
+            os.environ["CUDA_VISIBLE_DEVICES"] = device
+        else:
+            options = dict(options, device=device)
     _worker = Timed(str(folder), **options)
 
 
@@ -101,13 +111,45 @@ def _pool_run(chunk):
     return [{k: v[j] for k, v in out.items()} for j in range(len(out["text"]))]
 
 
-def plain_processes(folder, paths, options, batch, n):
-    """n spawned processes, each with its own model on the default device, taking batches from a shared queue."""
+def plain_processes(folder, paths, options, batch, n, devices=None):
+    """n spawned processes, each with its own model (on the default device, or on its own of `devices`: (how,
+    device) as _pool_init takes them), taking batches from a shared queue."""
     started = time.time()
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(n, initializer=_pool_init, initargs=(folder, options)) as pool:
+    gpus = None
+    if devices:
+        gpus = ctx.Queue()
+        for d in devices:
+            gpus.put(d)
+    with ctx.Pool(n, initializer=_pool_init, initargs=(folder, options, gpus)) as pool:
         chunks = [paths[i:i + batch] for i in range(0, len(paths), batch)]
         rows = [r for part in pool.imap_unordered(_pool_run, chunks) for r in part]
+    return rows, started
+
+
+def threads_per_device(folder, paths, options, batch, devices):
+    """One process, a model and a thread per device, taking batches from a shared list: runs on different devices
+    overlap (minirt holds no process-wide lock across devices; the GIL is released while a thread waits on its
+    GPU)."""
+    started = time.time()
+    workers = [Timed(str(folder), device=d, **options) for d in devices]
+    chunks = [paths[i:i + batch] for i in range(0, len(paths), batch)]
+    rows, lock = [], threading.Lock()
+
+    def work(t):
+        while True:
+            with lock:
+                if not chunks:
+                    return
+                chunk = chunks.pop(0)
+            out = t({"audio": np.array(chunk)})
+            with lock:
+                rows.extend({k: v[j] for k, v in out.items()} for j in range(len(out["text"])))
+    threads = [threading.Thread(target=work, args=(t,)) for t in workers]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
     return rows, started
 
 
@@ -130,6 +172,8 @@ def main():
     ap.add_argument("--d-model", type=int, help="narrower than --size (one head per 64 wide, at least one): a smoke "
                                                 "run on a CPU driver")
     ap.add_argument("--layers", type=int, help="fewer layers than --size, on each side")
+    ap.add_argument("--devices", help="comma-separated devices (indices or UUIDs) for the modes with a device per "
+                                      "worker (default: every GPU NVML lists, by UUID)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
     try:
@@ -181,6 +225,15 @@ def main():
           f"{'files/s':>8}")
     report("one process", one_process(folder, paths, options, args.batch))
     report("2 processes, no Ray", plain_processes(folder, paths, options, args.batch, 2))
+    gpus = args.devices.split(",") if args.devices else [uuid for _, uuid in sorted((uuids or {}).items())]
+    if len(gpus) >= 2:
+        how = "device" if args.devices else "env"
+        report(f"{len(gpus)} processes, a GPU each", plain_processes(folder, paths, options, args.batch, len(gpus),
+                                                                    [(how, g) for g in gpus]))
+        report(f"one process, {len(gpus)} GPUs, a thread each",
+               threads_per_device(folder, paths, options, args.batch, gpus))
+    else:
+        print(f"{len(gpus)} NVIDIA GPU here: the modes with a GPU per worker are left out", flush=True)
     if ray is not None:
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -200,6 +253,9 @@ def main():
                    ray_actors(ray, folder, paths, options, args.batch, 2, gpus))
         finally:
             ray.shutdown()
+    for r in results[1:]:
+        print(f"{r['mode']}: {r['files_per_s'] / results[0]['files_per_s']:.2f}x one process's files/s, "
+              f"{r['steady_files_per_s'] / results[0]['steady_files_per_s']:.2f}x steady")
     first = results[0]["texts"]
     differ = [r["mode"] for r in results[1:] if r["texts"] != first]
     print("transcripts: " + (f"differ from one process's in {', '.join(differ)}" if differ

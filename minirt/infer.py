@@ -87,8 +87,13 @@ def fold_index_casts(graph: Graph) -> int:
     return len(drop)
 
 
-def prepare(graph: Graph, *, symbolic: bool = False) -> Graph:
+def prepare(graph: Graph, *, symbolic: bool = False, host: bool = False, runtime_gather: bool = True) -> Graph:
     """Fold and infer in place; raise for anything that cannot run. Returns the graph.
+
+    host=True runs what the graph computes from its integer and boolean inputs on the host, each run
+    (minirt/host.py): those nodes leave graph.nodes for graph.host (a HostPart), and the graph's inputs become the
+    float32 inputs and the host values the GPU reads. runtime_gather: an embedding Gather by host indices runs on
+    the GPU (buffer storage), else on the host.
 
     Constants made by folding count against graph.load_limit (minirt.graph.MAX_LOAD_BYTES unless the
     loader was given max_load_bytes), each checked from its inferred shape before it is allocated.
@@ -122,6 +127,14 @@ def prepare(graph: Graph, *, symbolic: bool = False) -> Graph:
     kept, problems = [], []
     unknown = set()    # outputs of nodes that cannot run: what reads them is not inferred (it would fail on them)
     pending = set()    # symbolic: outputs known only once a run binds real shapes
+    split = None
+    if host:
+        from .host import HostSplit
+        split = HostSplit(graph, runtime_gather)
+        for name in graph.inputs:
+            t = graph.tensors.get(name)
+            if t is not None and t.dtype not in (None, "float32") and not split.add_input(name):
+                pending.add(name)
     for node in graph.nodes:
         op = ops.get(node.op, node.domain)
         ins = [graph.tensor(i) if i else None for i in node.inputs]
@@ -134,13 +147,25 @@ def prepare(graph: Graph, *, symbolic: bool = False) -> Graph:
         blocked = bool(unknown.intersection(node.inputs))
         if not blocked and _fold(graph, op, node, ins):
             continue
+        if split is not None and not blocked and split.reads_host(node):
+            if split.on_host(op, node, ins):
+                split.evaluate(op, node, ins)
+                continue
+            reason = split.connect(op, node, ins)
+            if reason:
+                problems.append(f"  {node.op} node '{node.name}': {reason}")
+                unknown.update(o for o in node.outputs if o)
+                continue
+            ins = [graph.tensor(i) if i else None for i in node.inputs]
         if not op.gpu:
             if symbolic:
                 pending.update(o for o in node.outputs if o)
                 kept.append(node)
                 continue
             problems.append(f"  {node.op} node '{node.name}': its inputs are not known at load time "
-                            f"(minirt evaluates {node.op} only as shape arithmetic on constants)")
+                            f"(minirt evaluates {node.op} only as shape arithmetic on constants"
+                            + (" and on the host, from the model's integer and boolean inputs; it reads a "
+                               "tensor computed on the GPU)" if split is not None else ")"))
             unknown.update(o for o in node.outputs if o)
             continue
         try:
@@ -182,6 +207,8 @@ def prepare(graph: Graph, *, symbolic: bool = False) -> Graph:
     if problems:
         raise UnsupportedError(f"{graph.source}: {len(problems)} node(s) cannot run:\n" + "\n".join(problems), problems)
     graph.nodes = kept
+    if split is not None:
+        graph.host = split.finish(graph)
     graph.remove_unused()
     consts = [o for o in graph.outputs if o in graph.tensors and graph.tensors[o].is_const]
     if consts:

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import ModelError
 from . import Op, attr, register
+from ._util import norm_axis
 from .shape_ops import int_list, int_operand, view_or_copy
 
 # TensorProto data type -> numpy dtype name (the loader's names)
@@ -160,3 +161,55 @@ class ReduceProd(Folded):
         axes = tuple(range(x.ndim)) if not axes else tuple(a % x.ndim for a in axes)
         return [np.prod(x, axis=axes, keepdims=bool(attr(node, "keepdims", 1))).astype(x.dtype)]
 
+
+
+@register
+class GatherElements(Folded):
+    name = "GatherElements"
+
+    def reference(self, node, x, indices):
+        axis = norm_axis(node, int(attr(node, "axis", 0)), x.ndim)
+        idx, d = np.asarray(indices).astype(np.int64), x.shape[axis]
+        if idx.size and (idx.min() < -d or idx.max() >= d):
+            raise ModelError(f"{node}: indices out of range for axis {axis} of size {d}")
+        return [np.take_along_axis(x, np.where(idx < 0, idx + d, idx), axis=axis)]
+
+
+@register
+class CumSum(Folded):
+    name = "CumSum"
+
+    def reference(self, node, x, axis):
+        a = norm_axis(node, int(np.asarray(axis).reshape(-1)[0]), x.ndim)
+        y = np.flip(x, a) if attr(node, "reverse", 0) else x
+        with np.errstate(all="ignore"):
+            y = np.cumsum(y, axis=a, dtype=x.dtype)
+        if attr(node, "exclusive", 0):      # each sum without its own element: shifted by one, 0 first
+            y = np.concatenate([np.zeros_like(np.take(y, [0], axis=a)), np.delete(y, -1, axis=a)], axis=a)
+        return [np.flip(y, a) if attr(node, "reverse", 0) else y]
+
+
+@register
+class Trilu(Folded):
+    name = "Trilu"
+
+    def reference(self, node, x, k=None):
+        k = 0 if k is None else int(np.asarray(k).reshape(-1)[0])
+        return [(np.triu if attr(node, "upper", 1) else np.tril)(x, k)]
+
+
+@register
+class IsNaN(Folded):
+    name = "IsNaN"
+
+    def reference(self, node, x):
+        return [np.isnan(x)]
+
+
+@register
+class IsInf(Folded):
+    name = "IsInf"
+
+    def reference(self, node, x):
+        pos, neg = attr(node, "detect_positive", 1), attr(node, "detect_negative", 1)
+        return [(np.isposinf(x) & bool(pos)) | (np.isneginf(x) & bool(neg))]

@@ -55,12 +55,11 @@ class HostPart:
             args = [env[i] if i else None for i in node.inputs]
             try:
                 outs = ops.get(node.op, node.domain).reference(node, *args)
-            except MinirtError as e:
-                raise InputError(f"{self.source}: {node} (run on the host) failed on this run's inputs: {e}") \
+            except Exception as e:      # an index out of range, ...: the node and the run-time tensors it read
+                read = ", ".join(f"'{i}'" for i in node.inputs if i and i not in self.consts)
+                why = str(e).removeprefix(f"{node}: ") if isinstance(e, MinirtError) else f"{type(e).__name__}: {e}"
+                raise InputError(f"{self.source}: {node}, run on the host, failed on this run's {read}: {why}") \
                     from None
-            except Exception as e:
-                raise InputError(f"{self.source}: {node} (run on the host) failed on this run's inputs "
-                                 f"({type(e).__name__}: {e})") from None
             for name, v in zip(node.outputs, outs):
                 if not name:
                     continue

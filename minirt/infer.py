@@ -151,7 +151,7 @@ def prepare(graph: Graph, *, symbolic: bool = False, host: bool = False, runtime
             if split.on_host(op, node, ins):
                 split.evaluate(op, node, ins)
                 continue
-            reason = split.connect(op, node, ins)
+            reason = split.connect(op, node, ins) if op.gpu else None    # host-only ops: reported below
             if reason:
                 problems.append(f"  {node.op} node '{node.name}': {reason}")
                 unknown.update(o for o in node.outputs if o)

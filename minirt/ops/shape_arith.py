@@ -83,7 +83,8 @@ class Cast(Op):
         return [(ins[0].shape, self._target(node, ins))]
 
     def reference(self, node, x, *like):
-        return [np.asarray(x).astype(self.target(node, like[0].dtype.name if like else None))]
+        with np.errstate(invalid="ignore"):    # NaN or inf to an integer: onnxruntime's value, no warning
+            return [np.asarray(x).astype(self.target(node, like[0].dtype.name if like else None))]
 
     def lower(self, node, ctx):
         view_or_copy(ctx, ctx.t(node.outputs[0]), ctx.t(node.inputs[0]))

@@ -12,8 +12,9 @@ Which nodes run here is decided by prepare() (minirt/infer.py, `host=True`; Sess
 inputs are constants or host values, reading at least one host value, runs on the host when its op runs only on
 the host (the shape-arithmetic ops of minirt/ops/shape_arith.py) or when a host value it reads is not float32;
 a GPU op reading only float32 host values runs on the GPU. Host values begin at the graph inputs that are not
-float32. Their shapes are found when the plan is made, by evaluating the nodes on inputs of ones; a run whose host
-values come out with other shapes (shapes that depend on the input values) is refused."""
+float32, and at the float32 inputs that only host-only ops read. Their shapes are found when the plan is made, by
+evaluating the nodes on inputs of ones; a run whose host values come out with other shapes (shapes that depend on
+the input values) is refused."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -131,9 +131,12 @@ def prepare(graph: Graph, *, symbolic: bool = False, host: bool = False, runtime
     if host:
         from .host import HostSplit
         split = HostSplit(graph, runtime_gather)
+        readers = graph.consumers()
         for name in graph.inputs:
             t = graph.tensors.get(name)
-            if t is not None and t.dtype not in (None, "float32") and not split.add_input(name):
+            # float32 inputs too where only ops that run on the host alone read them (IsNaN, Where, CumSum, ...)
+            host_only = readers.get(name) and not any(ops.get(n.op, n.domain).gpu for n in readers[name])
+            if t is not None and (t.dtype not in (None, "float32") or host_only) and not split.add_input(name):
                 pending.add(name)
     for node in graph.nodes:
         op = ops.get(node.op, node.domain)

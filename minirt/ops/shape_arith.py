@@ -1,6 +1,7 @@
 """Shape arithmetic that exporters emit around static reshapes (torch.onnx's Shape -> Gather ->
-Unsqueeze -> Concat chains, masks built from Range/Equal/Where, ...). These ops run only at load:
-they fold to constants when their inputs are known, and prepare() reports any that do not.
+Unsqueeze -> Concat chains, masks built from Range/Equal/Where, ...). These ops never run on the GPU:
+they fold to constants when their inputs are known, run on the host each run where their inputs are computed from
+the model's integer and boolean inputs (minirt/host.py), and prepare() reports any that read GPU tensors.
 Cast is the one exception: float32 -> float32 on a runtime tensor is a view (or a copy)."""
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: 
 
 class Folded(Op):
     gpu = False
-    limits = "load time only: its inputs must be constants (or, for Shape/Size, a static shape)"
+    limits = "at load or on the host: its inputs must be constants or computed from the model's integer inputs"
 
 
 class StaticShape(Folded):
@@ -61,7 +62,8 @@ class Size(StaticShape):
 @register
 class Cast(Op):
     name = "Cast"
-    limits = "on the GPU only float32 -> float32 (a view); other casts must fold at load"
+    limits = ("on the GPU only float32 -> float32 (a view); other casts fold at load, or run on the host where their "
+              "input is computed from the model's integer or boolean inputs")
 
     def target(self, node, like):
         """The dtype name to cast to; `like` is input 1's dtype name (CastLike)."""

@@ -5,8 +5,9 @@ index tensors from them (Cast, Equal, And, Where, Range, CumSum, Expand, ...). m
 float32, so these run on the host instead, with the ops' numpy references (exact: the integer arithmetic is the
 integer arithmetic, a Cast to float is one rounding as in onnxruntime), before the recorded command buffer is
 submitted. What they hand the GPU (the boundary) is float32 (an additive mask, the embeddings of constant tables
-gathered by the ids in texture storage), or int32 row indices of an embedding Gather that runs on the GPU (buffer
-storage), checked against the table's rows and made non-negative first. The replayed GPU part stays float32.
+gathered by the ids in texture storage, or from a table larger than one storage buffer of the device), or int32 row
+indices of an embedding Gather that runs on the GPU (buffer storage), checked against the table's rows and made
+non-negative first. The replayed GPU part stays float32.
 
 Which nodes run here is decided by prepare() (minirt/infer.py, `host=True`; Session passes it): a node all of whose
 inputs are constants or host values, reading at least one host value, runs on the host when its op runs only on
@@ -85,7 +86,7 @@ class HostPart:
 class HostSplit:
     """prepare()'s bookkeeping of host values while it walks the graph."""
 
-    def __init__(self, graph, runtime_gather: bool):
+    def __init__(self, graph, runtime_gather: int):
         self.graph, self.runtime_gather = graph, runtime_gather
         self.part = HostPart(source=graph.source)
         self.values = {}          # host value -> the array computed from inputs of ones (its shape and dtype)
@@ -116,11 +117,13 @@ class HostSplit:
 
     def _gpu_gather(self, node, ins) -> int:
         """The rows of the table a Gather or GatherND picks from by host indices on the GPU (buffer storage, axis 0,
-        a float32 table that is not a host value), else 0."""
+        a float32 table that is not a host value, of at most runtime_gather bytes), else 0."""
         if not self.runtime_gather or node.op not in ("Gather", "GatherND") or len(ins) < 2 or ins[1] is None:
             return 0
         data, idx = ins
         if data.name in self.values or data.dtype != FLOAT or ins[1].name not in self.values or not data.shape:
+            return 0
+        if data.is_const and data.data.nbytes > self.runtime_gather:     # a table no GPU buffer can hold
             return 0
         if node.op == "Gather" and int(node.attrs.get("axis", 0)) != 0:
             return 0

@@ -87,13 +87,14 @@ def fold_index_casts(graph: Graph) -> int:
     return len(drop)
 
 
-def prepare(graph: Graph, *, symbolic: bool = False, host: bool = False, runtime_gather: bool = True) -> Graph:
+def prepare(graph: Graph, *, symbolic: bool = False, host: bool = False, runtime_gather: int = 1 << 62) -> Graph:
     """Fold and infer in place; raise for anything that cannot run. Returns the graph.
 
     host=True runs what the graph computes from its integer and boolean inputs on the host, each run
     (minirt/host.py): those nodes leave graph.nodes for graph.host (a HostPart), and the graph's inputs become the
-    float32 inputs and the host values the GPU reads. runtime_gather: an embedding Gather by host indices runs on
-    the GPU (buffer storage), else on the host.
+    float32 inputs and the host values the GPU reads. runtime_gather: the largest table (bytes) an embedding
+    Gather by host indices reads on the GPU (buffer storage: the device's maxStorageBufferRange), 0 for none (textures);
+    a larger table is gathered on the host.
 
     Constants made by folding count against graph.load_limit (minirt.graph.MAX_LOAD_BYTES unless the
     loader was given max_load_bytes), each checked from its inferred shape before it is allocated.

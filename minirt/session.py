@@ -149,7 +149,8 @@ class Session:
     def _prepare_for(self, shapes: dict):
         """The graph for these input shapes, its integer and boolean arithmetic split off to the host (graph.host;
         minirt/host.py); the GPU part has no outputs where the host computes them all."""
-        return prepare(bind_inputs(self.graph, shapes), host=True, runtime_gather=self.storage == "buffer")
+        limit = self.device.profile.max_storage_buffer_range if self.storage == "buffer" else 0
+        return prepare(bind_inputs(self.graph, shapes), host=True, runtime_gather=limit)
 
     def plan_for(self, shapes: dict):
         """The Plan of the GPU part for these input shapes (None where the host computes every output)."""

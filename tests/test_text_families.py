@@ -128,3 +128,18 @@ def test_outputs_computed_on_the_host_come_back_with_their_dtype():
             y, pos = s.run(None, feeds)
         assert pos.dtype == np.int64 and (pos == ref[1]).all()
         np.testing.assert_array_equal(y, ref[0])
+
+
+def test_a_table_larger_than_a_storage_buffer_is_gathered_on_the_host():
+    """An embedding table that no storage buffer of the device holds (GPT-2's 147 MiB on lavapipe's 128 MiB range)
+    is read on the host, and never uploaded; one that fits is gathered on the GPU by int32 rows."""
+    from minirt.infer import bind_inputs, prepare
+    from minirt.loaders import load
+    g = load(FAMILIES / "gpt2.onnx")
+    shapes = {"input_ids": (BATCH, SEQ), "attention_mask": (BATCH, SEQ)}
+    small = prepare(bind_inputs(g, shapes), host=True, runtime_gather=VOCAB * 64 * 4 - 1)
+    assert "inner.wte.weight" not in small.tensors
+    assert any(n.op == "Gather" for n in small.host.nodes) and all(b.rows == 0 for b in small.host.boundary)
+    fits = prepare(bind_inputs(g, shapes), host=True, runtime_gather=VOCAB * 64 * 4)
+    assert "inner.wte.weight" in fits.tensors
+    assert [b.rows for b in fits.host.boundary if b.rows] == [VOCAB]

@@ -55,6 +55,7 @@ class HostPart:
         env.update({k: feeds[k] for k in self.inputs})
         for node in self.nodes:
             args = [env[i] if i else None for i in node.inputs]
+            self._check_size(node, args)
             try:
                 outs = ops.get(node.op, node.domain).reference(node, *args)
             except Exception as e:      # an index out of range, ...: the node and the run-time tensors it read
@@ -73,6 +74,22 @@ class HostPart:
                 env[name] = v
         return {b.name: self._cross(b, env[b.source]) for b in self.boundary}, {o: env[o] for o in self.outputs}
 
+    def _check_size(self, node, args):
+        """Refuse, before anything is allocated, an op whose result's size comes from this run's values (a
+        ConstantOfShape of a shape read from the inputs) and is not the planned one."""
+        size = _SIZES.get(node.op)
+        if size is None:
+            return
+        try:
+            n = size(*args)
+        except Exception:           # malformed values: the op's reference says what is wrong
+            return
+        want = int(np.prod(self.shapes[node.outputs[0]], dtype=np.int64))
+        if n != want:
+            raise InputError(f"{self.source}: {node} would make {n} elements for this run's input values, where the "
+                             f"plan has {want} ({list(self.shapes[node.outputs[0]])}): its shape depends on the values "
+                             f"of the inputs, which minirt does not run")
+
     def _cross(self, b, v):
         if not b.rows:
             return np.ascontiguousarray(v, np.float32)
@@ -81,6 +98,19 @@ class HostPart:
             raise InputError(f"{self.source}: index {int(bad)} in '{b.source}' (read by {b.reader}) is out of range "
                              f"for a table of {b.rows} rows (valid: {-b.rows} to {b.rows - 1})")
         return np.ascontiguousarray(np.where(v < 0, v + b.rows, v), np.int32)
+
+
+def _ints(v):
+    return [int(d) for d in np.asarray(v).reshape(-1)]
+
+
+# elements of the result of ops whose result's size is read from their input values, from those values alone
+_SIZES = {
+    "ConstantOfShape": lambda shape: int(np.prod(_ints(shape), dtype=np.float64)),
+    "Range": lambda start, limit, delta: max(int(np.ceil((float(limit) - float(start)) / float(delta))), 0),
+    "Expand": lambda x, shape: int(np.prod(np.broadcast_shapes(np.shape(x), tuple(_ints(shape))), dtype=np.float64)),
+    "Tile": lambda x, reps: int(np.prod(np.multiply(np.shape(x), _ints(reps)), dtype=np.float64)),
+}
 
 
 class HostSplit:

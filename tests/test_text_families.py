@@ -14,6 +14,7 @@ from onnx import TensorProto, helper
 from minirt import InputError, Session, UnsupportedError
 from oracle import STORAGES, cosine, onnxruntime_run
 
+F32 = TensorProto.FLOAT
 FAMILIES = Path(__file__).resolve().parents[1] / "models" / "families"
 NAMES = ["bert", "gpt2", "distilbert", "t5_encoder", "whisper_decoder"]
 VOCAB, BATCH, SEQ = 1000, 2, 16
@@ -143,3 +144,19 @@ def test_a_table_larger_than_a_storage_buffer_is_gathered_on_the_host():
     fits = prepare(bind_inputs(g, shapes), host=True, runtime_gather=VOCAB * 64 * 4)
     assert "inner.wte.weight" in fits.tensors
     assert [b.rows for b in fits.host.boundary if b.rows] == [VOCAB]
+
+
+def test_a_host_shape_that_depends_on_the_values_is_an_input_error():
+    """ConstantOfShape of a length read from the mask: planned from inputs of ones, refused before allocating when a
+    run's values would give another shape (a mask of huge values makes nothing huge)."""
+    m = _int_model([helper.make_node("ReduceSum", ["mask"], ["n"], keepdims=1),
+                    helper.make_node("ConstantOfShape", ["n"], ["c"], value=helper.make_tensor("v", F32, [1], [2.0])),
+                    helper.make_node("Relu", ["x"], ["y"])], outputs=("y", "c"))
+    x = np.ones((2, 4), np.float32)
+    with Session(m) as s:
+        y, c = s.run(None, {"x": x, "mask": np.ones((2, 4), np.int64)})      # 8 ones: the planned shape
+        assert c.shape == (8,) and (c == 2).all()
+        for mask in (np.zeros((2, 4), np.int64), np.full((2, 4), 10**15, np.int64)):
+            with pytest.raises(InputError, match="depends on the values of the inputs"):
+                s.run(None, {"x": x, "mask": mask})
+        s.run(None, {"x": x, "mask": np.ones((2, 4), np.int64)})

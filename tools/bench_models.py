@@ -11,9 +11,10 @@ attention mask of ones (int64) of --seq tokens; their output is the last hidden 
   python tools/bench_models.py --models bert_base,gpt2_small --batch 1,8 --seq 128 --precision fp32,fp16
   python tools/bench_models.py --models resnet50 --batch 1 --image 64 --no-torch     # a quick check anywhere
 
-Needs torch and onnx (minirt depends on neither), and transformers for the text models. Every figure is the median wall time of a call over --runs calls
-after --warmup untimed ones, the input starting in host memory and the output ending there (for PyTorch: copied
-to the device, run, copied back and synchronised). The cosine of minirt's output against PyTorch's fp32 output is
+Needs torch and onnx (minirt depends on neither), and transformers for the text models. Every figure is the median
+wall time of a call over --runs calls after --warmup untimed ones, the input starting in host memory and the output
+ending there (for PyTorch: copied to the device, run, copied back and synchronised; for minirt the text models' mask
+arithmetic on the host is in it too). The cosine of minirt's output against PyTorch's fp32 output (on the CPU) is
 printed beside it.
 """
 from __future__ import annotations

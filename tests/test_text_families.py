@@ -160,3 +160,20 @@ def test_a_host_shape_that_depends_on_the_values_is_an_input_error():
             with pytest.raises(InputError, match="depends on the values of the inputs"):
                 s.run(None, {"x": x, "mask": mask})
         s.run(None, {"x": x, "mask": np.ones((2, 4), np.int64)})
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_one_session_runs_new_batch_and_sequence_lengths(precision):
+    """The TorchScript exports' dynamic batch and sequence: each new shape is planned at its first run (the host part
+    with it); fp16 keeps the mask arithmetic on the host exact and the GPU part within fp16's rounding."""
+    model = onnx.load(FAMILIES / "gpt2.onnx")
+    tol = 1e-5 if precision == "fp32" else 1e-2
+    with Session(model, storage="buffer", precision=precision, options={"poison": True}) as s:
+        for batch, seq in ((1, 9), (3, 5), (1, 9)):
+            rng = np.random.default_rng(batch * seq)
+            feeds = {"input_ids": rng.integers(0, VOCAB, (batch, seq)).astype(np.int64),
+                     "attention_mask": np.ones((batch, seq), np.int64)}
+            feeds["attention_mask"][-1, -2:] = 0
+            (ref,) = onnxruntime_run(model, feeds)
+            (out,) = s.run(None, feeds)
+            assert np.abs(out - ref).max() <= tol * np.abs(ref).max(), (precision, batch, seq)

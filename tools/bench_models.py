@@ -209,8 +209,12 @@ def main(argv=None):
                 except Exception as e:       # a refusal or a failure: reported, the next row runs
                     row["minirt"] = {"error": f"{type(e).__name__}: {e}"[:300]}
                 if use_torch:
-                    row["torch"], yt = bench_torch(model, xs, precision, args)
-                    row["torch"]["cosine"] = cosine(yt, ref)
+                    try:
+                        row["torch"], yt = bench_torch(model, xs, precision, args)
+                        row["torch"]["cosine"] = cosine(yt, ref)
+                    except Exception as e:   # a failed capture, say: reported beside minirt's row
+                        row["torch"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+                        model.to("cpu", torch.float32)
                 rows.append(row)
                 print_row(row)
     if args.json:
@@ -226,7 +230,9 @@ def print_row(row):
     line = (f"{head}: minirt {mr['ms']:.3f} ms ({mr['ms'] / row['batch']:.3f} an item; {mr['dispatches']} "
             f"dispatches; cosine {mr['cosine']:.7f})")
     t = row.get("torch")
-    if t:
+    if t and "error" in t:
+        line += f"; torch failed: {t['error']}"
+    elif t:
         line += (f"; torch eager {t['eager']:.3f} ms ({t['eager'] / mr['ms']:.2f}x minirt), CUDA graph "
                  f"{t['graph']:.3f} ms ({t['graph'] / mr['ms']:.2f}x)")
     print(line, flush=True)

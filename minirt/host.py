@@ -47,6 +47,7 @@ class HostPart:
     dtypes: dict = field(default_factory=dict)       # host value -> its dtype name
     boundary: list = field(default_factory=list)     # [Boundary]
     outputs: list = field(default_factory=list)      # graph outputs computed here
+    same: dict = field(default_factory=dict)         # host value -> the earlier one it equals (a node repeated)
 
     def run(self, feeds: dict) -> tuple[dict, dict]:
         """(the GPU part's inputs from the boundary, the graph outputs computed here) for one run's feeds."""
@@ -72,7 +73,8 @@ class HostPart:
                                      f"input values, where the plan has {list(self.shapes[name])}: its shape "
                                      f"depends on the values of the inputs, which minirt does not run")
                 env[name] = v
-        return {b.name: self._cross(b, env[b.source]) for b in self.boundary}, {o: env[o] for o in self.outputs}
+        return ({b.name: self._cross(b, env[b.source]) for b in self.boundary},
+                {o: env[self.same.get(o, o)] for o in self.outputs})
 
     def _check_size(self, node, args):
         """Refuse, before anything is allocated, an op whose result's size comes from this run's values (a
@@ -121,6 +123,7 @@ class HostSplit:
         self.part = HostPart(source=graph.source)
         self.values = {}          # host value -> the array computed from inputs of ones (its shape and dtype)
         self.crossed = {}         # (source, rows) -> boundary name
+        self.seen = {}            # what a host node computes (_key) -> its outputs
 
     def add_input(self, name) -> bool:
         """Make a graph input that is not float32 a host value; False when its shape is not static yet."""
@@ -162,7 +165,36 @@ class HostSplit:
             return 0
         return int(data.shape[0])
 
+    def _key(self, node, ins):
+        """What a host node computes: its op, attributes and inputs (host values by the first of equal ones, small
+        constants by value), so that a repeat (an exporter's mask made again for each layer) is computed once."""
+        args = []
+        for t in ins:
+            if t is None or not t.is_const:
+                args.append(None if t is None else t.name)
+            else:
+                d = t.data
+                args.append((d.dtype.str, d.shape, d.tobytes()) if d.nbytes <= 4096 else t.name)
+        attrs = tuple(sorted((k, (v.dtype.str, v.shape, v.tobytes()) if isinstance(v, np.ndarray) else repr(v))
+                             for k, v in node.attrs.items() if k != "_opset"))
+        return node.op, node.domain, attrs, tuple(args)
+
     def evaluate(self, op, node, ins) -> None:
+        """Run the node on the probe values (inputs of ones) and make it part of the host's share, once for
+        nodes that compute the same."""
+        same = self.part.same
+        node.inputs = [same.get(i, i) for i in node.inputs]
+        ins = [self.graph.tensor(i) if i else None for i in node.inputs]
+        key = self._key(node, ins)
+        prev = self.seen.get(key)
+        if prev is not None:
+            for name, p in zip(node.outputs, prev):
+                if name and p:
+                    same[name] = p
+                    self.values[name] = self.values[p]
+                    self._declare(name, self.values[p], ins)
+            return
+        self.seen[key] = list(node.outputs)
         args = [None if t is None else t.data if t.is_const else self.values[t.name] for t in ins]
         try:
             outs = op.reference(node, *args)
@@ -176,12 +208,14 @@ class HostSplit:
                 self.part.consts[t.name] = t.data
         for name, v in zip(node.outputs, outs):
             if name:
-                v = np.asarray(v)
-                self.values[name] = v
-                self.part.shapes[name], self.part.dtypes[name] = tuple(v.shape), v.dtype.name
-                t = self.graph.tensors.get(name) or self.graph.add_tensor(type(ins[0])(name))
-                t.shape, t.dtype, t.data = tuple(int(d) for d in v.shape), v.dtype.name, None
+                self.values[name] = np.asarray(v)
+                self._declare(name, self.values[name], ins)
         self.part.nodes.append(node)
+
+    def _declare(self, name, v, ins):
+        self.part.shapes[name], self.part.dtypes[name] = tuple(v.shape), v.dtype.name
+        t = self.graph.tensors.get(name) or self.graph.add_tensor(type(ins[0])(name))
+        t.shape, t.dtype, t.data = tuple(int(d) for d in v.shape), v.dtype.name, None
 
     def connect(self, op, node, ins):
         """Rewire a GPU node's host inputs to boundary inputs of the GPU part; a reason string where one cannot cross
@@ -190,6 +224,9 @@ class HostSplit:
         for k, t in enumerate(ins):
             if t is None or t.name not in self.values:
                 continue
+            if t.name in self.part.same:         # read the first of equal host values
+                node.inputs[k] = self.part.same[t.name]
+                t = self.graph.tensor(node.inputs[k])
             v = self.values[t.name]
             if k == 1 and rows:
                 key = (t.name, rows)

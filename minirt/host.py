@@ -126,7 +126,8 @@ class HostSplit:
         self.seen = {}            # what a host node computes (_key) -> its outputs
 
     def add_input(self, name) -> bool:
-        """Make a graph input that is not float32 a host value; False when its shape is not static yet."""
+        """Make a graph input a host value (one that is not float32, or that only host-only ops read); False when its
+        shape is not static yet."""
         t = self.graph.tensors[name]
         if not t.is_static:
             return False

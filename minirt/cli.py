@@ -11,7 +11,7 @@ import time
 import click
 import numpy as np
 
-from .errors import DeviceError, InputError, MinirtError, ModelError
+from .errors import DeviceError, InputError, MinirtError, ModelError, UnsupportedError
 
 # Exit codes (documented in the README): distinct so scripts can tell failures apart.
 EXIT_OK, EXIT_USAGE, EXIT_MODEL, EXIT_RUNTIME, EXIT_NONDETERMINISTIC = 0, 2, 3, 4, 5
@@ -638,8 +638,18 @@ def plan(model, storage, device, shapes, entry, batch, precision, fp32_precision
                       if v is not None}
         opts = Options.make(options, **given_opts)
         dev = get_device(device)
-        p = make_plan(prepare(bind_inputs(g, given)), dev.profile, None, opts)
+        from .planner.storage_layout import resolve_storage
+        buffers = resolve_storage(opts.storage, dev.profile) == "buffer"
+        gpu = prepare(bind_inputs(g, given), host=True,
+                      runtime_gather=dev.profile.max_storage_buffer_range if buffers else 0)
+        if not gpu.outputs:
+            raise UnsupportedError(f"{model}: every output is computed on the host from integer inputs; no GPU plan")
+        p = make_plan(gpu, dev.profile, None, opts)
         click.echo(f"device {dev.profile.name}")
+        if gpu.host.nodes:     # what runs on the host each run, and what it hands the GPU
+            ops_ = sorted({n.op for n in gpu.host.nodes})
+            click.echo(f"host {len(gpu.host.nodes)} node(s) each run ({', '.join(ops_)}); to the GPU: " + ", ".join(
+                f"{b.name} ({'int32 rows' if b.rows else 'float32'})" for b in gpu.host.boundary))
         changed = opts.changed()
         if changed:
             click.echo("options " + ", ".join(f"{k}={v}" for k, v in changed.items()))

@@ -66,6 +66,7 @@ class Graph:
     # (whole, or in place: an op such as CacheWrite writes only some rows of its input, which is that state).
     state: dict = field(default_factory=dict)
     params: list = field(default_factory=list)  # names of the run-time int32 parameters nodes read (Plan.params)
+    host: object = None                         # minirt.host.HostPart: what prepare(host=True) left to the host
     max_load_bytes: int | None = None           # None: MAX_LOAD_BYTES
     made_bytes: int = 0                         # bytes of constants made at load so far (charge())
     _fresh: dict = field(default_factory=dict, repr=False, compare=False)   # base -> last fresh_name suffix

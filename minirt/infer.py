@@ -87,8 +87,14 @@ def fold_index_casts(graph: Graph) -> int:
     return len(drop)
 
 
-def prepare(graph: Graph, *, symbolic: bool = False) -> Graph:
+def prepare(graph: Graph, *, symbolic: bool = False, host: bool = False, runtime_gather: int = 1 << 62) -> Graph:
     """Fold and infer in place; raise for anything that cannot run. Returns the graph.
+
+    host=True runs what the graph computes from its integer and boolean inputs on the host, each run
+    (minirt/host.py): those nodes leave graph.nodes for graph.host (a HostPart), and the graph's inputs become the
+    float32 inputs and the host values the GPU reads. runtime_gather: the largest table (bytes) an embedding
+    Gather by host indices reads on the GPU (buffer storage: the device's maxStorageBufferRange), 0 for none (textures);
+    a larger table is gathered on the host.
 
     Constants made by folding count against graph.load_limit (minirt.graph.MAX_LOAD_BYTES unless the
     loader was given max_load_bytes), each checked from its inferred shape before it is allocated.
@@ -122,6 +128,17 @@ def prepare(graph: Graph, *, symbolic: bool = False) -> Graph:
     kept, problems = [], []
     unknown = set()    # outputs of nodes that cannot run: what reads them is not inferred (it would fail on them)
     pending = set()    # symbolic: outputs known only once a run binds real shapes
+    split = None
+    if host:
+        from .host import HostSplit
+        split = HostSplit(graph, runtime_gather)
+        readers = graph.consumers()
+        for name in graph.inputs:
+            t = graph.tensors.get(name)
+            # float32 inputs too where only ops that run on the host alone read them (IsNaN, Where, CumSum, ...)
+            host_only = readers.get(name) and not any(ops.get(n.op, n.domain).gpu for n in readers[name])
+            if t is not None and (t.dtype not in (None, "float32") or host_only) and not split.add_input(name):
+                pending.add(name)
     for node in graph.nodes:
         op = ops.get(node.op, node.domain)
         ins = [graph.tensor(i) if i else None for i in node.inputs]
@@ -134,13 +151,25 @@ def prepare(graph: Graph, *, symbolic: bool = False) -> Graph:
         blocked = bool(unknown.intersection(node.inputs))
         if not blocked and _fold(graph, op, node, ins):
             continue
+        if split is not None and not blocked and split.reads_host(node):
+            if split.on_host(op, node, ins):
+                split.evaluate(op, node, ins)
+                continue
+            reason = split.connect(op, node, ins) if op.gpu else None    # host-only ops: reported below
+            if reason:
+                problems.append(f"  {node.op} node '{node.name}': {reason}")
+                unknown.update(o for o in node.outputs if o)
+                continue
+            ins = [graph.tensor(i) if i else None for i in node.inputs]
         if not op.gpu:
             if symbolic:
                 pending.update(o for o in node.outputs if o)
                 kept.append(node)
                 continue
             problems.append(f"  {node.op} node '{node.name}': its inputs are not known at load time "
-                            f"(minirt evaluates {node.op} only as shape arithmetic on constants)")
+                            f"(minirt evaluates {node.op} only as shape arithmetic on constants"
+                            + (" and on the host, from the model's integer and boolean inputs; it reads a "
+                               "tensor computed on the GPU)" if split is not None else ")"))
             unknown.update(o for o in node.outputs if o)
             continue
         try:
@@ -182,6 +211,8 @@ def prepare(graph: Graph, *, symbolic: bool = False) -> Graph:
     if problems:
         raise UnsupportedError(f"{graph.source}: {len(problems)} node(s) cannot run:\n" + "\n".join(problems), problems)
     graph.nodes = kept
+    if split is not None:
+        graph.host = split.finish(graph)
     graph.remove_unused()
     consts = [o for o in graph.outputs if o in graph.tensors and graph.tensors[o].is_const]
     if consts:

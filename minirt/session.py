@@ -57,6 +57,21 @@ def _check_out(out: dict, shapes: dict) -> None:
                 raise InputError(f"out arrays for outputs '{a}' and '{b}' share memory")
 
 
+def _input_dtype(name, x, declared):
+    """x as the declared dtype's array: float32 exactly; int64 inputs also as int32 (widened), int32 inputs also as
+    int64 within int32's range; bool and other integer types exactly. An InputError naming the input otherwise."""
+    if x.dtype == np.dtype(declared):
+        return x
+    if declared == "int64" and x.dtype == np.int32:
+        return x.astype(np.int64)
+    if declared == "int32" and x.dtype == np.int64:
+        if x.size and (x.min() < -2**31 or x.max() >= 2**31):
+            raise InputError(f"input '{name}' is int32; the int64 array given has values outside int32's range")
+        return x.astype(np.int32)
+    also = {"int64": " (or int32)", "int32": " (or int64 within int32's range)"}.get(declared, "")
+    raise InputError(f"input '{name}' must be {declared}{also}, got {x.dtype}")
+
+
 @dataclass(frozen=True)
 class IOInfo:
     name: str
@@ -90,7 +105,8 @@ class Session:
             raise MinirtError(f"profile must be False, True or 'span', got {profile!r}")
         self.profiling = profile
         self._last = None
-        self._execs = {}
+        self._execs = {}      # input shapes -> Executor (None where the host computes every output)
+        self._hosts = {}      # input shapes -> HostPart (minirt/host.py)
         self._progress = progress
         given = dict(storage=storage, local_size=local_size, conv1d_rewrite=conv1d_rewrite, precision=precision)
         self.options = Options.make(options, **{k: v for k, v in given.items() if v is not None})
@@ -105,14 +121,14 @@ class Session:
         trial = {n: tuple(d if isinstance(d, int) else 1 for d in self.graph.tensor(n).shape or ())
                  for n in self.graph.inputs}
         if static:
-            self._prepared = prepare(self.graph.copy())
+            self._prepared = prepare(self.graph.copy(), host=True)
         else:
             try:
-                self._prepared = prepare(bind_inputs(self.graph, trial))
+                self._prepared = prepare(bind_inputs(self.graph, trial), host=True)
             except UnsupportedError:     # ops or tensors minirt cannot run at any size
                 raise
             except ModelError:   # wrong at the trial size only? refuse here just what is wrong at every size
-                self._prepared = prepare(self.graph.copy(), symbolic=True)
+                self._prepared = prepare(self.graph.copy(), symbolic=True, host=True)
         phase("device", "opening the device")
         self.device = get_device(device)
         phase(None)
@@ -122,35 +138,47 @@ class Session:
         self.precision = resolve_precision(self.options.precision, self.device.profile)
         self.inputs = [IOInfo(n, self.graph.tensor(n).shape, self.graph.tensor(n).dtype or "float32")
                        for n in self.graph.inputs]
-        self.outputs = [IOInfo(n, self._prepared.tensor(n).shape if static else self.graph.tensor(n).shape,
+        host = self._prepared.host
+        self.outputs = [IOInfo(n, host.shapes[n], host.dtypes[n]) if host and n in host.outputs else
+                        IOInfo(n, self._prepared.tensor(n).shape if static else self.graph.tensor(n).shape,
                                self._prepared.tensor(n).dtype or "float32") for n in self.graph.outputs]
         if static:
             self._executor({n: self.graph.tensor(n).shape for n in self.graph.inputs})
 
     # -- planning ---------------------------------------------------------------------------
+    def _prepare_for(self, shapes: dict):
+        """The graph for these input shapes, its integer and boolean arithmetic split off to the host (graph.host;
+        minirt/host.py); the GPU part has no outputs where the host computes them all."""
+        limit = self.device.profile.max_storage_buffer_range if self.storage == "buffer" else 0
+        return prepare(bind_inputs(self.graph, shapes), host=True, runtime_gather=limit)
+
     def plan_for(self, shapes: dict):
+        """The Plan of the GPU part for these input shapes (None where the host computes every output)."""
         from .planner import make_plan
-        g = prepare(bind_inputs(self.graph, shapes))
-        return make_plan(g, self.device.profile, self.storage, self.options)
+        g = self._prepare_for(shapes)
+        return make_plan(g, self.device.profile, self.storage, self.options) if g.outputs else None
 
     def _executor(self, shapes):
+        """(the Executor of these input shapes, or None where the host computes every output; the HostPart)."""
         key = tuple(tuple(shapes[n]) for n in self.graph.inputs)
-        ex = self._execs.get(key)
-        if ex is None:
+        if key not in self._execs:
+            from .planner import make_plan
             from .vk.executor import Executor
             times = {}
             phase = Phases(times, self._progress)
             phase("plan", "planning")
-            plan = self.plan_for(shapes)
+            g = self._prepare_for(shapes)
+            plan = make_plan(g, self.device.profile, self.storage, self.options) if g.outputs else None
             phase(None)
-            ex = Executor(self.device, plan, profile=self.profiling, progress=self._progress,
-                          timeout_s=self.options.timeout_s)
-            self._execs[key] = ex
-            if "record" not in self.startup_ms:      # the first executor is the start-up cost
+            ex = plan and Executor(self.device, plan, profile=self.profiling, progress=self._progress,
+                                   timeout_s=self.options.timeout_s)
+            self._execs[key], self._hosts[key] = ex, g.host
+            if ex is not None and "record" not in self.startup_ms:      # the first executor is the start-up cost
                 self.startup_ms.update(times)
                 self.startup_ms.update(ex.startup_ms)
-            self.plan = plan
-        return ex
+            if plan is not None:
+                self.plan = plan
+        return self._execs[key], self._hosts[key]
 
     # -- running ----------------------------------------------------------------------------
     def run(self, output_names=None, input_feed=None, *, out=None):
@@ -177,13 +205,22 @@ class Session:
         with self._lock:
             if self._execs is None:
                 raise MinirtError("this Session is closed")
-            ex = self._executor({k: v.shape for k, v in feeds.items()})
+            ex, host = self._executor({k: v.shape for k, v in feeds.items()})
+            on_host = host.outputs if host is not None else []
             if out:
+                if set(out) & set(on_host):
+                    raise InputError(f"out= for output(s) {sorted(set(out) & set(on_host))}, which the host computes "
+                                     f"from integer inputs (out= takes outputs computed on the GPU)")
                 _check_out(out, {n: ex.plan.tensors[n].shape for n in out})
             t0 = time.perf_counter()
-            res = ex.run(feeds, out=out)
+            res = {}
+            if host is not None:
+                gpu_feeds, res = host.run(feeds)
+                feeds = {**{k: v for k, v in feeds.items() if k not in host.inputs}, **gpu_feeds}
+            if ex is not None:
+                res.update(ex.run(feeds, out=out))
+                self._last = ex
             self.startup_ms.setdefault("first_run", (time.perf_counter() - t0) * 1e3)
-            self._last = ex
         return res[names[0]] if single else [res[n] for n in names]
 
     @staticmethod
@@ -221,9 +258,7 @@ class Session:
         for name, x in feed.items():
             if not isinstance(x, np.ndarray):
                 raise InputError(f"input '{name}' must be a numpy array, got {type(x).__name__}")
-            expect = np.dtype(np.int32 if want[name].dtype == "int32" else np.float32)   # int32: runtime indices
-            if x.dtype != expect:
-                raise InputError(f"input '{name}' must be {expect.name}, got {x.dtype}")
+            x = _input_dtype(name, x, want[name].dtype or "float32")
             decl = want[name].shape
             if decl is not None and (len(decl) != x.ndim or any(isinstance(d, int) and d != s for d, s in zip(decl, x.shape))):
                 raise InputError(f"input '{name}' expects shape {list(decl)}, got {list(x.shape)}")
@@ -260,6 +295,8 @@ class Session:
             execs, self._execs, self._last = self._execs or {}, None, None
             first = None
             for ex in execs.values():
+                if ex is None:
+                    continue
                 try:
                     ex.close()
                 except Exception as e:

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Run an ONNX model in minirt (each storage) and in onnxruntime on the same seeded random input and
 print cosine and max abs difference per output. Exit status 1 when any cosine is below --min-cosine.
+Float inputs are standard normal; integer inputs uniform in [0, --int-high) (a text model's token ids: its
+vocabulary size; an attention mask: 2), bool inputs random.
 
-  python tools/compare_ort.py model.onnx [--shape NAME=1,80,3000] [--storage buffer,texture]
+  python tools/compare_ort.py model.onnx [--shape NAME=1,80,3000] [--storage buffer,texture] [--int-high 1000]
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ def main(argv=None):
     ap.add_argument("--storage", default="buffer,texture")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--min-cosine", type=float, default=0.99999)
+    ap.add_argument("--int-high", type=int, default=2, help="integer inputs are drawn from [0, this) (default 2)")
     a = ap.parse_args(argv)
     import onnxruntime as ort
     from minirt import Session
@@ -33,7 +36,13 @@ def main(argv=None):
     feeds = {}
     for name in g.inputs:
         shape = given.get(name) or tuple(d if isinstance(d, int) else 1 for d in g.tensor(name).shape)
-        feeds[name] = rng.standard_normal(shape).astype(np.float32)
+        dtype = np.dtype(g.tensor(name).dtype or "float32")
+        if dtype == np.bool_:
+            feeds[name] = rng.integers(0, 2, shape).astype(bool)
+        elif np.issubdtype(dtype, np.integer):
+            feeds[name] = rng.integers(0, a.int_high, shape).astype(dtype)
+        else:
+            feeds[name] = rng.standard_normal(shape).astype(dtype)
     refs = ort.InferenceSession(a.model, providers=["CPUExecutionProvider"]).run(None, feeds)
     worst = 1.0
     for st in a.storage.split(","):
@@ -41,6 +50,11 @@ def main(argv=None):
             outs = s.run(None, feeds)
             dev = s.device.profile.name
         for name, y, r in zip(g.outputs, outs, refs):
+            if not np.issubdtype(r.dtype, np.floating):     # computed on the host from integer inputs
+                print(f"{Path(a.model).name} [{st}] {name} {list(y.shape)} {r.dtype}: "
+                      f"{'equal' if np.array_equal(y, r) else 'DIFFERENT'}")
+                worst = worst if np.array_equal(y, r) else 0.0
+                continue
             y64, r64 = y.astype(np.float64).ravel(), r.astype(np.float64).ravel()
             cos = float(y64 @ r64 / (np.linalg.norm(y64) * np.linalg.norm(r64)))
             worst = min(worst, cos)

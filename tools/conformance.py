@@ -269,7 +269,7 @@ def main(argv=None):
                f"{', '.join(f'`{c}`' for c in sorted(ROUNDED_EXPECTED))}, whose expected values onnx gives rounded to "
                f"4 decimals). float32 cases: {tot['passed']} passed, "
                f"{tot['failed']} failed, {tot['refused']} refused with a clear error. Cases of other dtypes "
-               f"(minirt computes in float32 only): {oth['passed']} passed, {oth['failed']} failed, "
+               f"(the GPU computes in float32; integer and boolean tensors run on the host): {oth['passed']} passed, {oth['failed']} failed, "
                f"{oth['refused']} refused. Integer inputs after the first (axes, shapes, indices) and the inputs "
                f"minirt needs constant (Conv and ConvTranspose W/B, LayerNormalization and InstanceNormalization "
                f"scale/B, Clip min/max, Pad constant_value, Resize roi/scales) are given as initializers; other "

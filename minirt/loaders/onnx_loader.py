@@ -159,7 +159,7 @@ def _value_info(vi, source):
     dtype = _DTYPES.get(tt.elem_type)
     if dtype is None:
         what = _type_str(tt.elem_type) or f"element type {tt.elem_type}"
-        raise UnsupportedError(f"{source}: input '{vi.name}' is {what}; minirt's inputs are float32 tensors")
+        raise UnsupportedError(f"{source}: input '{vi.name}' is {what}; minirt's inputs are float32, integer or bool tensors")
     if not tt.HasField("shape"):
         return None, dtype
     dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim)

@@ -1,6 +1,7 @@
 """Shape arithmetic that exporters emit around static reshapes (torch.onnx's Shape -> Gather ->
-Unsqueeze -> Concat chains, masks built from Range/Equal/Where, ...). These ops run only at load:
-they fold to constants when their inputs are known, and prepare() reports any that do not.
+Unsqueeze -> Concat chains, masks built from Range/Equal/Where, ...). These ops never run on the GPU:
+they fold to constants when their inputs are known, run on the host each run where their inputs are computed from
+the model's integer and boolean inputs (minirt/host.py), and prepare() reports any that read GPU tensors.
 Cast is the one exception: float32 -> float32 on a runtime tensor is a view (or a copy)."""
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from ..errors import ModelError
 from . import Op, attr, register
+from ._util import norm_axis
 from .shape_ops import int_list, int_operand, view_or_copy
 
 # TensorProto data type -> numpy dtype name (the loader's names)
@@ -19,7 +21,7 @@ ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: 
 
 class Folded(Op):
     gpu = False
-    limits = "load time only: its inputs must be constants (or, for Shape/Size, a static shape)"
+    limits = "at load or on the host: its inputs must be constants or computed from the model's integer inputs"
 
 
 class StaticShape(Folded):
@@ -60,7 +62,8 @@ class Size(StaticShape):
 @register
 class Cast(Op):
     name = "Cast"
-    limits = "on the GPU only float32 -> float32 (a view); other casts must fold at load"
+    limits = ("on the GPU only float32 -> float32 (a view); other casts fold at load, or run on the host where their "
+              "input is computed from the model's integer or boolean inputs")
 
     def target(self, node, like):
         """The dtype name to cast to; `like` is input 1's dtype name (CastLike)."""
@@ -82,7 +85,8 @@ class Cast(Op):
         return [(ins[0].shape, self._target(node, ins))]
 
     def reference(self, node, x, *like):
-        return [np.asarray(x).astype(self.target(node, like[0].dtype.name if like else None))]
+        with np.errstate(invalid="ignore"):    # NaN or inf to an integer: onnxruntime's value, no warning
+            return [np.asarray(x).astype(self.target(node, like[0].dtype.name if like else None))]
 
     def lower(self, node, ctx):
         view_or_copy(ctx, ctx.t(node.outputs[0]), ctx.t(node.inputs[0]))
@@ -160,3 +164,55 @@ class ReduceProd(Folded):
         axes = tuple(range(x.ndim)) if not axes else tuple(a % x.ndim for a in axes)
         return [np.prod(x, axis=axes, keepdims=bool(attr(node, "keepdims", 1))).astype(x.dtype)]
 
+
+
+@register
+class GatherElements(Folded):
+    name = "GatherElements"
+
+    def reference(self, node, x, indices):
+        axis = norm_axis(node, int(attr(node, "axis", 0)), x.ndim)
+        idx, d = np.asarray(indices).astype(np.int64), x.shape[axis]
+        if idx.size and (idx.min() < -d or idx.max() >= d):
+            raise ModelError(f"{node}: indices out of range for axis {axis} of size {d}")
+        return [np.take_along_axis(x, np.where(idx < 0, idx + d, idx), axis=axis)]
+
+
+@register
+class CumSum(Folded):
+    name = "CumSum"
+
+    def reference(self, node, x, axis):
+        a = norm_axis(node, int(np.asarray(axis).reshape(-1)[0]), x.ndim)
+        y = np.flip(x, a) if attr(node, "reverse", 0) else x
+        with np.errstate(all="ignore"):
+            y = np.cumsum(y, axis=a, dtype=x.dtype)
+        if attr(node, "exclusive", 0):      # each sum without its own element: shifted by one, 0 first
+            y = np.concatenate([np.zeros_like(np.take(y, [0], axis=a)), np.delete(y, -1, axis=a)], axis=a)
+        return [np.flip(y, a) if attr(node, "reverse", 0) else y]
+
+
+@register
+class Trilu(Folded):
+    name = "Trilu"
+
+    def reference(self, node, x, k=None):
+        k = 0 if k is None else int(np.asarray(k).reshape(-1)[0])
+        return [(np.triu if attr(node, "upper", 1) else np.tril)(x, k)]
+
+
+@register
+class IsNaN(Folded):
+    name = "IsNaN"
+
+    def reference(self, node, x):
+        return [np.isnan(x)]
+
+
+@register
+class IsInf(Folded):
+    name = "IsInf"
+
+    def reference(self, node, x):
+        pos, neg = attr(node, "detect_positive", 1), attr(node, "detect_negative", 1)
+        return [(np.isposinf(x) & bool(pos)) | (np.isneginf(x) & bool(neg))]

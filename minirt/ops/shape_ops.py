@@ -301,8 +301,10 @@ class Expand(Affine):
 class Gather(ShapeOp):
     name, consts = "Gather", (1,)
     limits = ("on the GPU: float32 data with constant indices (runs of evenly spaced indices become one copy "
-              "each, joined by Concat), or int32 indices computed at run time (a graph input, or one cast to "
-              "int64: an embedding lookup) along axis 0 in buffer storage, clamped to the axis (no negative indices)")
+              "each, joined by Concat), or indices computed at run time along axis 0 in buffer storage (an embedding "
+              "lookup: the host checks them against the axis, an id out of range being an InputError as in "
+              "onnxruntime, counts negative ones from the end and passes them as int32); elsewhere a Gather by "
+              "indices computed from the inputs runs on the host")
 
     @staticmethod
     def runtime(ins) -> bool:
@@ -388,8 +390,8 @@ def gather_const(ctx, out, src, axis, idx):
 class GatherND(ShapeOp):
     name, consts = "GatherND", (1,)
     limits = ("float32 data with constant indices (any batch_dims: the slices become rows of one Gather), or "
-              "indices computed at run time (an int32 graph input cast to int64) picking along axis 0 alone (last "
-              "indices dim 1, batch_dims 0) in buffer storage, clamped to the axis (no negative indices)")
+              "indices computed at run time picking along axis 0 alone (last indices dim 1, batch_dims 0) in buffer "
+              "storage, checked on the host as Gather's; elsewhere, by indices computed from the inputs, on the host")
 
     def check(self, node, ins):
         if not Gather.runtime(ins):

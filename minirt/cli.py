@@ -305,7 +305,8 @@ def _check_local_size(local, device, options):
 @quiet_opt
 def run(model, input, output, storage, device, repeat, precision, fp32_precision, local_size, no_conv1d_rewrite,
         options, quiet):
-    """Run MODEL on INPUT (.npy, or a 16 kHz .wav for Whisper encoders) and summarise the output.
+    """Run MODEL on INPUT (.npy, .npz with one array per model input, or a 16 kHz .wav for Whisper encoders) and
+    summarise the first output.
 
     \b
     Examples:
@@ -315,6 +316,7 @@ def run(model, input, output, storage, device, repeat, precision, fp32_precision
       minirt run model.onnx x.npy --precision fp16 # 16-bit storage, tensor cores where available
       minirt run model.onnx x.npy --fp32-precision f16x3   # fp32 GEMMs from fp16 parts on tensor cores
       minirt run model.onnx x.npy --local-size 64,1,1 --no-conv1d-rewrite   # experiments
+      minirt run bert.onnx feeds.npz    # np.savez("feeds.npz", input_ids=ids, attention_mask=mask)
     """
     from .session import Session
     options = _with_fp32_precision(options, fp32_precision)
@@ -325,19 +327,25 @@ def run(model, input, output, storage, device, repeat, precision, fp32_precision
         with _Status(quiet) as status, Session(model, storage=storage, device=device, local_size=local_size,
                                                conv1d_rewrite=False if no_conv1d_rewrite else None, precision=precision,
                                                options=options, progress=status) as s:
-            if len(s.inputs) != 1:
-                raise InputError(f"{model} has {len(s.inputs)} inputs; `minirt run` feeds one")
-            if x is None:
-                x = _load_wav(input, s.inputs[0])
+            if isinstance(x, dict):
+                feeds = _name_feeds(x, s.inputs, input)
+                run_once = lambda: s.run(None, feeds)[0]        # noqa: E731
+            else:
+                if len(s.inputs) != 1:
+                    raise InputError(f"{model} has {len(s.inputs)} inputs ({', '.join(i.name for i in s.inputs)}); "
+                                     f"give them as one .npz with an array per input name")
+                if x is None:
+                    x = _load_wav(input, s.inputs[0])
+                run_once = lambda: s.run(x)                     # noqa: E731
             status("first run")
-            s.run(x)   # warm-up: the first run pays for planning when shapes are dynamic
+            run_once()   # warm-up: the first run pays for planning when shapes are dynamic
             status.done()
             # Only the first output and a digest of each later one are kept, so memory does not grow with N.
             y, digests, dev, walls = None, set(), 0.0, []
             with _progress(repeat, "running", quiet or repeat < 3) as bar:
                 for _ in range(repeat):
                     t0 = time.perf_counter()
-                    out = s.run(x)
+                    out = run_once()
                     walls.append(time.perf_counter() - t0)
                     d = _digest(out)
                     if y is None:
@@ -400,15 +408,28 @@ def _deviation(a, b) -> float:
 
 
 def _load_input(path):
+    """An array from a .npy file, or {name: array} from an .npz archive; floating arrays as float32 (the integer and
+    boolean ones as they are: token ids, masks)."""
     try:
         x = np.load(path, allow_pickle=False)
+        if not isinstance(x, np.ndarray):      # an .npz archive
+            with x:
+                x = {k: x[k] for k in x.files}
     except Exception as e:
-        raise InputError(f"{path}: not a readable .npy file ({e})") from None
-    if not isinstance(x, np.ndarray):      # an .npz archive
-        raise InputError(f"{path}: not a .npy array file")
-    if x.dtype != np.float32 and np.issubdtype(x.dtype, np.floating):
-        x = x.astype(np.float32)
-    return x
+        raise InputError(f"{path}: not a readable .npy or .npz file ({e})") from None
+    as32 = lambda a: a.astype(np.float32) if a.dtype != np.float32 and np.issubdtype(a.dtype, np.floating) else a  # noqa
+    return {k: as32(v) for k, v in x.items()} if isinstance(x, dict) else as32(x)
+
+
+def _name_feeds(arrays: dict, inputs, path) -> dict:
+    """An .npz archive's arrays as the model's feeds: every input by its name, nothing else."""
+    names = [i.name for i in inputs]
+    missing, extra = [n for n in names if n not in arrays], [k for k in arrays if k not in names]
+    if missing or extra:
+        raise InputError(f"{path}: " + "; ".join(filter(None, [
+            f"no array for input(s) {', '.join(missing)}" if missing else "",
+            f"array(s) {', '.join(extra)} name no input" if extra else ""])) + f" (the model's inputs: {', '.join(names)})")
+    return arrays
 
 
 def _is_wav(path) -> bool:

@@ -184,3 +184,27 @@ def test_a_device_by_uuid(files):
     assert all(u in r.output for u in uuids)
     r = invoke("plan", model, "--device", "GPU-xyz")
     assert r.exit_code == EXIT_USAGE and "is not a device index or UUID" in r.output
+
+
+def test_run_a_text_model_from_an_npz(tmp_path):
+    """A model with several inputs (token ids and a mask, int64) takes them as one .npz, an array per input name; the
+    first output equals onnxruntime's; a wrong archive names the missing input and the stray array."""
+    import onnx
+    from pathlib import Path
+    from oracle import cosine, onnxruntime_run
+    model = Path(__file__).resolve().parents[1] / "models" / "families" / "bert.onnx"
+    rng = np.random.default_rng(21)
+    feeds = {"input_ids": rng.integers(0, 900, (2, 16)).astype(np.int64), "attention_mask": np.ones((2, 16), np.int64)}
+    feeds["attention_mask"][1, 11:] = 0
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    r = invoke("run", model, tmp_path / "feeds.npz", "--repeat", 2, "-o", tmp_path / "y.npy")
+    assert r.exit_code == EXIT_OK, r.output
+    ref = onnxruntime_run(onnx.load(model), feeds)[0]
+    y = np.load(tmp_path / "y.npy")
+    assert y.shape == ref.shape and cosine(y, ref) >= 0.99999
+    np.savez(tmp_path / "bad.npz", input_ids=feeds["input_ids"], mask=feeds["attention_mask"])
+    r = invoke("run", model, tmp_path / "bad.npz")
+    assert r.exit_code == EXIT_MODEL
+    assert "no array for input(s) attention_mask" in r.output and "mask name no input" in r.output
+    r = invoke("run", model, tmp_path / "y.npy")
+    assert r.exit_code == EXIT_MODEL and "give them as one .npz" in r.output

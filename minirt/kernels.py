@@ -52,7 +52,7 @@ SPEC_CONSTANTS: dict[str, tuple[str, ...]] = {
     "copy": ("MODE",),
     "copy_rows": ("VEC4",),
     "gemm": ("TM", "TN4", "BK", "A_MODE", "OUT_MODE", "ACT"),
-    "im2col": (),
+    "im2col": ("IN_NHWC",),
     "layer_norm": ("HAS_BIAS", "PER_CHANNEL"),
     "layer_norm_rows": ("HAS_BIAS",),
     "linear": ("OUT_MODE", "ACT", "HAS_RES", "A_WIN", "PAIR_LANES"),

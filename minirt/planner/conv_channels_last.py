@@ -1,0 +1,200 @@
+"""conv_channels_last: CNN activations stay channels-last (NHWC) between the convs that run on the buffer GEMM, so a
+1x1 conv is a Linear over pixels and a batch is more GEMM rows; Transposes only where a tensor meets an op that needs
+NCHW (or the graph's edges).
+
+The buffer GEMM (glsl/linear.comp, the tensor-core kernels, linear_rows for few rows) reads A as rows of K contiguous
+values. A channels-last activation [N, H, W, C] is such a matrix: N * H * W rows of C. So a 1x1, stride-1, unpadded
+conv (route "linear") is that GEMM on the activation itself, writing [N * H * W, C_out] rows: the next NHWC tensor.
+An im2col conv reads NHWC (a tap's C channels are contiguous) or NCHW, and writes either (GEMM rows, or its NCHW
+epilogue). Elementwise ops (Relu, Add, Clip, ... whose inputs all have the output's shape, or are scalar constants)
+compute the same in either layout. Everything else (pooling, depthwise and direct convs, reshapes, graph outputs)
+reads and writes NCHW.
+
+Layouts are chosen per cluster: the 4-D tensors joined through elementwise ops (a residual chain of ResNet blocks is
+one cluster). A cluster goes channels-last when that needs fewer Transposes than NCHW does, counting
+  NHWC: one Transpose in per tensor made by an NCHW-only op (or a graph input), one out per tensor that an NCHW-only
+        op (or the graph's output) reads;
+  NCHW: one Transpose per tensor that a "linear" conv reads, and one out of a "linear" conv of a batch that cannot
+        write NCHW image by image (offsets the device cannot bind);
+ties go channels-last where a "linear" conv reads the cluster or where neither layout needs a Transpose (an im2col
+conv then gathers whole channel runs).
+ResNet-50: the stem writes NCHW for the MaxPool, one Transpose after the pool, every later conv channels-last, and
+one Transpose before the GlobalAveragePool.
+
+Result: a channels-last tensor '<name>@nhwc' of shape [N, H, W, C] beside (or instead of) the NCHW one; convs get
+attrs["_in_layout"] / ["_out_layout"] = "NHWC" (Conv.infer, reference and lower follow them); Transpose nodes with
+perm (0, 2, 3, 1) or (0, 3, 1, 2) at the boundaries. Buffer storage on the buffer GEMM only: textures keep every
+tensor NCHW (channels-packed texels), and their convs the routes they had. Session option conv_channels_last=False
+turns the pass off (and conv routing then sends 1x1 convs to the pointwise GEMM)."""
+from __future__ import annotations
+
+from ..graph import Node, Tensor
+
+NHWC = "NHWC"
+TO_NHWC, TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
+GEMM_ROUTES = ("linear", "im2col")
+# ops that compute elementwise whatever the layout, where every input has the output's shape or is a scalar constant
+ELEMENTWISE = ("Add", "Sub", "Mul", "Div", "Pow", "Relu", "Sigmoid", "Tanh", "Neg", "Exp", "Abs", "Log", "Sqrt", "Erf",
+               "Gelu", "Reciprocal", "HardSigmoid", "HardSwish", "Clip")
+
+
+def rewrite(graph, options, profile=None):
+    from ..ops.gemm import fast_gemm   # here, not at import: the ops package imports the planner
+    if not options.pass_on("conv_channels_last") or not fast_gemm(options.planned_storage, options):
+        return graph
+    align = profile.min_storage_buffer_offset_alignment if profile is not None else 16
+    convs = {id(n): n for n in graph.nodes if _candidate(n, graph)}
+    if not convs:
+        return graph
+    flex = {id(n): n for n in graph.nodes if _elementwise(n, graph)}
+    cluster = _clusters(graph, convs, flex)
+    prod, cons = graph.producers(), graph.consumers()
+
+    def nhwc_reader(node, t):      # reads t channels-last if t is
+        return id(node) in flex or (id(node) in convs and node.inputs[0] == t)
+
+    def nhwc_writer(t):
+        p = prod.get(t)
+        return p is not None and (id(p) in flex or id(p) in convs)
+
+    def needs_nhwc(node, t):       # a "linear" conv reads only channels-last
+        return id(node) in convs and node.attrs["_route"] == "linear" and node.inputs[0] == t
+
+    def nchw_refused(t):           # a "linear" conv of a batch that cannot write NCHW image by image
+        from .conv_routing import _batch_refusal
+        p = prod.get(t)
+        return (p is not None and id(p) in convs and p.attrs["_route"] == "linear"
+                and _batch_refusal(p, graph, "buffer", align) is not None)
+
+    members: dict[str, list[str]] = {}
+    for t, root in cluster.items():
+        members.setdefault(root, []).append(t)
+    nhwc = set()
+    for root, ts in members.items():
+        if not any(any(id(c) in convs for c in cons.get(t, ())) or (t in prod and id(prod[t]) in convs) for t in ts):
+            continue
+        cost_nhwc = sum((not nhwc_writer(t)) + (nhwc_writer(t) and _nchw_read(t, graph, cons, nhwc_reader))
+                        for t in ts)
+        linear_in = sum(any(needs_nhwc(c, t) for c in cons.get(t, ())) for t in ts)
+        cost_nchw = linear_in + sum(nchw_refused(t) for t in ts)
+        if cost_nhwc < cost_nchw or (cost_nhwc == cost_nchw and (linear_in or not cost_nhwc)):
+            nhwc.update(ts)
+    _apply(graph, convs, nhwc, prod, cons, nhwc_reader, nhwc_writer, nchw_refused)
+    return graph
+
+
+def _candidate(node, graph) -> bool:
+    """A conv on a GEMM route, 2-D over static shapes, not already laid out by conv_output_nlc / conv_input_nlc."""
+    if node.op != "Conv" or node.attrs.get("_route") not in GEMM_ROUTES:
+        return False
+    if "_in_layout" in node.attrs or "_out_layout" in node.attrs or len(node.inputs) > 3:
+        return False
+    x, y = graph.tensor(node.inputs[0]), graph.tensor(node.outputs[0])
+    return x.is_static and y.is_static and len(x.shape) == 4 and len(y.shape) == 4
+
+
+def _elementwise(node, graph) -> bool:
+    if node.op not in ELEMENTWISE or len(node.outputs) != 1:
+        return False
+    y = graph.tensor(node.outputs[0])
+    if not y.is_static or len(y.shape) != 4:
+        return False
+    runtime = 0
+    for i in node.inputs:
+        if not i:
+            continue
+        t = graph.tensor(i)
+        if t.is_const:
+            if t.data.size != 1:
+                return False
+        elif t.shape != y.shape:
+            return False
+        else:
+            runtime += 1
+    return runtime > 0
+
+
+def _clusters(graph, convs, flex) -> dict[str, str]:
+    """tensor -> its cluster's root: the runtime 4-D tensors convs read or write, joined through elementwise ops."""
+    parent: dict[str, str] = {}
+
+    def find(t):
+        parent.setdefault(t, t)
+        while parent[t] != t:
+            parent[t] = parent[parent[t]]
+            t = parent[t]
+        return t
+
+    for n in convs.values():
+        find(n.inputs[0])
+        find(n.outputs[0])
+    for n in flex.values():
+        ins = [i for i in n.inputs if i and not graph.tensor(i).is_const]
+        for i in ins:
+            parent[find(i)] = find(n.outputs[0])
+    return {t: find(t) for t in list(parent)}
+
+
+def _nchw_read(t, graph, cons, nhwc_reader) -> bool:
+    return t in graph.outputs or any(not nhwc_reader(c, t) for c in cons.get(t, ()))
+
+
+def _apply(graph, convs, nhwc, prod, cons, nhwc_reader, nhwc_writer, nchw_refused):
+    """Make the channels-last tensors, point their readers and writers at them, insert the Transposes."""
+    after: dict[int, list[Node]] = {}     # node id -> Transposes to insert after it (0: at the start)
+    renamed: dict[str, str] = {}
+
+    def nhwc_name(t):
+        if t not in renamed:
+            n, c, h, w = graph.tensor(t).shape
+            renamed[t] = graph.fresh_name(f"{t}@nhwc")
+            graph.add_tensor(Tensor(renamed[t], (n, h, w, c), graph.tensor(t).dtype))
+        return renamed[t]
+
+    def transpose(src, dst, perm, where):
+        node = Node("Transpose", graph.fresh_name(f"{dst}/transpose"), [src], [dst], {"perm": list(perm)})
+        after.setdefault(where, []).append(node)
+        graph.note(node.name, f"channels-last boundary: {'NCHW -> NHWC' if perm == TO_NHWC else 'NHWC -> NCHW'} "
+                              f"({graph.tensor(src).shape} -> {graph.tensor(dst).shape})")
+
+    for t in sorted(nhwc):
+        p = prod.get(t)
+        readers = cons.get(t, [])
+        t4 = nhwc_name(t)
+        if nhwc_writer(t):
+            p.outputs[p.outputs.index(t)] = t4
+            if id(p) in convs:
+                p.attrs["_out_layout"] = NHWC
+            if t in graph.outputs or any(not nhwc_reader(c, t) for c in readers):
+                transpose(t4, t, TO_NCHW, id(p))
+            else:
+                del graph.tensors[t]
+        else:     # a graph input or an NCHW-only op's output
+            transpose(t, t4, TO_NHWC, id(p) if p is not None else 0)
+        for c in readers:
+            if nhwc_reader(c, t):
+                c.inputs = [t4 if i == t else i for i in c.inputs]
+    # outside the channels-last clusters: the "linear" convs' inputs, and outputs they cannot write NCHW
+    for n in convs.values():
+        x, y = n.inputs[0], n.outputs[0]
+        if n.attrs["_route"] == "linear" and x not in nhwc and x not in renamed.values():
+            if x not in renamed:
+                transpose(x, nhwc_name(x), TO_NHWC, id(prod[x]) if x in prod else 0)
+            n.inputs[0] = renamed[x]
+        if y not in nhwc and y not in renamed and y not in renamed.values() and nchw_refused(y):
+            n.outputs[0] = nhwc_name(y)
+            n.attrs["_out_layout"] = NHWC
+            transpose(renamed[y], y, TO_NCHW, id(n))
+    made = set(renamed.values())
+    for n in convs.values():
+        if n.inputs[0] in made:
+            n.attrs["_in_layout"] = NHWC
+        route = n.attrs["_route"]
+        graph.note(n.name, f"layout: reads {n.attrs.get('_in_layout', 'NCHW')}, writes "
+                           f"{n.attrs.get('_out_layout', 'NCHW')}" + (" (a Linear over pixels)" if route == "linear"
+                                                                    else ""))
+    nodes = list(after.get(0, []))
+    for node in graph.nodes:
+        nodes.append(node)
+        nodes.extend(after.get(id(node), []))
+    graph.nodes = nodes

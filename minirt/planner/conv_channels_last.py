@@ -15,7 +15,8 @@ one cluster). A cluster goes channels-last when that needs fewer Transposes than
   NHWC: one Transpose in per tensor made by an NCHW-only op (or a graph input), one out per tensor that an NCHW-only
         op (or the graph's output) reads;
   NCHW: one Transpose per tensor that a "linear" conv reads, and one out of a "linear" conv of a batch that cannot
-        write NCHW image by image (offsets the device cannot bind);
+        write NCHW image by image (offsets the device cannot bind; conv routing sends such a batch of another conv to
+        the direct kernel);
 ties go channels-last where a "linear" conv reads the cluster or where neither layout needs a Transpose (an im2col
 conv then gathers whole channel runs).
 ResNet-50: the stem writes NCHW for the MaxPool, one Transpose after the pool, every later conv channels-last, and
@@ -60,11 +61,10 @@ def rewrite(graph, options, profile=None):
     def needs_nhwc(node, t):       # a "linear" conv reads only channels-last
         return id(node) in convs and node.attrs["_route"] == "linear" and node.inputs[0] == t
 
-    def nchw_refused(t):           # a "linear" conv of a batch that cannot write NCHW image by image
+    def nchw_refused(t):           # a conv of a batch that cannot write NCHW image by image (views of its images)
         from .conv_routing import _batch_refusal
         p = prod.get(t)
-        return (p is not None and id(p) in convs and p.attrs["_route"] == "linear"
-                and _batch_refusal(p, graph, "buffer", align) is not None)
+        return p is not None and id(p) in convs and _batch_refusal(p, graph, "buffer", align) is not None
 
     members: dict[str, list[str]] = {}
     for t, root in cluster.items():

@@ -46,7 +46,7 @@ def route(node, graph, storage="buffer", align=16, options=None) -> tuple[str, s
     if g != 1:
         return "direct", f"groups {g} != 1"
     batch = _batch_refusal(node, graph, storage, align)
-    fast = options is not None and _fast(storage, options) and len(ks) == 2 and isinstance(x.shape[0], int)
+    fast = options is not None and _fast(storage, options) and len(ks) == 2 and x.is_static
     strides = list(node.attrs.get("strides", [1] * len(ks)))
     if all(k == 1 for k in ks):
         pads = list(node.attrs.get("pads", [])) if node.attrs.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET") else []

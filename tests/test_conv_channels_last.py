@@ -35,7 +35,8 @@ def test_resnet50_plan_on_the_h200(batch, precision):
     """ResNet-50 at 224 x 224 as the H200 plans it (no GPU: the plan only): every conv on the buffer GEMM's kernels
     (linear.comp at fp32, the tensor-core kernels at fp16), none on the direct kernel or the generic GEMM; the 1x1
     convs at stride 1 Linears over channels-last pixels with no im2col; two Transposes in all (the pool's output to
-    NHWC, the last block's to NCHW for the average pool); the head's Gemm on the few-row kernel."""
+    NHWC, the last block's to NCHW for the average pool); each block's Add and Relu in its last conv's epilogue; the
+    head's Gemm on the few-row kernel."""
     model = resnet(image=224, batch=batch)
     plan = _plan_of(model, batch, precision)
     by_node = collections.defaultdict(list)
@@ -56,8 +57,12 @@ def test_resnet50_plan_on_the_h200(batch, precision):
     assert by_node["fc"][0].startswith("linear_rows") == (batch <= 8)
     # the stem writes NCHW for the MaxPool; every block's tensors are channels-last
     assert plan.tensors["stem.relu"].shape == (batch, 64, 112, 112)
-    assert plan.tensors["s3b2.c3.conv@nhwc"].shape == (batch, 7, 7, 2048)
+    assert plan.tensors["s3b2.out@nhwc"].shape == (batch, 7, 7, 2048)
     assert "layout: reads NHWC, writes NHWC (a Linear over pixels)" in plan.notes["s1b0.c1"]
+    # each block's Add and Relu are its last conv's epilogue: relu(conv + skip)
+    assert not any(d.op in ("Add", "Relu") for d in plan.dispatches)
+    assert "folded Add 's2b3/add' into the GEMM epilogue as the residual 's2b2.out@nhwc', then Relu 's2b3/relu' " \
+           "after it" in plan.notes["s2b3.c3"]
 
 
 @pytest.fixture
@@ -141,3 +146,37 @@ def test_edges_and_unaligned_images(batch):
         assert len(transposes) == 1 and "layout: reads NHWC, writes NCHW (a Linear over pixels)" in plan.notes["out1x1"]
     else:               # 90-byte images (fp16's 2 bytes a value) cannot be bound one by one
         assert transposes[1] == ("y@nhwc", "y") and plan.tensors["y@nhwc"].shape == (batch, 3, 3, 5)
+
+
+@pytest.mark.parametrize("hw, precision, options", [
+    ((6, 6), "fp32", {}),                                     # linear.comp
+    ((6, 6), "fp32", {"gemm_splitk": 2}),                     # split K: linear_reduce applies them
+    ((1, 2), "fp32", {}),                                     # 6 rows: linear_rows
+    ((6, 6), "fp16", {"coopmat": "emulate"}),                 # the tensor-core kernel's epilogues (emulated)
+    ((6, 6), "fp16", {"coopmat": "emulate", "gemm_splitk": 2}),
+    ((6, 6), "fp16", {}),
+])
+def test_residual_then_relu_in_the_gemm_epilogue(hw, precision, options):
+    """relu(conv(a) + a) with a channels-last: the Add and the Relu go into the conv's GEMM epilogue (activation after
+    the residual), on each GEMM kernel that has a residual, batch 3, poisoned, against onnxruntime."""
+    h = helper.make_node
+    nodes = [h("Conv", ["x", "w0", "b0"], ["a0"], name="c0"), h("Relu", ["a0"], ["a"]),
+             h("Conv", ["a", "w1", "b1"], ["b"], name="c1"), h("Add", ["b", "a"], ["s"], name="add"),
+             h("Relu", ["s"], ["r"], name="relu"), h("Conv", ["r", "w2"], ["y"], name="c2")]
+    m = make_model(nodes, {"x": (3, 8, *hw)}, ["y"],
+                   {"w0": rand(16, 8, 1, 1, seed=1), "b0": rand(16, seed=2), "w1": rand(16, 16, 1, 1, seed=3),
+                    "b1": rand(16, seed=4), "w2": rand(8, 16, 1, 1, seed=5)})
+    x = rand(3, 8, *hw, seed=6)
+    opts = {"poison": True, **options}
+    with Session(m, storage="buffer", precision=precision, options=opts) as s:
+        compare(s.run(x), onnxruntime_run(m, {"x": x})[0], 1e-4 if precision == "fp32" else 2e-2, str(options))
+        plan = s.plan
+    assert not any(d.op in ("Add", "Relu") for d in plan.dispatches)
+    assert "folded Add 'add' into the GEMM epilogue as the residual 'a@nhwc', then Relu 'relu' after it" in \
+        plan.notes["c1"]
+    c1 = [d for d in plan.dispatches if d.node == "c1"]
+    assert c1[-1].kernel.startswith({"fp32": "linear_rows" if hw == (1, 2) else "linear", "fp16": "linear"}[precision])
+    if options.get("gemm_splitk"):
+        assert c1[-1].kernel.startswith("linear_reduce")
+    from minirt.kernels import ACT_AFTER_RES
+    assert any(v & ACT_AFTER_RES for v in c1[-1].spec[:2])     # the ACT code carries the flag

@@ -7,7 +7,8 @@ Planner-private attributes: _route (conv_routing), _act (fuse_activation), _out_
 input is a residual added after bias and activation; and _in_layout "NLC" (conv_input_nlc, im2col only, 1-D): the
 input is [N, L, C], channels last, for the [N, C, L] (or, rewritten to 2-D, [N, C, 1, L]) the conv computes over.
 _in_layout / _out_layout "NHWC" (conv_channels_last, routes linear and im2col, 2-D): the input / output is
-[N, H, W, C] for the [N, C, H, W] the conv computes over; a channels-last output holds the whole batch's GEMM rows."""
+[N, H, W, C] for the [N, C, H, W] the conv computes over; a channels-last output holds the whole batch's GEMM rows, and
+may have a residual as 4th input (an _act "res+<act>" comes after it: minirt.kernels.RES_FIRST)."""
 from __future__ import annotations
 
 import numpy as np
@@ -85,7 +86,7 @@ class Conv(Op):
         b = ins[2] if len(ins) > 2 else None
         if b is not None and b.shape is not None and w.shape is not None and tuple(b.shape) != (w.shape[0],):
             return f"bias '{node.inputs[2]}' has shape {list(b.shape)}, expected [{w.shape[0]}] (one per output channel)"
-        if len(node.inputs) > 3 and node.attrs.get("_out_layout") != "NLC":
+        if len(node.inputs) > 3 and node.attrs.get("_out_layout") not in ("NLC", "NHWC"):
             return f"{len(node.inputs)} inputs; Conv takes at most 3 (X, W, B)"
         for i, what in ((1, "weight"), (2, "bias")):
             if len(ins) > i and ins[i] is not None and not ins[i].is_const:
@@ -129,13 +130,13 @@ class Conv(Op):
         y = y.reshape(n, oc, *out)
         if b is not None:
             y = y + b.reshape(oc, *[1] * len(out))
-        y = activate(y, node.attrs.get("_act"))     # fused by the planner, as the kernels do
+        # the activation and residual fused by the planner, as the kernels do them (the residual in the output's layout)
         if node.attrs.get("_out_layout") == "NLC":
-            y = y.reshape(n, oc, -1).transpose(0, 2, 1)
-            if r is not None:
-                y = y + r
+            y = activate(y.reshape(n, oc, -1).transpose(0, 2, 1), node.attrs.get("_act"), r)
         elif node.attrs.get("_out_layout") == "NHWC":
-            y = np.ascontiguousarray(y.transpose(0, 2, 3, 1))
+            y = np.ascontiguousarray(activate(y.transpose(0, 2, 3, 1), node.attrs.get("_act"), r))
+        else:
+            y = activate(y, node.attrs.get("_act"))
         return [y.astype(np.result_type(x, w), copy=False)]
 
     def lower(self, node, ctx):
@@ -205,10 +206,12 @@ def _lower_linear(node, ctx):
     bt = pack_bias(ctx, f"{node.name}.bias", b, oc)
     batch, h, wd, _c = x.shape
     act = node.attrs.get("_act")
+    res = ctx.t(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] else None
     if node.attrs.get("_out_layout") == "NHWC":
         m = batch * h * wd
-        linear_dispatch(ctx, y, x, wt, bt, m, oc, c, n4, out_mode=OUT_ROWS, act=act, m_total=m)
-        ctx.note(f"Linear over the channels-last pixels: M {m}, K {c}, N {oc}; output channels-last")
+        linear_dispatch(ctx, y, x, wt, bt, m, oc, c, n4, out_mode=OUT_ROWS, act=act, m_total=m, residual=res)
+        ctx.note(f"Linear over the channels-last pixels: M {m}, K {c}, N {oc}; output channels-last"
+                 + (" + residual" if res is not None else ""))
         return
     for n in range(batch):
         linear_dispatch(ctx, _image(ctx, y, n, batch), _image(ctx, x, n, batch), wt, bt, h * wd, oc, c, n4,

@@ -24,7 +24,9 @@ one Transpose before the GlobalAveragePool.
 
 Result: a channels-last tensor '<name>@nhwc' of shape [N, H, W, C] beside (or instead of) the NCHW one; convs get
 attrs["_in_layout"] / ["_out_layout"] = "NHWC" (Conv.infer, reference and lower follow them); Transpose nodes with
-perm (0, 2, 3, 1) or (0, 3, 1, 2) at the boundaries. Buffer storage on the buffer GEMM only: textures keep every
+perm (0, 2, 3, 1) or (0, 3, 1, 2) at the boundaries. Then a channels-last conv read only by an Add of another
+channels-last tensor takes it as its GEMM's residual, and the activation after the Add as its epilogue's, applied
+after the residual (ResNet's relu(conv + skip): the Add and the Relu dispatches go). Buffer storage on the buffer GEMM only: textures keep every
 tensor NCHW (channels-packed texels), and their convs the routes they had. Session option conv_channels_last=False
 turns the pass off (and conv routing then sends 1x1 convs to the pointwise GEMM)."""
 from __future__ import annotations
@@ -80,6 +82,7 @@ def rewrite(graph, options, profile=None):
         if cost_nhwc < cost_nchw or (cost_nhwc == cost_nchw and (linear_in or not cost_nhwc)):
             nhwc.update(ts)
     _apply(graph, convs, nhwc, prod, cons, nhwc_reader, nhwc_writer, nchw_refused)
+    _fold_residuals(graph, convs)
     return graph
 
 
@@ -198,3 +201,46 @@ def _apply(graph, convs, nhwc, prod, cons, nhwc_reader, nhwc_writer, nchw_refuse
         nodes.append(node)
         nodes.extend(after.get(id(node), []))
     graph.nodes = nodes
+
+
+def _fold_residuals(graph, convs):
+    """A channels-last conv whose output only an Add of another channels-last tensor of its shape reads takes that
+    tensor as its GEMM's residual, and the activation op after the Add (where the conv has none of its own) as its
+    epilogue's activation after the residual ("res+relu": a ResNet block's relu(conv + skip)). The conv takes the
+    place of the last node it absorbs, where the residual exists."""
+    from ..kernels import RES_FIRST, activation_of
+    cons = graph.consumers()
+
+    def sole(name):
+        c = cons.get(name, [])
+        return c[0] if len(c) == 1 and name not in graph.outputs else None
+
+    replace, drop, taken = {}, set(), set()
+    for conv in convs.values():
+        y = conv.outputs[0]
+        add = sole(y)
+        if conv.attrs.get("_out_layout") != NHWC or len(conv.inputs) > 3 or add is None or add.op != "Add" \
+                or id(add) in taken:
+            continue
+        other = add.inputs[1] if add.inputs[0] == y else add.inputs[0]
+        r = graph.tensor(other)
+        if other == y or r.is_const or r.shape != graph.tensor(y).shape:
+            continue
+        last, out = add, add.outputs[0]
+        nxt = sole(out)
+        act = activation_of(nxt.op, nxt.attrs) if nxt is not None and not conv.attrs.get("_act") else None
+        if act:
+            conv.attrs["_act"] = RES_FIRST + act
+            last, out = nxt, nxt.outputs[0]
+            del graph.tensors[add.outputs[0]]
+            drop.add(id(add))
+        del graph.tensors[y]
+        conv.inputs = (list(conv.inputs) + [""] * 3)[:3] + [other]
+        conv.outputs[0] = out
+        drop.add(id(conv))
+        taken.add(id(add))
+        replace[id(last)] = conv
+        graph.note(conv.name, f"folded Add '{add.name}' into the GEMM epilogue as the residual '{other}'"
+                              + (f", then {nxt.op} '{nxt.name}' after it" if act else ""))
+    if drop:
+        graph.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in drop]

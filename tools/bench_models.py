@@ -6,6 +6,7 @@ minirt runs that ONNX file.
 
   python tools/bench_models.py --models resnet50 --batch 1,8 --runs 30
   python tools/bench_models.py --models resnet50 --batch 1 --image 64 --no-torch     # a quick check anywhere
+  python tools/bench_models.py --models resnet50 --batch 1 --runs 1 --export r50.onnx  # then: tools/profile r50.onnx
 
 Needs torch and onnx (minirt depends on neither). Every figure is the median wall time of a call over --runs calls
 after --warmup untimed ones, the input starting in host memory and the output ending there (for PyTorch: copied
@@ -142,6 +143,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--no-torch", action="store_true", help="minirt alone (its output against the CPU torch model)")
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--export", help="also write the exported ONNX model here (one model: for tools/profile)")
     args = ap.parse_args(argv)
     try:
         import onnx  # noqa: F401
@@ -157,6 +159,8 @@ def main(argv=None):
         build, shape_of = MODELS[name]
         model = build()
         onnx_bytes = export(model, shape_of(1, args.image))
+        if args.export:
+            Path(args.export).write_bytes(onnx_bytes)
         for batch in (int(b) for b in args.batch.split(",")):
             x = np.random.default_rng(batch).standard_normal(shape_of(batch, args.image)).astype(np.float32)
             with torch.inference_mode():

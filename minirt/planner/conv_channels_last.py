@@ -7,8 +7,9 @@ values. A channels-last activation [N, H, W, C] is such a matrix: N * H * W rows
 conv (route "linear") is that GEMM on the activation itself, writing [N * H * W, C_out] rows: the next NHWC tensor.
 An im2col conv reads NHWC (a tap's C channels are contiguous) or NCHW, and writes either (GEMM rows, or its NCHW
 epilogue). Elementwise ops (Relu, Add, Clip, ... whose inputs all have the output's shape, or are scalar constants)
-compute the same in either layout. Everything else (pooling, depthwise and direct convs, reshapes, graph outputs)
-reads and writes NCHW.
+compute the same in either layout, and a global pooling of a channels-last tensor is a reduction over its axes 1 and 2
+(whose [N, 1, 1, C] is the pooling's [N, C, 1, 1], a free view). Everything else (max and average pooling, depthwise
+and direct convs, reshapes, graph outputs) reads and writes NCHW.
 
 Layouts are chosen per cluster: the 4-D tensors joined through elementwise ops (a residual chain of ResNet blocks is
 one cluster). A cluster goes channels-last when that needs fewer Transposes than NCHW does, counting
@@ -19,17 +20,19 @@ one cluster). A cluster goes channels-last when that needs fewer Transposes than
         the direct kernel);
 ties go channels-last where a "linear" conv reads the cluster or where neither layout needs a Transpose (an im2col
 conv then gathers whole channel runs).
-ResNet-50: the stem writes NCHW for the MaxPool, one Transpose after the pool, every later conv channels-last, and
-one Transpose before the GlobalAveragePool.
+ResNet-50: the stem writes NCHW for the MaxPool, one Transpose after the pool, every later conv channels-last, and the
+GlobalAveragePool a ReduceMean over the last block's channels-last output.
 
 Result: a channels-last tensor '<name>@nhwc' of shape [N, H, W, C] beside (or instead of) the NCHW one; convs get
 attrs["_in_layout"] / ["_out_layout"] = "NHWC" (Conv.infer, reference and lower follow them); Transpose nodes with
-perm (0, 2, 3, 1) or (0, 3, 1, 2) at the boundaries. Then a channels-last conv read only by an Add of another
+perm (0, 2, 3, 1) or (0, 3, 1, 2) at the boundaries (a Reshape, a free view, where C or H x W is 1). Then a channels-last conv read only by an Add of another
 channels-last tensor takes it as its GEMM's residual, and the activation after the Add as its epilogue's, applied
 after the residual (ResNet's relu(conv + skip): the Add and the Relu dispatches go). Buffer storage on the buffer GEMM only: textures keep every
 tensor NCHW (channels-packed texels), and their convs the routes they had. Session option conv_channels_last=False
 turns the pass off (and conv routing then sends 1x1 convs to the pointwise GEMM)."""
 from __future__ import annotations
+
+import numpy as np
 
 from ..graph import Node, Tensor
 
@@ -37,6 +40,8 @@ NHWC = "NHWC"
 TO_NHWC, TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
 GEMM_ROUTES = ("linear", "im2col")
 # ops that compute elementwise whatever the layout, where every input has the output's shape or is a scalar constant
+# global pooling of a channels-last tensor: a reduction over its axes 1 and 2, whose [N, 1, 1, C] is [N, C, 1, 1]
+GLOBAL_POOLS = {"GlobalAveragePool": "ReduceMean", "GlobalMaxPool": "ReduceMax"}
 ELEMENTWISE = ("Add", "Sub", "Mul", "Div", "Pow", "Relu", "Sigmoid", "Tanh", "Neg", "Exp", "Abs", "Log", "Sqrt", "Erf",
                "Gelu", "Reciprocal", "HardSigmoid", "HardSwish", "Clip")
 
@@ -54,7 +59,7 @@ def rewrite(graph, options, profile=None):
     prod, cons = graph.producers(), graph.consumers()
 
     def nhwc_reader(node, t):      # reads t channels-last if t is
-        return id(node) in flex or (id(node) in convs and node.inputs[0] == t)
+        return id(node) in flex or (id(node) in convs and node.inputs[0] == t) or node.op in GLOBAL_POOLS
 
     def nhwc_writer(t):
         p = prod.get(t)
@@ -155,7 +160,12 @@ def _apply(graph, convs, nhwc, prod, cons, nhwc_reader, nhwc_writer, nchw_refuse
         return renamed[t]
 
     def transpose(src, dst, perm, where):
-        node = Node("Transpose", graph.fresh_name(f"{dst}/transpose"), [src], [dst], {"perm": list(perm)})
+        n, c, h, w = graph.tensor(src if perm == TO_NHWC else dst).shape
+        if c == 1 or h * w == 1:    # the same order in memory (a squeeze-and-excitation's [N, C, 1, 1]): a free view
+            shape = graph.const(graph.fresh_name(f"{dst}.shape"), np.array(graph.tensor(dst).shape, np.int64))
+            node = Node("Reshape", graph.fresh_name(f"{dst}/reshape"), [src, shape.name], [dst])
+        else:
+            node = Node("Transpose", graph.fresh_name(f"{dst}/transpose"), [src], [dst], {"perm": list(perm)})
         after.setdefault(where, []).append(node)
         graph.note(node.name, f"channels-last boundary: {'NCHW -> NHWC' if perm == TO_NHWC else 'NHWC -> NCHW'} "
                               f"({graph.tensor(src).shape} -> {graph.tensor(dst).shape})")
@@ -177,6 +187,8 @@ def _apply(graph, convs, nhwc, prod, cons, nhwc_reader, nhwc_writer, nchw_refuse
         for c in readers:
             if nhwc_reader(c, t):
                 c.inputs = [t4 if i == t else i for i in c.inputs]
+            if c.op in GLOBAL_POOLS:
+                _pool_as_reduce(graph, c, after)
     # outside the channels-last clusters: the "linear" convs' inputs, and outputs they cannot write NCHW
     for n in convs.values():
         x, y = n.inputs[0], n.outputs[0]
@@ -201,6 +213,19 @@ def _apply(graph, convs, nhwc, prod, cons, nhwc_reader, nhwc_writer, nchw_refuse
         nodes.append(node)
         nodes.extend(after.get(id(node), []))
     graph.nodes = nodes
+
+
+def _pool_as_reduce(graph, node, after):
+    """A global pooling node reading a channels-last tensor becomes a reduction over its axes 1 and 2, then a Reshape
+    (a free view) of its [N, 1, 1, C] to the pooling's [N, C, 1, 1]."""
+    y = node.outputs[0]
+    n, c, _h, _w = graph.tensor(y).shape
+    y4 = graph.add_tensor(Tensor(graph.fresh_name(f"{y}@nhwc"), (n, 1, 1, c), graph.tensor(y).dtype)).name
+    graph.note(node.name, f"{node.op} of a channels-last input: {GLOBAL_POOLS[node.op]} over axes 1, 2, then a "
+                          f"Reshape to {[n, c, 1, 1]}")
+    node.op, node.attrs, node.outputs[0] = GLOBAL_POOLS[node.op], {"axes": [1, 2], "keepdims": 1}, y4
+    shape = graph.const(graph.fresh_name(f"{y}.shape"), np.array((n, c, 1, 1), np.int64))
+    after.setdefault(id(node), []).append(Node("Reshape", graph.fresh_name(f"{y}/reshape"), [y4, shape.name], [y]))
 
 
 def _fold_residuals(graph, convs):

@@ -25,11 +25,12 @@ GlobalAveragePool a ReduceMean over the last block's channels-last output.
 
 Result: a channels-last tensor '<name>@nhwc' of shape [N, H, W, C] beside (or instead of) the NCHW one; convs get
 attrs["_in_layout"] / ["_out_layout"] = "NHWC" (Conv.infer, reference and lower follow them); Transpose nodes with
-perm (0, 2, 3, 1) or (0, 3, 1, 2) at the boundaries (a Reshape, a free view, where C or H x W is 1). Then a channels-last conv read only by an Add of another
-channels-last tensor takes it as its GEMM's residual, and the activation after the Add as its epilogue's, applied
-after the residual (ResNet's relu(conv + skip): the Add and the Relu dispatches go). Buffer storage on the buffer GEMM only: textures keep every
-tensor NCHW (channels-packed texels), and their convs the routes they had. Session option conv_channels_last=False
-turns the pass off (and conv routing then sends 1x1 convs to the pointwise GEMM)."""
+perm (0, 2, 3, 1) or (0, 3, 1, 2) at the boundaries (a Reshape, a free view, where C or H x W is 1). Then a
+channels-last conv read only by an Add of another channels-last tensor takes it as its GEMM's residual, and the
+activation after the Add as its epilogue's, applied after the residual (ResNet's relu(conv + skip): the Add and the
+Relu dispatches go). Buffer storage on the buffer GEMM only: textures keep every tensor NCHW (channels-packed
+texels), and their convs the routes they had. Session option conv_channels_last=False turns the pass off (and conv
+routing then sends 1x1 convs to the pointwise GEMM)."""
 from __future__ import annotations
 
 import numpy as np
@@ -39,9 +40,9 @@ from ..graph import Node, Tensor
 NHWC = "NHWC"
 TO_NHWC, TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
 GEMM_ROUTES = ("linear", "im2col")
-# ops that compute elementwise whatever the layout, where every input has the output's shape or is a scalar constant
 # global pooling of a channels-last tensor: a reduction over its axes 1 and 2, whose [N, 1, 1, C] is [N, C, 1, 1]
 GLOBAL_POOLS = {"GlobalAveragePool": "ReduceMean", "GlobalMaxPool": "ReduceMax"}
+# ops that compute elementwise whatever the layout, where every input has the output's shape or is a scalar constant
 ELEMENTWISE = ("Add", "Sub", "Mul", "Div", "Pow", "Relu", "Sigmoid", "Tanh", "Neg", "Exp", "Abs", "Log", "Sqrt", "Erf",
                "Gelu", "Reciprocal", "HardSigmoid", "HardSwish", "Clip")
 

@@ -183,3 +183,29 @@ def test_residual_then_relu_in_the_gemm_epilogue(hw, precision, options):
         assert c1[-1].kernel.startswith("linear_reduce")
     from minirt.kernels import ACT_AFTER_RES
     assert any(v & ACT_AFTER_RES for v in c1[-1].spec[:2])     # the ACT code carries the flag
+
+
+@pytest.mark.parametrize("precision, options", [("fp32", {}), ("fp16", {"coopmat": "emulate"})])
+def test_basic_block_in_row_tiles(gemm_routes_for_small_convs, monkeypatch, precision, options):
+    """A ResNet-18 basic block (3x3 conv, Relu, 3x3 conv, + skip, Relu) and a global average pool at batch 3, its
+    im2col convs run in row tiles of a small scratch that cross images: the second conv's tiles add the residual at
+    their own rows (relu(conv + skip) in the epilogue of each tile), against onnxruntime, poisoned."""
+    import minirt.ops.conv as conv
+    monkeypatch.setattr(conv, "IM2COL_SCRATCH_BUDGET", 53 * 72 * 4)     # tiles of 48 rows, of 64 an image
+    h = helper.make_node
+    nodes = [h("Conv", ["x", "w0", "b0"], ["a"], name="c0", pads=[1, 1, 1, 1]), h("Relu", ["a"], ["ar"]),
+             h("Conv", ["ar", "w1", "b1"], ["b"], name="c1", pads=[1, 1, 1, 1]),
+             h("Relu", ["b"], ["br"]), h("Conv", ["br", "w2", "b2"], ["c"], name="c2", pads=[1, 1, 1, 1]),
+             h("Add", ["c", "ar"], ["s"], name="add"), h("Relu", ["s"], ["r"], name="relu"),
+             h("GlobalAveragePool", ["r"], ["y"], name="gap")]
+    m = make_model(nodes, {"x": (3, 8, 8, 8)}, ["y"],
+                   {"w0": rand(8, 8, 3, 3, seed=1), "b0": rand(8, seed=2), "w1": rand(8, 8, 3, 3, seed=3),
+                    "b1": rand(8, seed=4), "w2": rand(8, 8, 3, 3, seed=5), "b2": rand(8, seed=6)})
+    x = rand(3, 8, 8, 8, seed=7)
+    with Session(m, storage="buffer", precision=precision, options={"poison": True, **options}) as s:
+        compare(s.run(x), onnxruntime_run(m, {"x": x})[0], 1e-4 if precision == "fp32" else 2e-2, precision)
+        plan = s.plan
+    c2 = [d for d in plan.dispatches if d.node == "c2"]
+    assert sum(d.kernel.startswith("im2col") for d in c2) > 2
+    assert "then Relu 'relu' after it" in " ".join(plan.notes["c2"])
+    assert plan.tensors["ar@nhwc"].shape == (3, 8, 8, 8)

@@ -88,7 +88,8 @@ def bench_minirt(onnx_bytes, x, precision, args):
     import onnx
 
     from minirt import Session
-    with Session(onnx.load_from_string(onnx_bytes), precision=precision) as s:
+    options = dict(o.split("=", 1) for o in args.option)
+    with Session(onnx.load_from_string(onnx_bytes), precision=precision, options=options) as s:
         y = s.run(x)
         ms = timed(lambda: s.run(x), args.runs, args.warmup)
         return {"ms": ms, "dispatches": len(s.plan_for({"x": x.shape}).dispatches)}, y
@@ -144,7 +145,11 @@ def main(argv=None):
     ap.add_argument("--no-torch", action="store_true", help="minirt alone (its output against the CPU torch model)")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--export", help="also write the exported ONNX model here (one model: for tools/profile)")
+    ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                    help="a minirt Session option (`minirt options`), repeatable: e.g. conv_channels_last=false")
     args = ap.parse_args(argv)
+    if any("=" not in o for o in args.option):
+        ap.error(f"--option takes KEY=VALUE, got {args.option}")
     try:
         import onnx  # noqa: F401
         import torch

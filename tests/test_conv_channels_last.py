@@ -60,7 +60,8 @@ def test_resnet50_plan_on_the_h200(batch, precision):
     # the stem writes NCHW for the MaxPool; every block's tensors are channels-last
     assert plan.tensors["stem.relu"].shape == (batch, 64, 112, 112)
     assert plan.tensors["s3b2.out@nhwc"].shape == (batch, 7, 7, 2048)
-    assert "layout: reads NHWC, writes NHWC (a Linear over pixels)" in plan.notes["s1b0.c1"]
+    assert ("layout: reads NHWC, writes NHWC (a Linear over pixels" + (f"; the batch's {batch} images as GEMM rows)"
+                                                                       if batch > 1 else ")")) in plan.notes["s1b0.c1"]
     # each block's Add and Relu are its last conv's epilogue: relu(conv + skip)
     assert not any(d.op in ("Add", "Relu") for d in plan.dispatches)
     assert "folded Add 's2b3/add' into the GEMM epilogue as the residual 's2b2.out@nhwc', then Relu 's2b3/relu' " \

@@ -205,10 +205,12 @@ def _apply(graph, convs, nhwc, prod, cons, nhwc_reader, nhwc_writer, nchw_refuse
     for n in convs.values():
         if n.inputs[0] in made:
             n.attrs["_in_layout"] = NHWC
-        route = n.attrs["_route"]
+        what = ["a Linear over pixels"] if n.attrs["_route"] == "linear" else []
+        batch = graph.tensor(n.outputs[0]).shape[0]
+        if n.attrs.get("_out_layout") == NHWC and batch > 1:
+            what.append(f"the batch's {batch} images as GEMM rows")
         graph.note(n.name, f"layout: reads {n.attrs.get('_in_layout', 'NCHW')}, writes "
-                           f"{n.attrs.get('_out_layout', 'NCHW')}" + (" (a Linear over pixels)" if route == "linear"
-                                                                    else ""))
+                           f"{n.attrs.get('_out_layout', 'NCHW')}" + (f" ({'; '.join(what)})" if what else ""))
     nodes = list(after.get(0, []))
     for node in graph.nodes:
         nodes.append(node)

@@ -208,12 +208,12 @@ void main() {
           const int n = n4 * 4, rem = min(p.dims.y - n, 4);
           if (vec && rem == 4) {   // 4 consecutive columns are 4 consecutive, 4-aligned elements: one vec4 each way
             const int idx = out_index(p.geo.x + m, n);
-            o4[idx >> 2] = to_out4(v + (HAS_RES ? vec4(res4[idx >> 2]) : vec4(0.0)));
+            o4[idx >> 2] = to_out4(activate_res4(v + (HAS_RES ? vec4(res4[idx >> 2]) : vec4(0.0))));
           } else {
             [[unroll]] for (int l = 0; l < 4; ++l)
               if (l < rem) {
                 const int idx = out_index(p.geo.x + m, n + l);
-                o[idx] = to_out(v[l] + (HAS_RES ? float(res[idx]) : 0.0));
+                o[idx] = to_out(activate_res(v[l] + (HAS_RES ? float(res[idx]) : 0.0)));
               }
           }
         }

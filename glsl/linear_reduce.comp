@@ -48,7 +48,7 @@ layout(push_constant) uniform Params {
 vec4 row_value(vec4 v, vec4 bias, vec4 r) {
   v += bias;
   v = vec4(activate(v.x), activate(v.y), activate(v.z), activate(v.w));
-  return v + (HAS_RES ? r : vec4(0.0));
+  return activate_res4(v + (HAS_RES ? r : vec4(0.0)));
 }
 
 // Up to FAST_S splits, every partial of the lane's share of the row is loaded before any is added (predicated loads,
@@ -138,10 +138,10 @@ void main() {
   v = vec4(activate(v.x), activate(v.y), activate(v.z), activate(v.w));
   const int n = n4 * 4, rem = min(N - n, 4), idx = m * N + n;
   if ((N & 3) == 0) {
-    o4[idx >> 2] = to_out4(v + (HAS_RES ? vec4(res4[idx >> 2]) : vec4(0.0)));
+    o4[idx >> 2] = to_out4(activate_res4(v + (HAS_RES ? vec4(res4[idx >> 2]) : vec4(0.0))));
   } else {
     [[unroll]] for (int l = 0; l < 4; ++l)
-      if (l < rem) o[idx + l] = to_out(v[l] + (HAS_RES ? float(res[idx + l]) : 0.0));
+      if (l < rem) o[idx + l] = to_out(activate_res(v[l] + (HAS_RES ? float(res[idx + l]) : 0.0)));
   }
 }
 #endif

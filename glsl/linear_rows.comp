@@ -129,7 +129,7 @@ void main() {
           if (l < rem) {
             const int c = n + l, np = p.geo.x;
             const int idx = np > 0 ? ((c / np) * M + m) * np + c % np : m * N + c;
-            o[idx] = to_elem(v[l] + (HAS_RES ? float(res[idx]) : 0.0));
+            o[idx] = to_elem(activate_res(v[l] + (HAS_RES ? float(res[idx]) : 0.0)));
           }
         }
       }

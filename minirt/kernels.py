@@ -52,7 +52,7 @@ SPEC_CONSTANTS: dict[str, tuple[str, ...]] = {
     "copy": ("MODE",),
     "copy_rows": ("VEC4",),
     "gemm": ("TM", "TN4", "BK", "A_MODE", "OUT_MODE", "ACT"),
-    "im2col": (),
+    "im2col": ("IN_NHWC",),
     "layer_norm": ("HAS_BIAS", "PER_CHANNEL"),
     "layer_norm_rows": ("HAS_BIAS",),
     "linear": ("OUT_MODE", "ACT", "HAS_RES", "A_WIN", "PAIR_LANES"),
@@ -145,14 +145,26 @@ ACTIVATIONS: dict[str, Activation] = {
 }
 
 
+# An epilogue activation named "res+<act>" comes after the GEMM's residual, act(v + r) (a ResNet block's
+# relu(conv + skip)), not before it: the ACT code with glsl/activation.glslh's flag ACT_AFTER_RES.
+RES_FIRST = "res+"
+ACT_AFTER_RES = 16
+
+
 def act_code(act: str | None) -> int:
-    """The ACT code of an epilogue activation ("" or None: none)."""
+    """The ACT code of an epilogue activation ("" or None: none; "res+<act>": after the residual)."""
+    if act and act.startswith(RES_FIRST):
+        return ACT_AFTER_RES | ACTIVATIONS[act[len(RES_FIRST):]].code
     return ACTIVATIONS[act or ""].code
 
 
-def activate(y, act: str | None):
-    """The epilogue activation `act` ("" or None: none) in numpy, for references."""
-    return ACTIVATIONS[act or ""].reference(y)
+def activate(y, act: str | None, residual=None):
+    """The epilogue activation `act` ("" or None: none) in numpy, then the residual if given (for "res+<act>": the
+    residual, then the activation), for references."""
+    if act and act.startswith(RES_FIRST):
+        return ACTIVATIONS[act[len(RES_FIRST):]].reference(y if residual is None else y + residual)
+    y = ACTIVATIONS[act or ""].reference(y)
+    return y if residual is None else y + residual
 
 
 def activation_of(op: str, attrs: dict) -> str | None:

@@ -23,13 +23,13 @@ STORAGES = ("auto", "texture", "buffer")
 COOPMAT_MODES = ("auto", "off", "emulate")
 DIRECT_IO = ("off", "in", "out", "both")
 # planner passes an option may turn off (minirt/planner/__init__.py runs them)
-OPTIONAL_PASSES = ("conv_output_nlc", "conv_input_nlc", "fuse_linear", "merge_siblings", "fuse_attention",
-                   "fuse_reduce_layer_norm", "fuse_norm_linear_rows")
+OPTIONAL_PASSES = ("conv_output_nlc", "conv_input_nlc", "conv_channels_last", "fuse_linear", "merge_siblings",
+                   "fuse_attention", "fuse_reduce_layer_norm", "fuse_norm_linear_rows")
 # kernel families a forced local size may apply to (the others size their work from their local size)
 FORCEABLE_FAMILIES = ("gemm", "im2col", "elementwise", "conv", "copy")
 GEMM_TILES = ("t44", "t44k32")
 CM_TILES = ("m64n64k32s1", "m64n128k32s1", "r64n64", "r32n64")
-CONV_ROUTES = ("im2col", "pointwise", "depthwise", "direct")
+CONV_ROUTES = ("linear", "im2col", "pointwise", "depthwise", "direct")
 
 _OFF = ("", "0", "false", "off", "no")
 _ON = ("1", "true", "on", "yes")
@@ -195,6 +195,8 @@ class Options:
     # planner passes that may be turned off (debugging, measuring what a pass gains)
     conv_output_nlc: bool = _opt(True, _flag, "pass: an im2col conv + channels-last Transpose (+ Add) -> one GEMM")
     conv_input_nlc: bool = _opt(True, _flag, "pass: a 1-D im2col conv reading another's output reads it as rows")
+    conv_channels_last: bool = _opt(True, _flag, "pass: 2-D convs on the buffer GEMM keep activations channels-last "
+                                    "(NHWC) between them; 1x1 convs run as Linears over pixels")
     fuse_linear: bool = _opt(True, _flag, "pass: MatMul + bias + scale + activation + residual -> one Linear")
     merge_siblings: bool = _opt(True, _flag, "pass: Linears reading the same input -> one GEMM")
     fuse_attention: bool = _opt(True, _flag, "pass: head splits + MatMul + Softmax + MatMul -> one Attention")

@@ -167,10 +167,12 @@ def test_a_batch_matches_onnxruntime(length):
     check_model(m, {"x": x})
 
 
-def test_every_route_takes_a_batch():
-    """Batch 3 through a 1x1 conv (pointwise), a 3x3 conv of 128 channels (im2col), a depthwise and a grouped conv
-    (direct), 2-D, in both storages, poisoned: every image is computed (a route that ran only the first image
-    would leave the others NaN or wrong)."""
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_every_route_takes_a_batch(channels_last):
+    """Batch 3 through a 1x1 conv (a Linear over channels-last pixels, or with conv_channels_last off the pointwise
+    GEMM), a 3x3 conv of 128 channels (im2col), a depthwise and a grouped conv (direct), 2-D, in both storages,
+    poisoned: every image is computed (a route that ran only the first image would leave the others NaN or
+    wrong)."""
     rng = np.random.default_rng(np.random.SeedSequence().entropy % 2**31)
 
     def w(*shape):
@@ -183,8 +185,12 @@ def test_every_route_takes_a_batch():
     m = make_model(nodes, {"x": (3, 64, 6, 7)}, ["y"], {"w1": w(128, 64, 1, 1), "w2": w(128, 128, 3, 3),
                                                         "b2": w(128, 1)[:, 0], "w3": w(128, 1, 3, 3),
                                                         "w4": w(128, 32, 3, 3)})
-    with Session(m, storage="buffer") as s:
+    options = {"conv_channels_last": channels_last}
+    with Session(m, storage="buffer", options=options) as s:
         routes = " ".join(n for notes in s.plan.notes.values() for n in notes)
-    assert "route: pointwise (1x1 kernel: a GEMM on the activation, image by image (batch 3))" in routes
+    if channels_last:
+        assert "route: linear (1x1 kernel: a Linear over the pixels of the channels-last input)" in routes
+    else:
+        assert "route: pointwise (1x1 kernel: a GEMM on the activation, image by image (batch 3))" in routes
     assert "route: im2col (im2col + tiled GEMM, image by image (batch 3))" in routes
-    check_model(m, {"x": rng.standard_normal((3, 64, 6, 7)).astype(np.float32)})
+    check_model(m, {"x": rng.standard_normal((3, 64, 6, 7)).astype(np.float32)}, options=options)

@@ -10,6 +10,7 @@ attention mask of ones (int64) of --seq tokens; their output is the last hidden 
   python tools/bench_models.py --models resnet50 --batch 1,8 --runs 30
   python tools/bench_models.py --models bert_base,gpt2_small --batch 1,8 --seq 128 --precision fp32,fp16
   python tools/bench_models.py --models resnet50 --batch 1 --image 64 --no-torch     # a quick check anywhere
+  python tools/bench_models.py --models resnet50 --batch 1 --runs 1 --export r50.onnx  # then: tools/profile r50.onnx
 
 Needs torch and onnx (minirt depends on neither), and transformers for the text models. Every figure is the median
 wall time of a call over --runs calls after --warmup untimed ones, the input starting in host memory and the output
@@ -112,7 +113,8 @@ def bench_minirt(onnx_bytes, feeds, precision, args):
     import onnx
 
     from minirt import Session
-    with Session(onnx.load_from_string(onnx_bytes), precision=precision) as s:
+    options = dict(o.split("=", 1) for o in args.option)
+    with Session(onnx.load_from_string(onnx_bytes), precision=precision, options=options) as s:
         (y,) = s.run(None, feeds)
         ms = timed(lambda: s.run(None, feeds), args.runs, args.warmup)
         return {"ms": ms, "dispatches": len(s.plan_for({k: v.shape for k, v in feeds.items()}).dispatches)}, y
@@ -173,7 +175,12 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--no-torch", action="store_true", help="minirt alone (its output against the CPU torch model)")
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--export", help="also write the exported ONNX model here (one model: for tools/profile)")
+    ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                    help="a minirt Session option (`minirt options`), repeatable: e.g. conv_channels_last=false")
     args = ap.parse_args(argv)
+    if any("=" not in o for o in args.option):
+        ap.error(f"--option takes KEY=VALUE, got {args.option}")
     try:
         import onnx  # noqa: F401
         import torch
@@ -191,6 +198,8 @@ def main(argv=None):
             build, shape_of = MODELS[name]
             model = build()
             onnx_bytes, in_names = export(model, shape_of(1, args.image)), ["x"]
+        if args.export:
+            Path(args.export).write_bytes(onnx_bytes)
         for batch in (int(b) for b in args.batch.split(",")):
             if name in TEXT_MODELS:
                 feeds = text_feeds(batch, args.seq, vocab, batch)

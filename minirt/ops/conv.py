@@ -5,7 +5,10 @@ A planner pass may route suitable convs to im2col + GEMM; this kernel is the gen
 Planner-private attributes: _route (conv_routing), _act (fuse_activation), _out_layout "NLC"
 (conv_output_nlc and conv_input_nlc, im2col only): the output is [N, H * W, C], channels last, and an optional 4th
 input is a residual added after bias and activation; and _in_layout "NLC" (conv_input_nlc, im2col only, 1-D): the
-input is [N, L, C], channels last, for the [N, C, L] (or, rewritten to 2-D, [N, C, 1, L]) the conv computes over."""
+input is [N, L, C], channels last, for the [N, C, L] (or, rewritten to 2-D, [N, C, 1, L]) the conv computes over.
+_in_layout / _out_layout "NHWC" (conv_channels_last, routes linear and im2col, 2-D): the input / output is
+[N, H, W, C] for the [N, C, H, W] the conv computes over; a channels-last output holds the whole batch's GEMM rows, and
+may have a residual as 4th input (an _act "res+<act>" comes after it: minirt.kernels.RES_FIRST)."""
 from __future__ import annotations
 
 import numpy as np
@@ -22,6 +25,9 @@ def _nchw_shape(node, shape, nd):
     if node.attrs.get("_in_layout") == "NLC":
         n, length, c = shape
         return (n, c, length) if nd == 1 else (n, c, 1, length)
+    if node.attrs.get("_in_layout") == "NHWC":
+        n, h, w, c = shape
+        return (n, c, h, w)
     return tuple(shape)
 
 
@@ -80,7 +86,7 @@ class Conv(Op):
         b = ins[2] if len(ins) > 2 else None
         if b is not None and b.shape is not None and w.shape is not None and tuple(b.shape) != (w.shape[0],):
             return f"bias '{node.inputs[2]}' has shape {list(b.shape)}, expected [{w.shape[0]}] (one per output channel)"
-        if len(node.inputs) > 3 and node.attrs.get("_out_layout") != "NLC":
+        if len(node.inputs) > 3 and node.attrs.get("_out_layout") not in ("NLC", "NHWC"):
             return f"{len(node.inputs)} inputs; Conv takes at most 3 (X, W, B)"
         for i, what in ((1, "weight"), (2, "bias")):
             if len(ins) > i and ins[i] is not None and not ins[i].is_const:
@@ -99,11 +105,15 @@ class Conv(Op):
             out = conv_params(node, sp, w.shape[2:])[4]
         if node.attrs.get("_out_layout") == "NLC":
             return [((x.shape[0], int(np.prod(out)), w.shape[0]), x.dtype)]
+        if node.attrs.get("_out_layout") == "NHWC":
+            return [((x.shape[0], *out, w.shape[0]), x.dtype)]
         return [((x.shape[0], w.shape[0], *out), x.dtype)]
 
     def reference(self, node, x, w, b=None, r=None):
         if node.attrs.get("_in_layout") == "NLC":
             x = x.transpose(0, 2, 1).reshape(_nchw_shape(node, x.shape, w.ndim - 2))
+        elif node.attrs.get("_in_layout") == "NHWC":
+            x = x.transpose(0, 3, 1, 2)
         n, c = x.shape[:2]
         oc, cg, *ks = w.shape
         g = int(attr(node, "group", 1))
@@ -120,17 +130,19 @@ class Conv(Op):
         y = y.reshape(n, oc, *out)
         if b is not None:
             y = y + b.reshape(oc, *[1] * len(out))
-        y = activate(y, node.attrs.get("_act"))     # fused by the planner, as the kernels do
+        # the activation and residual fused by the planner, as the kernels do them (the residual in the output's layout)
         if node.attrs.get("_out_layout") == "NLC":
-            y = y.reshape(n, oc, -1).transpose(0, 2, 1)
-            if r is not None:
-                y = y + r
+            y = activate(y.reshape(n, oc, -1).transpose(0, 2, 1), node.attrs.get("_act"), r)
+        elif node.attrs.get("_out_layout") == "NHWC":
+            y = np.ascontiguousarray(activate(y.transpose(0, 2, 3, 1), node.attrs.get("_act"), r))
+        else:
+            y = activate(y, node.attrs.get("_act"))
         return [y.astype(np.result_type(x, w), copy=False)]
 
     def lower(self, node, ctx):
         route = node.attrs.get("_route", "direct")
-        {"im2col": _lower_im2col, "pointwise": _lower_pointwise, "depthwise": _lower_depthwise,
-         "direct": _lower_direct}[route](node, ctx)
+        {"linear": _lower_linear, "im2col": _lower_im2col, "pointwise": _lower_pointwise,
+         "depthwise": _lower_depthwise, "direct": _lower_direct}[route](node, ctx)
 
 
 IM2COL_SCRATCH_BUDGET = 16 << 20   # bytes; larger convs run in tiles of output rows sharing one scratch
@@ -181,9 +193,37 @@ def _image(ctx, t, n, batch):
     return one
 
 
+def _lower_linear(node, ctx):
+    """A 1x1, stride-1 conv on a channels-last input (conv_channels_last): a Linear over the batch's pixels, rows
+    N * H * W by K = C_in, writing channels-last rows, or NCHW image by image on views (OUT_NCHW)."""
+    from .gemm import OUT_NCHW, OUT_ROWS, linear_dispatch, linear_ok, pack_bias, pack_weight
+    x, y, w, b, *_ = _operands(node, ctx)
+    oc, c = w.shape[:2]
+    if node.attrs.get("_in_layout") != "NHWC" or not linear_ok(ctx, c):
+        raise UnsupportedError(f"{node}: route linear needs a channels-last input (pass conv_channels_last) on the "
+                               f"buffer GEMM with C_in % 4 == 0 ({ctx.storage} storage, {c} channels)")
+    wt, n4 = pack_weight(ctx, node.inputs[1], w.reshape(oc, c).T)
+    bt = pack_bias(ctx, f"{node.name}.bias", b, oc)
+    batch, h, wd, _c = x.shape
+    act = node.attrs.get("_act")
+    res = ctx.t(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] else None
+    if node.attrs.get("_out_layout") == "NHWC":
+        m = batch * h * wd
+        linear_dispatch(ctx, y, x, wt, bt, m, oc, c, n4, out_mode=OUT_ROWS, act=act, m_total=m, residual=res)
+        ctx.note(f"Linear over the channels-last pixels: M {m}, K {c}, N {oc}; output channels-last"
+                 + (" + residual" if res is not None else ""))
+        return
+    for n in range(batch):
+        linear_dispatch(ctx, _image(ctx, y, n, batch), _image(ctx, x, n, batch), wt, bt, h * wd, oc, c, n4,
+                        out_mode=OUT_NCHW, act=act, m_total=h * wd)
+    ctx.note(f"Linear over the channels-last pixels: M {h * wd}, K {c}, N {oc}; output NCHW"
+             + (f", image by image, {batch} images" if batch > 1 else ""))
+
+
 def _lower_im2col(node, ctx):
-    """A batch runs image by image: each image's im2col and GEMM are a batch of 1's, on views of the batch's input,
-    output and residual (conv routing sends a batch here only in buffer storage, at aligned offsets)."""
+    """A batch runs image by image where the output is NCHW: each image's im2col and GEMM are a batch of 1's, on views
+    of the batch's input, output and residual (conv routing sends a batch here only in buffer storage, at aligned
+    offsets). A channels-last output (conv_channels_last) takes the whole batch as GEMM rows."""
     x, y = ctx.t(node.inputs[0]), ctx.t(node.outputs[0])
     res = ctx.t(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] else None
     from .gemm import pack_bias, pack_weight
@@ -194,6 +234,9 @@ def _lower_im2col(node, ctx):
     wt, n4 = pack_weight(ctx, node.inputs[1], w.transpose(2, 3, 1, 0).reshape(k, oc))
     bt = pack_bias(ctx, f"{node.name}.bias", b, oc)
     batch = x.shape[0]
+    if node.attrs.get("_out_layout") == "NHWC":
+        ctx.note(_im2col_image(node, ctx, x, y, res, w.shape, wt, bt, n4, strides, dil, pb, out, images=batch))
+        return
     for n in range(batch):
         note = _im2col_image(node, ctx, _image(ctx, x, n, batch), _image(ctx, y, n, batch),
                              None if res is None else _image(ctx, res, n, batch), w.shape, wt, bt, n4, strides, dil,
@@ -201,20 +244,23 @@ def _lower_im2col(node, ctx):
     ctx.note(note + (f"; image by image, {batch} images" if batch > 1 else ""))
 
 
-def _im2col_image(node, ctx, x, y, res, w_shape, wt, bt, n4, strides, dil, pb, out) -> str:
-    """One image's dispatches; returns the planner's note on them."""
+def _im2col_image(node, ctx, x, y, res, w_shape, wt, bt, n4, strides, dil, pb, out, images=1) -> str:
+    """One image's dispatches (or, images > 1, a channels-last output's whole batch as GEMM rows); returns the
+    planner's note on them."""
     from .gemm import OUT_NCHW, OUT_ROWS, gemm_dispatch, linear_dispatch, linear_ok
     oc, c, kh, kw = w_shape
     oh, ow = out
     k = c * kh * kw
     kp = -(-k // 4) * 4
-    m = oh * ow
+    m = images * oh * ow
     # whole output rows per tile while one fits the budget, else part of a row (a 1-D conv has one row)
     rows = max(1, IM2COL_SCRATCH_BUDGET // (kp * 4))
     rows = min(m, rows // ow * ow if rows >= ow else rows)
     act = node.attrs.get("_act")
-    # conv_output_nlc: the GEMM's rows (positions) by columns (channels) stored as they are, plus the residual
-    nlc = node.attrs.get("_out_layout") == "NLC"
+    # conv_output_nlc, conv_channels_last: the GEMM's rows (positions) by columns (channels) stored as they are (plus
+    # the residual)
+    nlc = node.attrs.get("_out_layout") in ("NLC", "NHWC")
+    in_nhwc = node.attrs.get("_in_layout") == "NHWC"
     if node.attrs.get("_in_layout") == "NLC":
         # conv_input_nlc: x is [1, L, C]; output position m's im2col row is x's elements from (m * stride - pad) * C
         # on, kw * C of them: A rows of stride stride * C that overlap, zero outside x (the padding)
@@ -234,8 +280,9 @@ def _im2col_image(node, ctx, x, y, res, w_shape, wt, bt, n4, strides, dil, pb, o
     for t in range(tiles):
         m0, r = t * rows, min(rows, m - t * rows)
         p = (Push().sizes(x).ivec4(kh, kw, strides[0], strides[1]).ivec4(pb[0], pb[1], dil[0], dil[1])
-             .ivec4(c, kp, m0, r).ivec4(ow, x.packed_dim, k, 0))
-        ctx.dispatch("im2col", [(scratch.name, "w"), (x.name, "r")], p, (), (kp // 4, r, 1), "im2col",
+             .ivec4(c, kp, m0, r).ivec4(ow, 0 if in_nhwc else x.packed_dim, k, oh * ow if images > 1 else 0))
+        ctx.dispatch("im2col", [(scratch.name, "w"), (x.name, "r")], p,
+                     spec("im2col", IN_NHWC=in_nhwc, trim_from="IN_NHWC"), (kp // 4, r, 1), "im2col",
                      nbytes=4 * (r * kp * 2), io="in32", axes={"storage": ctx.storage})
         if linear_ok(ctx, kp):
             linear_dispatch(ctx, y, scratch, wt, bt, r, oc, kp, n4, out_mode=OUT_ROWS if nlc else OUT_NCHW, act=act,
@@ -244,7 +291,7 @@ def _im2col_image(node, ctx, x, y, res, w_shape, wt, bt, n4, strides, dil, pb, o
             gemm_dispatch(ctx, y, scratch, wt, bt, r, oc, k, n4, out_mode=1, act=act, m0=m0, lda=kp, scratch=True)
     nlc_note = ("; output channels-last" + (" + residual" if res is not None else "")) if nlc else ""
     return (f"im2col + tiled GEMM: M {m}, K {k}, N {oc}; scratch {rows * kp * 4 / 2**20:.1f} MiB, {tiles} tile(s)"
-            f"{nlc_note}")
+            f"{'; input channels-last' if in_nhwc else ''}{nlc_note}")
 
 
 def _lower_pointwise(node, ctx):

@@ -10,7 +10,7 @@ The host side (features, prompts, logit filters, greedy / beam / sampling search
 loop) follows faster-whisper and CTranslate2; the model runs behind a DecoderBackend (backend.py), the numpy
 reference (reference.py) by default. Needs the 'whisper' extra: pip install 'minirt[whisper]'.
 """
-from .backend import DecoderBackend
+from .backend import BatchDecoder, DecoderBackend
 from .decoding import TranscriptionOptions
 from .model import WhisperModel
 from .transcribe import Segment, TranscriptionInfo

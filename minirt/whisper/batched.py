@@ -1,11 +1,12 @@
 """BatchedInferencePipeline: one long file's 30 s chunks decoded as a batch, with faster-whisper's API
 (BatchedInferencePipeline(model).transcribe(audio, batch_size=16, ...) -> (segments generator, TranscriptionInfo)).
 
-As faster-whisper's batched pipeline: every chunk is decoded on its own (no previous text as the prompt, no seek
-within a chunk), once (no temperature fallback, no silent-chunk skip), by default without timestamps; a chunk's
-tokens are split into segments on timestamp tokens as the sequential loop splits a window's. What differs: no voice
-activity detection (vad_filter=True is refused), so without clip_timestamps the audio is cut into consecutive
-chunks of chunk_length seconds (faster-whisper refuses audio over 30 s without VAD or clip_timestamps).
+As faster-whisper's (1.2) batched pipeline: every chunk is decoded on its own (no previous text as the prompt, no
+seek within a chunk), once, at the first temperature (no fallback, no silent-chunk skip), by default without
+timestamps; a chunk's tokens are split into segments on timestamp tokens as the sequential loop splits a window's.
+What differs: no voice activity detection (vad_filter=True is refused), so without clip_timestamps the audio is cut
+into consecutive chunks of 30 s (faster-whisper refuses audio over 30 s without VAD or clip_timestamps); greedy
+decoding only at temperature 0 (beam_size=1 batched, larger beams a chunk at a time; sampling is refused).
 """
 from __future__ import annotations
 
@@ -44,14 +45,17 @@ class BatchedInferencePipeline:
         temperature: Union[float, List[float]] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
         compression_ratio_threshold: Optional[float] = 2.4,
         log_prob_threshold: Optional[float] = -1.0,
-        log_prob_low_threshold: Optional[float] = None,
         no_speech_threshold: Optional[float] = 0.6,
+        condition_on_previous_text: bool = True,
+        prompt_reset_on_temperature: float = 0.5,
         initial_prompt=None,
         prefix: Optional[str] = None,
         suppress_blank: bool = True,
         suppress_tokens: Optional[List[int]] = (-1,),
         without_timestamps: bool = True,
+        max_initial_timestamp: float = 1.0,
         word_timestamps: bool = False,
+        multilingual: bool = False,
         vad_filter: bool = False,
         max_new_tokens: Optional[int] = None,
         chunk_length: Optional[int] = None,
@@ -62,18 +66,24 @@ class BatchedInferencePipeline:
     ):
         """Transcribe `audio` (a path, or float32 16 kHz mono samples) in chunks decoded as batches of batch_size:
         (a generator of Segments, TranscriptionInfo), as faster-whisper's BatchedInferencePipeline.transcribe
-        (the module doc says what differs). Chunks: clip_timestamps ([{"start", "end"}] in samples, each at most
-        chunk_length seconds), else consecutive chunk_length (30) s. beam_size=1 decodes the chunks of a batch
-        together on the GPU (greedy); a larger beam decodes them one at a time with beam search. The options faster-
-        whisper's batched mode ignores (temperature, the thresholds, log_progress) are accepted and ignored, as are
-        prepend_punctuations, append_punctuations and vad_parameters. Segment.temperature is 0.0 (what it decoded
-        at); Segment.seek the frame at the end of its chunk's last segment, as faster-whisper's."""
+        (the module doc says what differs). Chunks: clip_timestamps ([{"start", "end"}] in seconds, each at most
+        30 s), else consecutive 30 s. beam_size=1 decodes the chunks of a batch together on the GPU (greedy); a
+        larger beam decodes them one at a time with beam search. Options faster-whisper's batched mode ignores
+        (the thresholds, condition_on_previous_text, prompt_reset_on_temperature, max_initial_timestamp: CTranslate2's
+        1 s applies, log_progress) are accepted and ignored, as are prepend_punctuations, append_punctuations,
+        vad_parameters, hallucination_silence_threshold and the language detection ones. Segment.seek is its
+        chunk's first frame, Segment.temperature the first temperature, as faster-whisper's."""
+        temperatures = list(temperature) if isinstance(temperature, (list, tuple)) else [temperature]
         unsupported = [name for name, on in (("word_timestamps", word_timestamps), ("prefix", prefix),
                                              ("hotwords", hotwords), ("vad_filter", vad_filter),
+                                             ("multilingual", multilingual and self.model.is_multilingual),
+                                             ("temperature above 0", not temperatures or temperatures[0] != 0),
                                              ("chunk_length", chunk_length not in (None, 30))) if on]
         if unsupported:
             raise NotImplementedError(f"minirt's BatchedInferencePipeline does not support {', '.join(unsupported)}")
-        unknown = sorted(set(ignored) - {"prepend_punctuations", "append_punctuations", "vad_parameters"})
+        unknown = sorted(set(ignored) - {"prepend_punctuations", "append_punctuations", "vad_parameters",
+                                         "hallucination_silence_threshold", "language_detection_threshold",
+                                         "language_detection_segments"})
         if unknown:
             raise TypeError(f"transcribe() got unexpected keyword argument(s) {', '.join(unknown)}")
         if beam_size < 1:
@@ -106,7 +116,7 @@ class BatchedInferencePipeline:
             log_prob_threshold=log_prob_threshold, no_speech_threshold=no_speech_threshold,
             compression_ratio_threshold=compression_ratio_threshold, condition_on_previous_text=False,
             prompt_reset_on_temperature=0.5,
-            temperatures=list(temperature) if isinstance(temperature, (list, tuple)) else [temperature],
+            temperatures=temperatures,
             initial_prompt=initial_prompt, suppress_blank=suppress_blank,
             suppress_tokens=list(tok.suppressed_tokens(suppress_tokens)) if suppress_tokens else suppress_tokens,
             without_timestamps=without_timestamps, max_initial_timestamp=1.0, multilingual=False,
@@ -138,31 +148,31 @@ class BatchedInferencePipeline:
                 chunk_duration = (e - s) / SAMPLE_RATE
                 parts, _, _ = split_segments(tok, hyp.tokens, s / SAMPLE_RATE,
                                              int(math.ceil(chunk_duration) * FRAMES_PER_SECOND), chunk_duration, 0)
-                if not parts:
-                    continue
-                seek = int(parts[-1]["end"] * FRAMES_PER_SECOND)
+                seek = int(s / SAMPLE_RATE * FRAMES_PER_SECOND)
                 for p in parts:
                     idx += 1
                     text = tok.decode(p["tokens"])
                     yield Segment(id=idx, seek=seek, start=round(p["start"], 3), end=round(p["end"], 3), text=text,
                                   tokens=p["tokens"], avg_logprob=avg_logprob,
                                   compression_ratio=compression_ratio(text), no_speech_prob=no_speech_prob,
-                                  words=None, temperature=0.0)
+                                  words=None, temperature=options.temperatures[0])
 
 
 def _chunks(clip_timestamps, n: int) -> list:
-    """[(start, end)] in samples: clip_timestamps' ({"start", "end"}, at most 30 s each), else consecutive 30 s."""
+    """[(start, end)] in samples: clip_timestamps' ({"start", "end"} in seconds, at most 30 s each), else
+    consecutive 30 s."""
     limit = N_FRAMES * SAMPLE_RATE // FRAMES_PER_SECOND
     if not clip_timestamps:
         return [(s, min(s + limit, n)) for s in range(0, n, limit)] or [(0, 0)]
     out = []
     for i, c in enumerate(clip_timestamps):
         try:
-            s, e = int(c["start"]), int(c["end"])
+            s, e = int(float(c["start"]) * SAMPLE_RATE), int(float(c["end"]) * SAMPLE_RATE)
         except (TypeError, KeyError, ValueError):
-            raise ValueError(f"clip_timestamps[{i}] must be {{'start': sample, 'end': sample}}, got {c!r}") from None
+            raise ValueError(f"clip_timestamps[{i}] must be {{'start': seconds, 'end': seconds}}, got {c!r}") \
+                from None
         if not 0 <= s < e <= n or e - s > limit:
-            raise ValueError(f"clip_timestamps[{i}] = ({s}, {e}) samples: within the audio's {n} and at most "
-                             f"{limit} ({limit // SAMPLE_RATE} s) long")
+            raise ValueError(f"clip_timestamps[{i}] = {c!r}: within the audio's {n / SAMPLE_RATE:.3f} s and at most "
+                             f"{limit // SAMPLE_RATE} s long")
         out.append((s, e))
     return out

@@ -60,7 +60,7 @@ class BatchedInferencePipeline:
         max_new_tokens: Optional[int] = None,
         chunk_length: Optional[int] = None,
         clip_timestamps: Optional[List[dict]] = None,
-        batch_size: int = 16,
+        batch_size: Optional[int] = None,
         hotwords: Optional[str] = None,
         **ignored,
     ):
@@ -72,7 +72,8 @@ class BatchedInferencePipeline:
         (the thresholds, condition_on_previous_text, prompt_reset_on_temperature, max_initial_timestamp: CTranslate2's
         1 s applies, log_progress) are accepted and ignored, as are prepend_punctuations, append_punctuations,
         vad_parameters, hallucination_silence_threshold and the language detection ones. Segment.seek is its
-        chunk's first frame, Segment.temperature the first temperature, as faster-whisper's."""
+        chunk's first frame, Segment.temperature the first temperature, as faster-whisper's. batch_size: None is
+        the model's max_batch_items (16 by default)."""
         temperatures = list(temperature) if isinstance(temperature, (list, tuple)) else [temperature]
         unsupported = [name for name, on in (("word_timestamps", word_timestamps), ("prefix", prefix),
                                              ("hotwords", hotwords), ("vad_filter", vad_filter),
@@ -89,6 +90,7 @@ class BatchedInferencePipeline:
         if beam_size < 1:
             raise ValueError(f"beam_size must be >= 1, got {beam_size}")
         model, tok = self.model, self.model.tokenizer
+        batch_size = model.max_batch_items if batch_size is None else batch_size
         if beam_size == 1:
             model.batch_backend(batch_size)
         elif not 1 <= batch_size:

@@ -134,8 +134,9 @@ class WhisperModel:
         return segments, info
 
     def transcribe_batch(self, audio: list, batch_size: Optional[int] = None, **options) -> list:
-        """Transcribe several files together: [(segments, TranscriptionInfo)], one a file of `audio` (paths or
-        float32 16 kHz samples, as transcribe() takes each), in the same order, each what transcribe() gives that
+        """Transcribe several files together: [(segments, TranscriptionInfo)], one a file of `audio` (paths, float32
+        16 kHz samples as transcribe() takes them, or (samples, sample rate) pairs, resampled to 16 kHz each at its
+        own rate), in the same order, each what transcribe() gives that
         file with the same options (every option of transcribe() but progress). The files' seek loops run side by
         side and their windows are decoded on the GPU as a batch of up to batch_size (a window a file at a time),
         where a window's first attempt is greedy at temperature 0 (beam_size=1); temperature fallback, beam search,
@@ -146,7 +147,7 @@ class WhisperModel:
                 raise TypeError(f"transcribe_batch() does not take {bad}")
         if isinstance(audio, (str, np.ndarray)):
             raise TypeError("transcribe_batch() takes a list of files or sample arrays; transcribe() takes one")
-        audio = list(audio)
+        audio = [_at_16k(a, i) if isinstance(a, tuple) else a for i, a in enumerate(audio)]
         batch_size = self.max_batch_items if batch_size is None else batch_size
         self.batch_backend(batch_size)
         bound = inspect.signature(WhisperModel.transcribe).bind(self, None, **options)
@@ -248,6 +249,16 @@ class WhisperModel:
                                  duration_after_vad=duration, all_language_probs=all_language_probs,
                                  transcription_options=options)
         return mel, options, info, np.random.default_rng(seed)
+
+
+def _at_16k(item, index: int) -> np.ndarray:
+    """The samples of a (samples, sample rate) pair at 16 kHz; InputError naming the item where it is not one."""
+    from ..errors import InputError
+    from .audio_input import check_array, resample
+    if len(item) != 2 or not isinstance(item[1], (int, np.integer)) or isinstance(item[1], bool) or item[1] <= 0:
+        raise InputError(f"audio[{index}]: a pair must be (samples, sample rate in Hz, a positive int), got a "
+                         f"{len(item)}-tuple" + (f" with rate {item[1]!r}" if len(item) == 2 else ""))
+    return resample(check_array(item[0]), int(item[1]), SAMPLE_RATE)
 
 
 _OPTION_NAMES = (

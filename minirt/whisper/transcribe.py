@@ -135,8 +135,12 @@ def decode_window(backend, tokenizer, request: WindowRequest, options: Transcrip
     language = request.language
     if options.multilingual:
         language = language_probabilities(backend, tokenizer)[0][0]
-    result = generate_with_fallback(backend, tokenizer, request.prompt(tokenizer, language, options), options,
-                                    suppress_blank_ids, rng, first=first, encode=encode)
+    prompt = request.prompt(tokenizer, language, options)
+    if first is None:
+        result = generate_with_fallback(backend, tokenizer, prompt, options, suppress_blank_ids, rng)
+    else:
+        result = generate_with_fallback(backend, tokenizer, prompt, options, suppress_blank_ids, rng, first=first,
+                                        encode=encode)
     return result, language
 
 

@@ -241,3 +241,32 @@ def test_pipeline_equals_faster_whispers():
     assert [s.no_speech_prob for s in ms] == pytest.approx([s.no_speech_prob for s in fs], abs=1e-5)
     assert minfo.duration_after_vad == pytest.approx(finfo.duration_after_vad)
     assert "library" in ms[0].text
+
+
+def test_cli_batch_size(model, tmp_path):
+    """`minirt transcribe A B --batch-size 2` writes what one file after another writes (the numpy reference: the
+    CLI's default temperature fallback samples 224-token windows, minutes on lavapipe)."""
+    import json
+    import wave
+
+    from click.testing import CliRunner
+
+    from minirt.cli import main
+    paths = []
+    for i, a in enumerate(clips(2)):
+        paths.append(str(tmp_path / f"c{i}.wav"))
+        with wave.open(paths[-1], "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(16000)
+            w.writeframes((np.clip(a, -1, 1) * 32767).astype("<i2").tobytes())
+    outs = []
+    for extra in ([], ["--batch-size", "2"]):
+        out = tmp_path / ("batched" if extra else "one")
+        out.mkdir()
+        r = CliRunner().invoke(main, ["transcribe", *paths, "--model", str(model.path), "--beam-size", "1",
+                                      "--format", "json", "-o", str(out), "-q", "--backend", "reference", *extra],
+                               catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        outs.append([json.loads((out / f"c{i}.json").read_text()) for i in range(2)])
+    assert outs[0] == outs[1] and any(d["segments"] for d in outs[0])

@@ -18,7 +18,10 @@
            (ReorderRows on every self_k / self_v).
 
 B is the program's batch (the most rows a search uses); there is a step entry point for 1 row and for B (greedy
-decoding and the prompt run the first, beam search the second), and the Program shares their weights.
+decoding and the prompt run the first, beam search the second), and the Program shares their weights. Weights are
+Hugging Face-named (model.encoder.*, model.decoder.*, proj_out.weight when not tied), as checkpoint.load_checkpoint
+gives them. The graphs are float32 (int32 token ids, rows and picks); plan_program (minirt/whisper/vulkan.py) plans
+them in buffer storage at fp32 or fp16.
 
 A batch of independent sequences (batch_graphs: many windows decoded together, each with its own encoder output, its
 own length, finishing on its own) has entry points of its own over state of its own, M sequences at most:
@@ -31,10 +34,7 @@ own length, finishing on its own) has entry points of its own over state of its 
            own 0 .. pos.r, and its cross-attention reads the keys and values of item item.r (CachedAttention's
            items map). Rows of one item (beams, best_of) can share its encoder output through that map.
   breorder rows [M] int32, parameter len -> nothing: as reorder, on bself_k / bself_v (dropping finished rows
-           packs the live ones first, so a smaller bstepN runs them; a row's item and position move on the host). Weights are
-Hugging Face-named (model.encoder.*, model.decoder.*, proj_out.weight when not tied), as checkpoint.load_checkpoint
-gives them. The graphs are float32 (int32 token ids, rows and picks); plan_program (minirt/whisper/vulkan.py) plans
-them in buffer storage at fp32 or fp16."""
+           packs the live ones first, so a smaller bstepN runs them; a row's item and position move on the host)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -282,7 +282,7 @@ def program_graphs(weights: dict, dm: Dims, batch: int, step_rows=None) -> dict:
     return graphs
 
 
-MAX_ITEMS = 32       # sequences of a batch at most: each row takes two slots (pos.r, item.r) of the 64-slot parameter block
+MAX_ITEMS = 32       # sequences of a batch at most: a row takes two slots (pos.r, item.r) of the 64-slot parameter block
 
 
 def batch_step_sizes(items: int) -> list:

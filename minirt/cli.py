@@ -824,7 +824,7 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
         with _Status(quiet) as status:
             status("loading the model")
             model = WhisperModel(model_path, precision=precision, device=device, backend=backend,
-                                 max_batch_items=batch_size if batch_size > 1 else 16)
+                                 **({"max_batch_items": batch_size} if batch_size > 1 else {}))
             status.done()
         if language is not None:
             if not model.is_multilingual and language != "en":

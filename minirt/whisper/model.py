@@ -136,9 +136,9 @@ class WhisperModel:
     def transcribe_batch(self, audio: list, batch_size: Optional[int] = None, **options) -> list:
         """Transcribe several files together: [(segments, TranscriptionInfo)], one a file of `audio` (paths, float32
         16 kHz samples as transcribe() takes them, or (samples, sample rate) pairs, resampled to 16 kHz each at its
-        own rate), in the same order, each what transcribe() gives that
-        file with the same options (every option of transcribe() but progress). The files' seek loops run side by
-        side and their windows are decoded on the GPU as a batch of up to batch_size (a window a file at a time),
+        own rate), in the same order, each what transcribe() gives that file with the same options (every option of
+        transcribe() but progress). The files' seek loops run side by side and their windows are decoded on the GPU
+        as a batch of up to batch_size (a window a file at a time),
         where a window's first attempt is greedy at temperature 0 (beam_size=1); temperature fallback, beam search,
         sampling and multilingual=True decode those windows one by one. batch_size: 1 to max_batch_items (None:
         max_batch_items). The segments are lists (the work is done when this returns)."""
@@ -149,6 +149,8 @@ class WhisperModel:
             raise TypeError("transcribe_batch() takes a list of files or sample arrays; transcribe() takes one")
         audio = [_at_16k(a, i) if isinstance(a, tuple) else a for i, a in enumerate(audio)]
         batch_size = self.max_batch_items if batch_size is None else batch_size
+        if not audio:
+            return []
         self.batch_backend(batch_size)
         bound = inspect.signature(WhisperModel.transcribe).bind(self, None, **options)
         bound.apply_defaults()
@@ -156,8 +158,6 @@ class WhisperModel:
                                                                      "ignored")}
         kw.update(bound.arguments.get("ignored", {}))
         setups = [self._setup(a, dict(kw)) for a in audio]
-        if not setups:
-            return []
         options = setups[0][1]
         files = [(mel, info.language, kw["task"], rng) for mel, _, info, rng in setups]
         segments = generate_segments_batch(self.backend, self.tokenizer, files, options, self.suppress_blank_ids,

@@ -115,7 +115,8 @@ def bench_batch(weights, cfg, args, precision):
         return np.stack(seqs, 1).tolist()
 
     res = {"clips": n, "tokens": args.tokens}
-    with VulkanBackend(weights, cfg, precision=precision, max_batch=1, max_items=n, options=args.options) as vb:
+    with VulkanBackend(weights, cfg, precision=precision, max_batch=1, max_items=n, options=args.options,
+                       profile=args.profile) as vb:
         for name, fn in (("one_by_one", one_by_one), ("batched", batched)):
             got = fn(vb)
             times = []
@@ -126,6 +127,8 @@ def bench_batch(weights, cfg, args, precision):
             res[f"{name}_fps"] = n / statistics.median(times)
             res[f"{name}_tokens"] = got
         res["same_tokens"] = res.pop("one_by_one_tokens") == res.pop("batched_tokens")
+        if args.profile:        # the last runs' GPU time per dispatch: a one-row step and a step of n rows
+            res["profile"] = {e: vb.program.dispatch_times(e) for e in ("step1", f"bstep{n}", "bencode")}
         res["dispatches"] = {k: len(p.dispatches) for k, p in vb.plans.items() if k.startswith("b")}
     if args.e2e:
         res.update(bench_batch_e2e(cfg, args, precision))
@@ -186,6 +189,11 @@ def print_batch(size, precision, r):
         print(f"    end to end (WhisperModel.transcribe / transcribe_batch): one by one {r['e2e_one_by_one_fps']:.2f} "
               f"files/s, batched {r['e2e_batched_fps']:.2f} files/s: {r['e2e_ratio']:.2f}x (the same tokens: "
               f"{r['e2e_same_tokens']})")
+    for entry, rows in r.get("profile", {}).items():
+        total = sum(t for _, _, t in rows)
+        print(f"    {entry}: {total:.1f} us of GPU time in {len(rows)} dispatches; the most:")
+        for node, kernel, t in sorted(rows, key=lambda x: -x[2])[:8]:
+            print(f"      {t:8.1f} us  {kernel:32s} {node}")
     sys.stdout.flush()
 
 

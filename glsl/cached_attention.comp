@@ -4,11 +4,13 @@
 // variants: dtype=float,half
 // Attention of a few query rows against a key/value cache (buffers): out[b, t, head h] = softmax(scale q k^T) v
 // over keys 0 .. n-1 of K/V batch row kb (b, or 0 where K and V hold one batch row that every query row shares, as
-// cross-attention on an encoder output does).
+// cross-attention on an encoder output does, or param(ip - 1 + b) where ip > 0: a run-time map from query rows to K/V
+// rows, as a batch of sequences reads each its own encoder output).
 //   n = min(param(lp) + LOFS + t + 1, Tk) where lp >= 0: causal over a cache that grows, query t sits at position
 //       param(lp) + LOFS + t (a run-time parameter: the same recorded dispatch serves every step) and sees the keys
 //       up to and including it;
-//   n = Tk where lp < 0: every key.
+//   n = Tk where lp < 0: every key;
+//   param(lp + b) instead of param(lp) where PER: each batch row at its own position.
 // Layout: q and out [B, Tq, D], k and v [Bk, Tk, D] (rows of D: a cache written a row per position), head h is
 // columns h DH .. h DH + DH - 1.
 // Work: group (h S + s, t, b) takes split s of S of the n keys (S = 1: all of them). Keys go by in chunks of CH: each
@@ -35,7 +37,7 @@ PARAMS_BLOCK(4)
 layout(push_constant) uniform Params {
   ivec4 dims;   // Tq, Tk, H, D
   ivec4 cfg;    // K/V batch rows (1: shared by every query row), lp (-1: every key), LOFS, S
-  ivec4 part;   // x: where the (m, l) pairs of the partials start (S > 1), in pairs
+  ivec4 part;   // x: where the (m, l) pairs of the partials start (S > 1), in pairs; y: ip (0: none); z: PER
   vec4 scale;   // x: the score scale
 } p;
 
@@ -83,8 +85,8 @@ void main() {
   const int t = int(gl_WorkGroupID.y), b = int(gl_WorkGroupID.z);
   const int tid = int(gl_LocalInvocationID.x);
   const int Tq = p.dims.x, Tk = p.dims.y, H = p.dims.z, D = p.dims.w, D4 = D / 4;
-  const int kb = p.cfg.x > 1 ? b : 0;
-  const int n = p.cfg.y >= 0 ? clamp(param(p.cfg.y) + p.cfg.z + t + 1, 0, Tk) : Tk;
+  const int kb = p.part.y > 0 ? clamp(param(p.part.y - 1 + b), 0, p.cfg.x - 1) : p.cfg.x > 1 ? b : 0;
+  const int n = p.cfg.y >= 0 ? clamp(param(p.cfg.y + (p.part.z != 0 ? b : 0)) + p.cfg.z + t + 1, 0, Tk) : Tk;
   const int per = (n + S - 1) / S;
   const int k0 = min(s * per, n), k1 = min(k0 + per, n);
   const int qb = (b * Tq + t) * D + h * DH;

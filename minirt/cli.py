@@ -808,13 +808,17 @@ def _param(ctx, name):
 @click.option("-o", "--output", type=click.Path(), default=None,
               help="Write the transcript to this file (one AUDIO) or into this folder as <name>.<format> (several); "
                    "default: stdout.")
+@click.option("--batch-size", type=click.IntRange(1, 32), default=1, show_default=True,
+              help="Decode the windows of up to this many files together on the GPU (WhisperModel.transcribe_batch): "
+                   "each file's transcript is the one it gets alone; windows decoded greedily (--beam-size 1) run "
+                   "as one batch, the rest one by one. 1: one file after another.")
 @click.option("--progress", "progress_lines", is_flag=True,
               help="A line on stderr after each 30 s window (seconds done, of the total), also when stderr is not a "
                    "terminal (a log file); on a terminal the status line shows the same without it.")
 @quiet_opt
 @click.pass_context
 def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, precision, backend, device, fmt, output,
-               progress_lines, quiet):
+               batch_size, progress_lines, quiet):
     """Transcribe speech in AUDIO files (WAV at any rate; FLAC, OGG, ... with the soundfile package) with a
     Whisper model, as faster-whisper does (its default options: beam search, temperature fallback, previous text
     as the prompt).
@@ -830,6 +834,7 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
       minirt transcribe speech.wav --model whisper-tiny.en
       minirt transcribe talk.flac --model faster-whisper-small --format srt -o talk.srt
       minirt transcribe a.wav b.wav --model whisper-base --format json -o transcripts/
+      minirt transcribe clips/*.wav --model whisper-base --beam-size 1 --batch-size 16 -o transcripts/
       minirt transcribe meeting.wav --model whisper-tiny.en --progress 2>progress.log
       minirt transcribe talk.wav --model whisper-tiny.en --device GPU-5b3f0c2e   # the GPU with that UUID
     """
@@ -849,7 +854,8 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
             _check_device(device)
         with _Status(quiet) as status:
             status("loading the model")
-            model = WhisperModel(model_path, precision=precision, device=device, backend=backend)
+            model = WhisperModel(model_path, precision=precision, device=device, backend=backend,
+                                 **({"max_batch_items": batch_size} if batch_size > 1 else {}))
             status.done()
         if language is not None:
             if not model.is_multilingual and language != "en":
@@ -859,7 +865,15 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
                 raise click.BadParameter(f"{language!r} is not a language of this model (known: "
                                          f"{', '.join(model.supported_languages)})", ctx=ctx,
                                          param=_param(ctx, "language"))
-        for a, target in targets:
+        done = {}
+        if batch_size > 1 and len(targets) > 1:
+            with _Status(quiet) as status:
+                status(f"transcribing {len(targets)} files, {batch_size} windows at a time")
+                results = model.transcribe_batch([a for a, _ in targets], batch_size=batch_size,
+                                                  beam_size=beam_size, language=language,
+                                                  without_timestamps=no_timestamps)
+            done = {i: render(fmt, segments, info) for i, (segments, info) in enumerate(results)}
+        for i, (a, target) in enumerate(targets):
             name = os.path.basename(a)
             with _Status(quiet) as status:
                 status(f"transcribing {name}")
@@ -869,9 +883,12 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
                         click.echo(_progress_line(name, done, total), err=True)
                     else:
                         status(f"transcribing {name}: {done:.0f} of {total:.0f} s")
-                segments, info = model.transcribe(a, beam_size=beam_size, language=language,
-                                                  without_timestamps=no_timestamps, progress=progress)
-                text = render(fmt, segments, info)
+                if i in done:
+                    text = done[i]
+                else:
+                    segments, info = model.transcribe(a, beam_size=beam_size, language=language,
+                                                      without_timestamps=no_timestamps, progress=progress)
+                    text = render(fmt, segments, info)
             if target is None:
                 if len(targets) > 1:
                     click.echo(f"==> {a} <==")

@@ -55,26 +55,46 @@ class Program:
     """plans: {entry point: Plan}, each planned for `device` (an index or UUID as `minirt devices` lists them, or None) in
     buffer storage. Executors are made at creation, all of them, with one StateBuffers for every plan's state.
     Runs are serialised by the Program's lock. profile=True: a GPU timestamp after every dispatch
-    (dispatch_times)."""
+    (dispatch_times). add() makes more entry points later, over the same state and weights."""
 
     def __init__(self, plans: dict, device=None, timeout_s: float = 600.0, progress=None, profile=False):
         from .session import get_device
-        from .vk.executor import Executor
         from .vk.state import StateBuffers
         from .vk.upload import SharedConstants
-        self.plans = dict(plans)
+        self.plans = {}
         self.device = get_device(device)
         self._lock = threading.Lock()
+        self._made = dict(timeout_s=timeout_s, profile=profile, progress=progress)
         self.state = StateBuffers(self.device, timeout_s)
         self.constants = SharedConstants(self.device)
         self.executors = {}
         try:
-            for name, plan in self.plans.items():
-                self.executors[name] = Executor(self.device, plan, profile=profile, progress=progress,
-                                                timeout_s=timeout_s, state=self.state, constants=self.constants)
+            self.add(plans)
         except BaseException:
             self.close()
             raise
+
+    def add(self, plans: dict) -> None:
+        """More entry points ({entry point: Plan}, names not used yet), over this Program's state and weights (a
+        weight already uploaded is shared). Where one fails, none of them is added."""
+        from .vk.executor import Executor
+        taken = sorted(set(plans) & set(self.plans))
+        if taken:
+            raise MinirtError(f"entry point(s) {', '.join(taken)} exist already")
+        made = {}
+        with self._lock:
+            if self.executors is None:
+                raise MinirtError("this Program is closed")
+            try:
+                for name, plan in plans.items():
+                    made[name] = Executor(self.device, plan, state=self.state, constants=self.constants,
+                                          **self._made)
+            except BaseException:
+                for ex in made.values():
+                    ex.close()
+                raise
+            self.plans.update(plans)
+            self.executors.update(made)
 
     def run(self, entry: str, feeds: dict | None = None, params: dict | None = None) -> dict:
         """Run entry point `entry`: {output name: array}."""

@@ -17,6 +17,7 @@ only what it assigned a Ray worker (ray.get_gpu_ids(), the worker's resources), 
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -174,7 +175,11 @@ class Transcriber:
     or an audio file's bytes (read_binary_files' `bytes` column renamed; written to a temporary file to be read).
     Batch out: one row per input row: `text` (the segments' text, stripped), `language`, `duration` (seconds of
     audio) and `segments` (JSON: [{"id", "start", "end", "text", "tokens"}], as `minirt transcribe --format json`).
-    The batch's other columns pass through; `audio` too where it holds paths (samples and bytes are dropped)."""
+    The batch's other columns pass through; `audio` too where it holds paths (samples and bytes are dropped).
+
+    A batch of several rows decoded greedily (beam_size=1) goes through WhisperModel.transcribe_batch: the windows of
+    its files are decoded together on the GPU, each row's result the one it gets alone. A subclass that overrides
+    transcribe() is called a row at a time."""
 
     def __init__(self, model, *, precision: str = "fp32", device=None, backend=None, **transcribe_options):
         from .whisper.model import WhisperModel
@@ -187,7 +192,6 @@ class Transcriber:
 
     def transcribe(self, audio) -> dict:
         """One row's result: {"text", "language", "duration", "segments"}."""
-        from .whisper.output import full_text, segment_dicts
         if isinstance(audio, (bytes, bytearray, memoryview)):
             with tempfile.NamedTemporaryFile(prefix="minirt-audio-") as f:
                 f.write(audio)
@@ -196,18 +200,42 @@ class Transcriber:
         if isinstance(audio, (str, np.str_, os.PathLike)):
             audio = os.fspath(audio)
         segments, info = self.model.transcribe(audio, **self.options)
-        segments = list(segments)
-        return {"text": full_text(segments), "language": info.language, "duration": float(info.duration),
-                "segments": json.dumps(segment_dicts(segments), ensure_ascii=False)}
+        return _transcript(segments, info)
+
+    def transcribe_rows(self, audio: list) -> list:
+        """The rows' results, their windows decoded as batches (WhisperModel.transcribe_batch)."""
+        with contextlib.ExitStack() as stack:
+            items = []
+            for a in audio:
+                if isinstance(a, (bytes, bytearray, memoryview)):
+                    f = stack.enter_context(tempfile.NamedTemporaryFile(prefix="minirt-audio-"))
+                    f.write(a)
+                    f.flush()
+                    a = f.name
+                items.append(os.fspath(a) if isinstance(a, (str, np.str_, os.PathLike)) else a)
+            results = self.model.transcribe_batch(items, batch_size=min(len(items), self.model.max_batch_items),
+                                                  **self.options)
+        return [_transcript(segments, info) for segments, info in results]
+
+    def _batched(self, rows: int) -> bool:
+        return (rows > 1 and self.options.get("beam_size", 5) == 1 and type(self).transcribe is Transcriber.transcribe
+                and hasattr(self.model.backend, "encode_batch"))
 
     def __call__(self, batch):
         audio = list(_column(batch, "audio", "Transcriber"))
-        rows = [self.transcribe(a) for a in audio]
+        rows = self.transcribe_rows(audio) if self._batched(len(audio)) else [self.transcribe(a) for a in audio]
         paths = all(isinstance(a, (str, np.str_, os.PathLike)) for a in audio)
         out = _passed_on(batch, () if paths else ("audio",))
         for key, dtype in (("text", object), ("language", object), ("duration", np.float64), ("segments", object)):
             out[key] = np.array([r[key] for r in rows], dtype=dtype)
         return out
+
+
+def _transcript(segments, info) -> dict:
+    from .whisper.output import full_text, segment_dicts
+    segments = list(segments)
+    return {"text": full_text(segments), "language": info.language, "duration": float(info.duration),
+            "segments": json.dumps(segment_dicts(segments), ensure_ascii=False)}
 
 
 class Runner:

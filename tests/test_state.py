@@ -236,3 +236,47 @@ def test_state_at_fp16(splits):
         got = prog.run("read", {"q": q}, {"pos": 0})["y"]
         np.testing.assert_array_equal(got[:, :4], out["y"][rows, :4])     # 16-bit values moved as they are
         np.testing.assert_array_equal(got[:, 4:], out["y"][:, 4:])
+
+
+def test_per_row_positions_and_the_row_to_item_map():
+    """per_row: ParamRows, CacheWrite and CachedAttention read a parameter a batch row (the slots after the named
+    one: each sequence of a batch at its own position); items: CachedAttention's K/V row of query row b is
+    param(item + b) (each sequence reads its own encoder output). Against the ops' references, poisoned; and a
+    Program entry point added later over the same state (Program.add)."""
+    from minirt.graph import Node
+    from minirt.ops.state import CachedAttention
+    rng = np.random.default_rng(5)
+    pos_table = rng.standard_normal((T, D)).astype(np.float32)
+    cache = {"cache": ((B, T, D), "cache@new")}
+    names = ["p0", "p1", "i0", "i1"]
+    write = graph("write", [("x", (2, 1, D), "float32")], (), cache, names,
+                  [("CacheWrite", ["cache", "x"], ["cache@new"], {"param": "p0", "per_row": 1})])
+    attn = {"heads": 2, "scale": 0.5}
+    read = graph("read", [("q", (2, 1, D), "float32")], ["y", "self", "cross"], {"cache": ((B, T, D), "cache")},
+                 names, [("Identity", ["cache"], ["y"], {}),
+                         ("CachedAttention", ["q", "cache", "cache"], ["self"], dict(attn, param="p0", per_row=1)),
+                         ("CachedAttention", ["q", "cache", "cache"], ["cross"], dict(attn, items="i0"))])
+    embed = graph("embed", [], ["e"], None, names,
+                  [("ParamRows", ["pos_table"], ["e"], {"param": "p0", "per_row": 1, "rows": 2})],
+                  consts={"pos_table": pos_table})
+    with Program({"write": plan_of(write, poison=True), "embed": plan_of(embed, poison=True)}) as prog:
+        prog.add({"read": plan_of(read, poison=True)})
+        values = {"p0": 4, "p1": 1, "i0": 2, "i1": 0}
+        np.testing.assert_array_equal(prog.run("embed", {}, values)["e"], pos_table[[4, 1]])
+        for p0, p1 in ((3, 0), (4, 1)):     # row 0 at positions 3 then 4, row 1 at 0 then 1
+            values = {"p0": p0, "p1": p1, "i0": 2, "i1": 0}
+            x = rng.standard_normal((2, 1, D)).astype(np.float32)
+            prog.run("write", {"x": x}, values)
+        q = rng.standard_normal((2, 1, D)).astype(np.float32)
+        out = prog.run("read", {"q": q}, values)
+        y = out["y"]
+        np.testing.assert_array_equal(y[0, 4], x[0, 0])
+        np.testing.assert_array_equal(y[1, 1], x[1, 0])
+        node = Node("CachedAttention", "a", [], [], dict(attn, per_row=1), "minirt")
+        (want,) = CachedAttention().reference(node, q, y, y, offset=np.array([4, 1]))
+        np.testing.assert_allclose(out["self"], want, rtol=1e-5, atol=1e-6)
+        node = Node("CachedAttention", "a", [], [], dict(attn, items="i0"), "minirt")
+        (want,) = CachedAttention().reference(node, q, y, y, items=np.array([2, 0]))
+        np.testing.assert_allclose(out["cross"], want, rtol=1e-5, atol=1e-6)
+        with pytest.raises(Exception, match="exist already"):
+            prog.add({"read": plan_of(read)})

@@ -5,12 +5,18 @@ log-mel window and a fixed number of decoded tokens (no end of text: both sides 
 
   python tools/bench_transcribe.py --sizes tiny,base --tokens 224 --beams 1,5 --json transcribe.json
   python tools/bench_transcribe.py --model whisper-tiny.en --audio speech.wav --beams 1,5   # real-time factor
+  python tools/bench_transcribe.py --sizes tiny --batch 16 --runs 3        # files/s: a batch of 16 vs one by one
 
 Figures, each a median over --runs windows after one untimed window:
   encoder ms     encode() alone (the encoder and every layer's cross-attention keys and values)
   step ms        one decode step, wall: the submission, the logits back, and the host's selection of the next
                  tokens (greedy: argmax; beam: log-softmax, the top beam_size of beam_size x vocab, cache reorder)
   window ms      a 30 s window end to end: encode, the 4-token prompt, --tokens steps
+--batch N: files per second for N synthetic 30 s clips (N different log-mel windows), each an encoder run, the
+4-token prompt and --tokens greedy tokens (<|endoftext|> suppressed, so every clip decodes the same length), decoded
+one by one (encode, start, steps) and as one batch (encode_batch, the prompts and the steps of N rows: BatchDecoder),
+on the same VulkanBackend; the median of --runs after one untimed round each, and the ratio. With --e2e also the whole
+host path (features, filters, log-softmax, segments) through WhisperModel.transcribe and transcribe_batch.
 transformers peers (each where it runs): `loop`, a hand-written loop over the model with its key/value cache
 (greedy: argmax on the GPU); `generate` (greedy and beam search, min_new_tokens = max_new_tokens = --tokens), with
 the dynamic cache and with cache_implementation="static". fp32 peers run with TF32 off. --precision fp16: minirt's
@@ -32,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 PROMPT = [50258, 50259, 50359, 50363]     # <|startoftranscript|><|en|><|transcribe|><|notimestamps|> (multilingual)
+EOT = 50257
 
 
 def log_softmax(x):
@@ -70,6 +77,124 @@ def minirt_window(vb, feats, tokens, beams, times):
             steps.append(time.perf_counter() - s)
     times.append(((t1 - t0) * 1e3, (t2 - t1) * 1e3, [x * 1e3 for x in steps]))
     return toks if beams > 1 else tok
+
+
+def bench_batch(weights, cfg, args, precision):
+    """{"one_by_one_fps", "batched_fps", "ratio", ...}: see the module doc (--batch)."""
+    from minirt.whisper.vulkan import VulkanBackend
+    n, eot = args.batch, EOT
+    feats = np.random.default_rng(1).standard_normal((n, cfg["num_mel_bins"], 3000)).astype(np.float32)
+
+    def pick(logits):
+        logits = np.array(logits, np.float32)
+        logits[:, eot] = -np.inf
+        return logits.argmax(-1)
+
+    def one_by_one(vb):
+        out = []
+        for f in feats:
+            vb.encode(f)
+            tok = pick(vb.start(PROMPT, [len(PROMPT) - 1]))
+            seq = [int(tok[0])]
+            for _ in range(args.tokens):
+                tok = pick(vb.step(tok))
+                seq.append(int(tok[0]))
+            out.append(seq)
+        return out
+
+    def batched(vb):
+        vb.encode_batch(feats)
+        vb.start_rows(range(n))
+        for t in PROMPT:
+            logits = vb.step_rows(np.full(n, t))
+        tok = pick(logits)
+        seqs = [tok]
+        for _ in range(args.tokens):
+            tok = pick(vb.step_rows(tok))
+            seqs.append(tok)
+        return np.stack(seqs, 1).tolist()
+
+    res = {"clips": n, "tokens": args.tokens}
+    with VulkanBackend(weights, cfg, precision=precision, max_batch=1, max_items=n, options=args.options,
+                       profile=args.profile) as vb:
+        for name, fn in (("one_by_one", one_by_one), ("batched", batched)):
+            got = fn(vb)
+            times = []
+            for _ in range(args.runs):
+                t0 = time.perf_counter()
+                fn(vb)
+                times.append(time.perf_counter() - t0)
+            res[f"{name}_fps"] = n / statistics.median(times)
+            res[f"{name}_tokens"] = got
+        res["same_tokens"] = res.pop("one_by_one_tokens") == res.pop("batched_tokens")
+        if args.profile:        # the last runs' GPU time per dispatch: a one-row step and a step of n rows
+            res["profile"] = {e: vb.program.dispatch_times(e) for e in ("step1", f"bstep{n}", "bencode")}
+        res["dispatches"] = {k: len(p.dispatches) for k, p in vb.plans.items() if k.startswith("b")}
+    if args.e2e:
+        res.update(bench_batch_e2e(cfg, args, precision))
+    res["ratio"] = res["batched_fps"] / res["one_by_one_fps"]
+    return res
+
+
+def bench_batch_e2e(cfg, args, precision):
+    """Files per second through WhisperModel.transcribe (one by one) and transcribe_batch, a 51864-token English
+    vocabulary (tokenizer_json), every timestamp and <|endoftext|> suppressed (one window of --tokens tokens a clip)."""
+    import tempfile
+
+    from minirt.whisper import WhisperModel
+    from minirt.whisper.synthetic import write_folder
+    cfg = dict(cfg, vocab_size=51864)
+    clips = [np.random.default_rng(10 + i).standard_normal(30 * 16000).astype(np.float32) * 0.1
+             for i in range(args.batch)]
+    with tempfile.TemporaryDirectory() as tmp:
+        model = WhisperModel(write_folder(tmp, cfg, 0), precision=precision, max_batch_items=args.batch)
+        tok = model.tokenizer
+        opts = dict(beam_size=1, temperature=0.0, without_timestamps=True, condition_on_previous_text=False,
+                    suppress_tokens=[tok.eot] + list(range(tok.timestamp_begin, cfg["vocab_size"])),
+                    no_speech_threshold=None, log_prob_threshold=None, compression_ratio_threshold=None,
+                    max_new_tokens=None)
+        if args.tokens != 224:
+            raise SystemExit("--e2e decodes Whisper's 224 tokens a window: leave --tokens at 224")
+
+        def one_by_one():
+            return [[s.tokens for s in model.transcribe(c, **opts)[0]] for c in clips]
+
+        def batched():
+            return [[s.tokens for s in segs] for segs, _ in model.transcribe_batch(clips, **opts)]
+        res = {}
+        for name, fn in (("e2e_one_by_one", one_by_one), ("e2e_batched", batched)):
+            got = fn()
+            times = []
+            for _ in range(args.runs):
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+            res[f"{name}_fps"] = len(clips) / statistics.median(times)
+            res[f"{name}_tokens"] = got
+        res["e2e_same_tokens"] = res.pop("e2e_one_by_one_tokens") == res.pop("e2e_batched_tokens")
+        res["e2e_ratio"] = res["e2e_batched_fps"] / res["e2e_one_by_one_fps"]
+        model.backend.close()
+    return res
+
+
+def print_batch(size, precision, r):
+    head = f"{size} {precision} batch={r.get('clips', '?')}"
+    if "error" in r:
+        print(f"{head}: failed: {r['error']}")
+        return
+    print(f"{head}: {r['tokens']} tokens a 30 s clip: one by one {r['one_by_one_fps']:.2f} files/s, batched "
+          f"{r['batched_fps']:.2f} files/s: {r['ratio']:.2f}x (the same tokens: {r['same_tokens']}; "
+          f"dispatches {r['dispatches']})")
+    if "e2e_ratio" in r:
+        print(f"    end to end (WhisperModel.transcribe / transcribe_batch): one by one {r['e2e_one_by_one_fps']:.2f} "
+              f"files/s, batched {r['e2e_batched_fps']:.2f} files/s: {r['e2e_ratio']:.2f}x (the same tokens: "
+              f"{r['e2e_same_tokens']})")
+    for entry, rows in r.get("profile", {}).items():
+        total = sum(t for _, _, t in rows)
+        print(f"    {entry}: {total:.1f} us of GPU time in {len(rows)} dispatches; the most:")
+        for node, kernel, t in sorted(rows, key=lambda x: -x[2])[:8]:
+            print(f"      {t:8.1f} us  {kernel:32s} {node}")
+    sys.stdout.flush()
 
 
 def summarise(times, tokens):
@@ -238,6 +363,9 @@ def main(argv=None):
     ap.add_argument("--model", help="a real Whisper checkpoint folder: with --audio, transcribe files and print the "
                                     "real-time factor instead of the synthetic benchmark")
     ap.add_argument("--audio", nargs="+", help="audio files for --model")
+    ap.add_argument("--batch", type=int, default=0, metavar="N",
+                    help="files per second: N synthetic 30 s clips as one batch vs one by one (see above)")
+    ap.add_argument("--e2e", action="store_true", help="with --batch: also through WhisperModel, host work included")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
     from minirt.errors import MinirtError
@@ -257,8 +385,23 @@ def main(argv=None):
         ap.error(f"unknown size(s) {bad}: choose from {', '.join(SIZES)}")
     if not 1 <= args.tokens <= 448 - len(PROMPT):
         ap.error(f"--tokens must be 1..{448 - len(PROMPT)}")
-    use_torch = not args.no_torch and torch_ready(args.torch_device)
     results = []
+    if args.batch:
+        if not 1 <= args.batch <= 32:
+            ap.error("--batch must be 1..32")
+        for size in sizes:
+            weights = random_checkpoint(SIZES[size], 0)[0]
+            for precision in args.precision.split(","):
+                try:
+                    row = bench_batch(weights, SIZES[size], args, precision)
+                except Exception as e:
+                    row = {"error": f"{type(e).__name__}: {e}"[:300]}
+                results.append({"size": size, "precision": precision, "batch": row})
+                print_batch(size, precision, row)
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1))
+        return
+    use_torch = not args.no_torch and torch_ready(args.torch_device)
     for size in sizes:
         cfg = SIZES[size]
         model = hf_model(cfg, 0) if use_torch else None

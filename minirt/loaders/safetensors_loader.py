@@ -401,10 +401,10 @@ class _Builder:
         return name
 
 
-def build_whisper_encoder_graph(cfg: dict, w, prefix: str = "", source: str = "<memory>") -> Graph:
+def build_whisper_encoder_graph(cfg: dict, w, prefix: str = "", source: str = "<memory>", batch: int = 1) -> Graph:
     """The encoder Graph from HF-named parameters `w` (a dict, or a function of the name; names without
-    prefix, HF layouts: Linear weights [out, in]). Constants are named by their checkpoint names (prefix
-    included); a Linear weight stored transposed for MatMul is named '<name>^T'."""
+    prefix, HF layouts: Linear weights [out, in]) for `batch` windows at once. Constants are named by their
+    checkpoint names (prefix included); a Linear weight stored transposed for MatMul is named '<name>^T'."""
     get = w.__getitem__ if isinstance(w, dict) else w
     d, h, m = cfg["d_model"], cfg["encoder_attention_heads"], cfg["num_mel_bins"]
     n_pos, n_layers = cfg["max_source_positions"], cfg["encoder_layers"]
@@ -427,7 +427,7 @@ def build_whisper_encoder_graph(cfg: dict, w, prefix: str = "", source: str = "<
                     axis=-1, epsilon=LN_EPS)
 
     g.inputs.append("input_features")
-    g.add_tensor(Tensor("input_features", (1, m, 2 * n_pos), "float32"))
+    g.add_tensor(Tensor("input_features", (batch, m, 2 * n_pos), "float32"))
     x = "input_features"
     for name, stride in (("conv1", 1), ("conv2", 2)):
         x = b.op("Conv", [x, param(f"{name}.weight"), param(f"{name}.bias")], f"/{name}", dilations=[1], group=1,
@@ -436,8 +436,8 @@ def build_whisper_encoder_graph(cfg: dict, w, prefix: str = "", source: str = "<
     x = b.op("Transpose", [x], "", perm=[0, 2, 1])
     x = b.op("Add", [x, param("embed_positions.weight")], "")
 
-    heads_shape = b.const("const_heads_shape", np.array([1, n_pos, h, hd], np.int64))
-    merge_shape = b.const("const_merge_shape", np.array([1, n_pos, d], np.int64))
+    heads_shape = b.const("const_heads_shape", np.array([batch, n_pos, h, hd], np.int64))
+    merge_shape = b.const("const_merge_shape", np.array([batch, n_pos, d], np.int64))
     scale = b.const("const_attn_scale", np.array(hd ** -0.5, f32))
     for i in range(n_layers):
         s, p = f"/layers.{i}", f"layers.{i}"

@@ -5,16 +5,21 @@ block, which the host writes before each submission: the recorded command buffer
 
 All minirt-domain ops (made by a graph builder, such as minirt/whisper/decoder_graph.py), buffer storage, at fp32 and
 at fp16 (the kernels' half variants: 16-bit storage of tensors and state, fp32 arithmetic):
-  ParamRows(table) [param p, rows R]           out[i] = table[param(p) + i], i < R (a positional embedding)
-  CacheWrite(cache, x) [param p]               out = cache with out[b, param(p) + t] = x[b, t] (in place where out is
-                                               the new value of the state `cache`: only x's rows are written)
+  ParamRows(table) [param p, rows R, per_row]  out[i] = table[param(p) + i], i < R (a positional embedding); per_row:
+                                               table[param(p + i)] (the parameters after p are the slots that follow
+                                               it: each row of a batch at its own position)
+  CacheWrite(cache, x) [param p, per_row]      out = cache with out[b, param(p) + t] = x[b, t] (in place where out is
+                                               the new value of the state `cache`: only x's rows are written); per_row:
+                                               at param(p + b)
   ReorderRows(x, rows) [param valid]           out[i] = x[rows[i]] for i < len(rows), rows beyond unchanged (in place,
                                                through a scratch copy; only the first param(valid) entries of axis 1)
-  CachedAttention(q, k, v) [heads, scale, param p, offset o]
+  CachedAttention(q, k, v) [heads, scale, param p, offset o, per_row, items i]
                                                softmax(scale q k^T) v per head over keys 0 .. param(p) + o + t of
-                                               query t (causal over a growing cache), or every key without p; K and
-                                               V may have one batch row shared by all query rows, or more rows
-                                               than q (a cache of max_batch rows read by a step of fewer)
+                                               query t (causal over a growing cache; per_row: param(p + b) for batch
+                                               row b), or every key without p; K and V may have one batch row shared
+                                               by all query rows, or more rows than q (a cache of max_batch rows read
+                                               by a step of fewer), or, with items, K/V row param(i + b) for query row
+                                               b (each sequence of a batch reads its own encoder output)
 The runtime Gather (ONNX Gather with int32 indices computed at run time, minirt/ops/shape_ops.py) uses the same
 row copy."""
 from __future__ import annotations
@@ -42,19 +47,20 @@ def _buffers(ctx, node):
 
 
 def copy_rows(ctx, out, src, rows, width, *, index=None, src_param=None, group=None, dst_stride=0, dst_param=None,
-              cols_param=None, cols_unit=0):
+              cols_param=None, cols_unit=0, per_row=False):
     """glsl/copy_rows.comp: for r < rows, out[dst_row(r)][c] = src[src_row(r)][c] over rows of `width` elements.
-    src_row: index[r] (an int32 tensor), param(src_param) + r, or r. dst_row: (r // group) * dst_stride +
-    param(dst_param) + r % group (group=None: r). Only the first param(cols_param) * cols_unit elements of each row
-    where cols_param is given."""
+    src_row: index[r] (an int32 tensor), param(src_param) + r (per_row: param(src_param + r)), or r. dst_row:
+    (r // group) * dst_stride + param(dst_param) + r % group (per_row: param(dst_param + r // group); group=None: r).
+    Only the first param(cols_param) * cols_unit elements of each row where cols_param is given. per_row reads the
+    parameters in the slots after the named one."""
     slot = (lambda name: -1 if name is None else ctx.param(name))
     vec = width % 4 == 0 and (cols_param is None or cols_unit % 4 == 0)
     q = 4 if vec else 1
-    mode = 0 if index is not None else 1 if src_param is not None else 2
+    mode = 0 if index is not None else (3 if per_row else 1) if src_param is not None else 2
     block = ctx.params_block()
     p = (Push().ivec4(rows, width // q, src.numel // width, mode)
          .ivec4(slot(src_param), group or rows, dst_stride if group else 0, slot(dst_param))
-         .ivec4(slot(cols_param), cols_unit // q, out.numel // width))
+         .ivec4(slot(cols_param), cols_unit // q, out.numel // width, int(per_row and dst_param is not None)))
     ctx.dispatch("copy_rows", [(out.name, "w"), (src.name, "r"), ((index or src).name, "r"), (block.name, "r")],
                  p, spec("copy_rows", VEC4=vec), (width // q, rows, 1), "copy", nbytes=8 * rows * width)
 
@@ -81,13 +87,17 @@ class ParamRows(_ParamOp):
         return [((int(attr(node, "rows", 1)),) + tuple(t[1:]), ins[0].dtype)]
 
     def reference(self, node, table, offset=0):
-        """(offset: the parameter's value)"""
-        return [table[offset:offset + int(attr(node, "rows", 1))]]
+        """(offset: the parameter's value; per_row: the values of the rows' parameters)"""
+        rows = int(attr(node, "rows", 1))
+        if attr(node, "per_row", 0):
+            return [table[np.asarray(offset, np.int64).reshape(-1)[:rows]]]
+        return [table[offset:offset + rows]]
 
     def lower(self, node, ctx):
         _buffers(ctx, node)
         out, table = ctx.t(node.outputs[0]), ctx.t(node.inputs[0])
-        copy_rows(ctx, out, table, out.shape[0], _width(table.shape), src_param=attr(node, "param"))
+        copy_rows(ctx, out, table, out.shape[0], _width(table.shape), src_param=attr(node, "param"),
+                  per_row=bool(attr(node, "per_row", 0)))
 
 
 @register
@@ -103,8 +113,12 @@ class CacheWrite(_ParamOp):
         return [(c, ins[0].dtype)]
 
     def reference(self, node, cache, x, offset=0):
+        """(offset: the parameter's value; per_row: one a row of x)"""
         y = cache.copy()
-        y[:x.shape[0], offset:offset + x.shape[1]] = x
+        offsets = np.broadcast_to(np.asarray(offset, np.int64).reshape(-1), (x.shape[0],)) if \
+            attr(node, "per_row", 0) else [offset] * x.shape[0]
+        for b, o in enumerate(offsets):
+            y[b, o:o + x.shape[1]] = x[b]
         return [y]
 
     def lower(self, node, ctx):
@@ -114,7 +128,7 @@ class CacheWrite(_ParamOp):
         if not _same_memory(ctx, out, cache):      # not in place: start from a copy of the cache
             copy_rows(ctx, out, cache, cache.shape[0], _width(cache.shape))
         copy_rows(ctx, out, x, x.shape[0] * x.shape[1], width, group=x.shape[1], dst_stride=cache.shape[1],
-                  dst_param=attr(node, "param"))
+                  dst_param=attr(node, "param"), per_row=bool(attr(node, "per_row", 0)))
 
 
 @register
@@ -154,7 +168,8 @@ class CachedAttention(_ParamOp):
 
     def infer(self, node, ins):
         q, k, v = (t.shape for t in ins)
-        if (len(q) != 3 or len(k) != 3 or k != v or not (k[0] == 1 or k[0] >= q[0]) or q[2] != k[2]
+        items = bool(attr(node, "items", ""))
+        if (len(q) != 3 or len(k) != 3 or k != v or not (items or k[0] == 1 or k[0] >= q[0]) or q[2] != k[2]
                 or q[2] % int(attr(node, "heads", 1))):
             raise ModelError(f"{node}: expects q [B, Tq, D], k and v [1 or at least B, Tk, D] (D divisible by the "
                              f"heads), got {list(q)} {list(k)} {list(v)}")
@@ -168,10 +183,13 @@ class CachedAttention(_ParamOp):
                 return f"head dim {dh} is not a multiple of 4 up to {ATTENTION_MAX_DH}"
         return None
 
-    def reference(self, node, q, k, v, offset=None):
-        """offset: the parameter's value plus the offset attribute (None: every key)."""
+    def reference(self, node, q, k, v, offset=None, items=None):
+        """offset: the parameter's value plus the offset attribute (None: every key; per_row: one a row of q, [B]);
+        items: the K/V row of each row of q ([B], with the items attribute)."""
         h, scale = int(attr(node, "heads", 1)), float(attr(node, "scale", 1.0))
         B, Tq, D = q.shape
+        if items is not None:
+            k, v = (x[np.asarray(items, np.int64).reshape(-1)[:B]] for x in (k, v))
         k, v = (np.broadcast_to(x, (B,) + x.shape[1:]) if x.shape[0] == 1 else x[:B] for x in (k, v))
 
         def split(x):
@@ -179,8 +197,9 @@ class CachedAttention(_ParamOp):
 
         s = split(q) @ split(k).transpose(0, 1, 3, 2) * np.float32(scale)
         if offset is not None:
-            keys = np.arange(k.shape[1])[None, :]
-            s = np.where(keys <= offset + np.arange(Tq)[:, None], s, -np.inf)
+            keys = np.arange(k.shape[1])[None, None, None, :]
+            last = np.asarray(offset).reshape(-1, 1, 1, 1) + np.arange(Tq)[None, None, :, None]
+            s = np.where(keys <= last, s, -np.inf)
         e = np.exp(s - s.max(-1, keepdims=True))
         o = (e / e.sum(-1, keepdims=True)) @ split(v)
         return [o.transpose(0, 2, 1, 3).reshape(q.shape).astype(q.dtype, copy=False)]
@@ -195,9 +214,11 @@ class CachedAttention(_ParamOp):
         S = attention_splits(ctx, heads * Tq * B, Tk)
         rows = B * heads * S * Tq
         dst = out if S == 1 else ctx.scratch("cached_attention.partials", rows * (dh + 2))
+        items = attr(node, "items", "")
         p = (Push().ivec4(Tq, Tk, heads, D).ivec4(Bk, -1 if param is None else ctx.param(param),
                                                   int(attr(node, "offset", 0)), S)
-             .ivec4(rows * dh // 2, 0, 0, 0).vec4(float(attr(node, "scale", 1.0))))
+             .ivec4(rows * dh // 2, ctx.param(items) + 1 if items else 0, int(attr(node, "per_row", 0)), 0)
+             .vec4(float(attr(node, "scale", 1.0))))
         n = Tk if param is None else Tk / 2      # keys seen on average, for the estimates
         ctx.dispatch("cached_attention", [(dst.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r"),
                                           (ctx.params_block().name, "r")],

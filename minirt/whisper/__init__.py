@@ -5,14 +5,18 @@
     segments, info = model.transcribe("speech.wav", beam_size=5)
     for s in segments:
         print(f"[{s.start:.2f} -> {s.end:.2f}] {s.text}")
+    results = model.transcribe_batch(["a.wav", "b.wav"], beam_size=1)   # [(segments, info)]: windows in batches
+    segments, info = BatchedInferencePipeline(model).transcribe("long.wav", batch_size=16, beam_size=1)
 
 The host side (features, prompts, logit filters, greedy / beam / sampling search, temperature fallback, the seek
 loop) follows faster-whisper and CTranslate2; the model runs behind a DecoderBackend (backend.py), the numpy
 reference (reference.py) by default. Needs the 'whisper' extra: pip install 'minirt[whisper]'.
 """
-from .backend import DecoderBackend
+from .backend import BatchDecoder, DecoderBackend
+from .batched import BatchedInferencePipeline
 from .decoding import TranscriptionOptions
 from .model import WhisperModel
 from .transcribe import Segment, TranscriptionInfo
 
-__all__ = ["WhisperModel", "Segment", "TranscriptionInfo", "TranscriptionOptions", "DecoderBackend"]
+__all__ = ["WhisperModel", "BatchedInferencePipeline", "Segment", "TranscriptionInfo", "TranscriptionOptions",
+           "DecoderBackend", "BatchDecoder"]

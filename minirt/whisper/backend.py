@@ -45,3 +45,31 @@ class DecoderBackend(Protocol):
     def reorder(self, rows: np.ndarray) -> None:
         """Make new row i a copy of old row rows[i] (int array; its length is the new batch). This replicates the
         prompt's row for beam search or best-of sampling, follows beam reordering, and drops finished rows."""
+
+
+@runtime_checkable
+class BatchDecoder(Protocol):
+    """A DecoderBackend that also decodes a batch of independent sequences (windows of several files, or of one long
+    file), each with its own encoder output, its own position and its own end (VulkanBackend, ReferenceBackend).
+    Attribute max_items: sequences a batch holds at most.
+
+    encode_batch(features) once for the batch; start_rows(items) to begin; then step_rows() and reorder_rows(). A row
+    is a sequence being decoded: its key/value cache, its length (its next position) and its item, the window
+    whose encoder output its cross-attention reads (several rows of one item: beams or best_of, later). Logits are
+    float32, unprocessed. This state is separate from the one-sequence interface's (encode, start, step)."""
+
+    max_items: int
+
+    def encode_batch(self, features: np.ndarray) -> None:
+        """Run the encoder on n windows, [n, n_mels, 3000] float32, 1 <= n <= max_items: items 0 .. n-1."""
+
+    def start_rows(self, items: Sequence[int]) -> None:
+        """Rows with empty caches, row r reading item items[r]'s encoder output."""
+
+    def step_rows(self, tokens: np.ndarray) -> np.ndarray:
+        """Append one token to each row (int array [rows]) at that row's next position (rows start at 0 and
+        move on by one a step, each on its own); return the logits there, [rows, n_vocab]."""
+
+    def reorder_rows(self, rows: np.ndarray) -> None:
+        """Make new row i a copy of old row rows[i] (cache, length and item): drops finished rows, packing the
+        live ones first."""

@@ -21,7 +21,20 @@ B is the program's batch (the most rows a search uses); there is a step entry po
 decoding and the prompt run the first, beam search the second), and the Program shares their weights. Weights are
 Hugging Face-named (model.encoder.*, model.decoder.*, proj_out.weight when not tied), as checkpoint.load_checkpoint
 gives them. The graphs are float32 (int32 token ids, rows and picks); plan_program (minirt/whisper/vulkan.py) plans
-them in buffer storage at fp32 or fp16."""
+them in buffer storage at fp32 or fp16.
+
+A batch of independent sequences (batch_graphs: many windows decoded together, each with its own encoder output, its
+own length, finishing on its own) has entry points of its own over state of its own, M sequences at most:
+  bencode  input_features [M, n_mels, 2 n_audio_ctx] -> the encoder on M windows as one batch, then per decoder
+           layer the cross-attention keys and values of each window's output into bcross_k.<i>, bcross_v.<i>
+           [M, n_audio_ctx, d_model] (item m in row m).
+  bstepN   tokens [N, 1] int32, parameters pos.0 .. pos.N-1 and item.0 .. item.N-1 -> logits [N, 1, n_vocab]: row r
+           appends its token at its own position pos.r (ParamRows, CacheWrite and CachedAttention read a parameter a
+           row: per_row) into row r of bself_k.<i>, bself_v.<i> [M, n_text_ctx, d_model], attends causally over its
+           own 0 .. pos.r, and its cross-attention reads the keys and values of item item.r (CachedAttention's
+           items map). Rows of one item (beams, best_of) can share its encoder output through that map.
+  breorder rows [M] int32, parameter len -> nothing: as reorder, on bself_k / bself_v (dropping finished rows
+           packs the live ones first, so a smaller bstepN runs them; a row's item and position move on the host)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -98,13 +111,14 @@ class _Builder:
         return name
 
 
-def encoder_graph(weights: dict, dm: Dims) -> Graph:
+def encoder_graph(weights: dict, dm: Dims, batch: int = 1, state: str = "") -> Graph:
+    """The encoder on `batch` windows, then the cross-attention keys and values of each into state `state`cross_*."""
     cfg = {"d_model": dm.d_model, "encoder_attention_heads": dm.encoder_heads, "num_mel_bins": dm.n_mels,
            "max_source_positions": dm.n_audio_ctx, "encoder_layers": dm.encoder_layers}
     g = build_whisper_encoder_graph(cfg, lambda k: weights[f"model.encoder.{k}"], prefix="model.encoder.",
-                                    source="whisper encode")
+                                    source=f"whisper {state}encode", batch=batch)
     g.outputs = []
-    _cross_kv(_Builder(g, weights), dm, "last_hidden_state")
+    _cross_kv(_Builder(g, weights), dm, "last_hidden_state", batch, state)
     return g
 
 
@@ -118,28 +132,35 @@ def cross_graph(weights: dict, dm: Dims) -> Graph:
     return g
 
 
-def _cross_kv(b: _Builder, dm: Dims, x: str) -> None:
+def _cross_kv(b: _Builder, dm: Dims, x: str, batch: int = 1, state: str = "") -> None:
     """Every decoder layer's cross-attention keys and values from the encoder output x, into state."""
     for i in range(dm.decoder_layers):
         p = f"model.decoder.layers.{i}.encoder_attn"
         for kv, bias in (("k", False), ("v", True)):
-            name = f"cross_{kv}.{i}"
-            b.state(name, (1, dm.n_audio_ctx, dm.d_model), f"{name}@new")
+            name = f"{state}cross_{kv}.{i}"
+            b.state(name, (batch, dm.n_audio_ctx, dm.d_model), f"{name}@new")
             b.linear(x, f"{p}.{kv}_proj", f"{name}@new", bias=bias)
 
 
-def _decoder_layers(g: Graph, b: _Builder, dm: Dims, batch: int, tokens: int, rows: int) -> str:
+def _decoder_layers(g: Graph, b: _Builder, dm: Dims, batch: int, tokens: int, rows: int, items: int = 0) -> str:
     """The decoder from the token ids ("tokens" [batch, tokens] int32, at positions pos .. pos + tokens - 1) to the
-    last layer's output [batch, tokens, d_model]; the key/value cache has `rows` rows."""
+    last layer's output [batch, tokens, d_model]; the key/value cache has `rows` rows. items > 0: a batch of
+    independent sequences (one token a row, row r at position pos.r, reading item item.r's encoder output of
+    `items`; the module doc's bstepN)."""
     d, dd = "model.decoder", dm.d_model
     g.inputs.append("tokens")
     g.add_tensor(Tensor("tokens", (batch, tokens), "int32"))
-    g.params = ["pos"]
+    pos, per_row, state = ("pos.0", 1, "b") if items else ("pos", 0, "")
+    g.params = [f"pos.{r}" for r in range(batch)] + [f"item.{r}" for r in range(batch)] if items else ["pos"]
     scale = float((dd // dm.decoder_heads) ** -0.5)
     x = b.node("Gather", [b.param(f"{d}.embed_tokens.weight"), "tokens"], "embed", axis=0)   # [B, T, D]
-    pe = b.node("ParamRows", [b.param(f"{d}.embed_positions.weight")], "embed_pos", "minirt", param="pos",
-                rows=tokens)
+    pe = b.node("ParamRows", [b.param(f"{d}.embed_positions.weight")], "embed_pos", "minirt", param=pos,
+                rows=batch if items else tokens, **({"per_row": 1} if items else {}))
+    if items:       # a row's position embedding for each row: [B, D] as [B, 1, D]
+        g.const("embed_pos.shape", np.array([batch, 1, dd], np.int64))
+        pe = b.node("Reshape", [pe, "embed_pos.shape"], "embed_pos.rows")
     x = b.node("Add", [x, pe], "x.in")
+    row_attrs = {"per_row": 1} if items else {}
     for i in range(dm.decoder_layers):
         p, s = f"{d}.layers.{i}", f"layers.{i}"
         a = b.layer_norm(x, f"{p}.self_attn_layer_norm", f"{s}/ln1")
@@ -147,17 +168,18 @@ def _decoder_layers(g: Graph, b: _Builder, dm: Dims, batch: int, tokens: int, ro
         k = b.linear(a, f"{p}.self_attn.k_proj", f"{s}/k", bias=False)
         v = b.linear(a, f"{p}.self_attn.v_proj", f"{s}/v")
         caches = []
-        for name, new in ((f"self_k.{i}", k), (f"self_v.{i}", v)):
+        for name, new in ((f"{state}self_k.{i}", k), (f"{state}self_v.{i}", v)):
             b.state(name, (rows, dm.n_text_ctx, dd), f"{name}@new")
-            caches.append(b.node("CacheWrite", [name, new], f"{name}@new", "minirt", param="pos"))
+            caches.append(b.node("CacheWrite", [name, new], f"{name}@new", "minirt", param=pos, **row_attrs))
         o = b.node("CachedAttention", [q, *caches], f"{s}/self_attn", "minirt", heads=dm.decoder_heads, scale=scale,
-                   param="pos")
+                   param=pos, **row_attrs)
         x = b.linear(o, f"{p}.self_attn.out_proj", f"{s}/x1", residual=x)
         a = b.layer_norm(x, f"{p}.encoder_attn_layer_norm", f"{s}/ln2")
         q = b.linear(a, f"{p}.encoder_attn.q_proj", f"{s}/cq")
-        ck = b.state(f"cross_k.{i}", (1, dm.n_audio_ctx, dd))
-        cv = b.state(f"cross_v.{i}", (1, dm.n_audio_ctx, dd))
-        o = b.node("CachedAttention", [q, ck, cv], f"{s}/cross_attn", "minirt", heads=dm.decoder_heads, scale=scale)
+        ck = b.state(f"{state}cross_k.{i}", (max(items, 1), dm.n_audio_ctx, dd))
+        cv = b.state(f"{state}cross_v.{i}", (max(items, 1), dm.n_audio_ctx, dd))
+        o = b.node("CachedAttention", [q, ck, cv], f"{s}/cross_attn", "minirt", heads=dm.decoder_heads, scale=scale,
+                   **({"items": "item.0"} if items else {}))
         x = b.linear(o, f"{p}.encoder_attn.out_proj", f"{s}/x2", residual=x)
         a = b.layer_norm(x, f"{p}.final_layer_norm", f"{s}/ln3")
         h = b.linear(a, f"{p}.fc1", f"{s}/fc1", act="gelu")
@@ -202,15 +224,15 @@ def prompt_graph(weights: dict, dm: Dims, tokens: int, picks: int, cache_rows: i
     return g
 
 
-def reorder_graph(dm: Dims, batch: int) -> Graph:
-    g = Graph(name="whisper reorder", source="whisper reorder")
+def reorder_graph(dm: Dims, batch: int, state: str = "") -> Graph:
+    g = Graph(name=f"whisper {state}reorder", source=f"whisper {state}reorder")
     b = _Builder(g, {})
     g.inputs.append("rows")
     g.add_tensor(Tensor("rows", (batch,), "int32"))
     g.params = ["len"]
     for i in range(dm.decoder_layers):
         for kind in ("k", "v"):
-            name = f"self_{kind}.{i}"
+            name = f"{state}self_{kind}.{i}"
             b.state(name, (batch, dm.n_text_ctx, dm.d_model), f"{name}@new")
             b.node("ReorderRows", [name, "rows"], f"{name}@new", "minirt", valid="len")
     return g
@@ -257,4 +279,35 @@ def program_graphs(weights: dict, dm: Dims, batch: int, step_rows=None) -> dict:
     graphs.update({prompt_entry(n): prompt_graph(weights, dm, n, PROMPT_PICKS, batch) for n in prompt_sizes(dm)})
     graphs.update({step_entry(n): step_graph(weights, dm, n, batch) for n in sizes})
     graphs["reorder"] = reorder_graph(dm, batch)
+    return graphs
+
+
+MAX_ITEMS = 32       # sequences of a batch at most: a row takes two slots (pos.r, item.r) of the 64-slot parameter block
+
+
+def batch_step_sizes(items: int) -> list:
+    """The row counts of the bstep entry points of a batch of `items` sequences: powers of two below it, and it (a
+    step costs its rows, padding included; finished rows are dropped, so the live ones run in the smallest that
+    holds them)."""
+    return sorted({1 << k for k in range(items.bit_length()) if 1 << k < items} | {items})
+
+
+def batch_step_graph(weights: dict, dm: Dims, rows: int, items: int) -> Graph:
+    """bstep`rows`: one token for each of `rows` independent sequences (the module doc), over caches of `items` rows."""
+    if not 1 <= rows <= items:
+        raise ValueError(f"a batched step of {rows} rows over {items} sequences")
+    g = Graph(name=f"whisper batched step ({rows} rows)", source="whisper bstep")
+    b = _Builder(g, weights)
+    _logits(g, b, weights, _decoder_layers(g, b, dm, rows, 1, items, items))
+    return g
+
+
+def batch_graphs(weights: dict, dm: Dims, items: int) -> dict:
+    """{entry point: Graph} of a batch of up to `items` independent sequences: bencode, bstepN for N in
+    batch_step_sizes(items), breorder (the module doc)."""
+    if not 1 <= items <= MAX_ITEMS:
+        raise ValueError(f"a batch of 1 to {MAX_ITEMS} sequences, got {items}")
+    graphs = {"bencode": encoder_graph(weights, dm, items, "b")}
+    graphs.update({f"bstep{n}": batch_step_graph(weights, dm, n, items) for n in batch_step_sizes(items)})
+    graphs["breorder"] = reorder_graph(dm, items, "b")
     return graphs

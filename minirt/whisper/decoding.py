@@ -11,7 +11,8 @@ from typing import Iterable, List, Optional, Union
 import numpy as np
 
 from . import filters as F
-from .search import beam_search, greedy
+from .filters import log_softmax
+from .search import Hypothesis, _apply, _final_score, beam_search, greedy
 
 MAX_LENGTH = 448            # faster-whisper's max_length: prompt and generated tokens of one window
 TIME_PRECISION = 0.02       # seconds per timestamp token
@@ -95,10 +96,8 @@ def no_speech_probability(logits_at_sot: np.ndarray, no_speech_id: int) -> float
     return float(np.exp(p))
 
 
-def generate(backend, tokenizer, prompt, options: TranscriptionOptions, temperature: float,
-             suppress_blank_ids, rng=None):
-    """One decoding attempt: (best Hypothesis, no_speech_prob). The encoder output of the window must be in the
-    backend already."""
+def _limits(tokenizer, prompt, options: TranscriptionOptions):
+    """(index of <|startoftranscript|> in the prompt, tokens to generate at most) as CTranslate2 counts them."""
     sot_index = prompt.index(tokenizer.sot)
     if any(not tokenizer.sot <= t <= tokenizer.no_timestamps for t in prompt[sot_index:]):
         raise ValueError("the prompt must end with the start sequence (a prefix is not supported)")
@@ -110,7 +109,14 @@ def generate(backend, tokenizer, prompt, options: TranscriptionOptions, temperat
         raise ValueError(f"the prompt has {len(prompt)} tokens and max_new_tokens is {options.max_new_tokens}: "
                          f"{max_length} in all is more than Whisper's {MAX_LENGTH}")
     # CTranslate2 runs prompt[:-1] as the prompt and generates from prompt[-1] on, at most half the context
-    steps = min(max_length // 2, max_length - (len(prompt) - 1))
+    return sot_index, min(max_length // 2, max_length - (len(prompt) - 1))
+
+
+def generate(backend, tokenizer, prompt, options: TranscriptionOptions, temperature: float,
+             suppress_blank_ids, rng=None):
+    """One decoding attempt: (best Hypothesis, no_speech_prob). The encoder output of the window must be in the
+    backend already."""
+    sot_index, steps = _limits(tokenizer, prompt, options)
     logits = backend.start(prompt, [sot_index, len(prompt) - 1])
     no_speech_prob = no_speech_probability(logits[0], tokenizer.no_speech)
     with_timestamps = prompt[-1] != tokenizer.no_timestamps
@@ -126,17 +132,90 @@ def generate(backend, tokenizer, prompt, options: TranscriptionOptions, temperat
     return hyps[0], no_speech_prob
 
 
+def batchable(options: TranscriptionOptions) -> bool:
+    """Whether a window's first decoding attempt can run in a batch (generate_batch): greedy at temperature 0."""
+    return options.beam_size == 1 and options.temperatures[0] == 0
+
+
+def generate_batch(backend, tokenizer, prompts, options: TranscriptionOptions, suppress_blank_ids) -> list:
+    """Greedy decoding (temperature 0) of several windows at once on a BatchDecoder whose items 0 .. n-1 are their
+    encoder outputs (encode_batch): [(Hypothesis, no_speech_prob)] a prompt, each what generate() gives for that
+    window alone. A row a window: each step feeds every row its next prompt token or its last generated one (rows
+    with shorter prompts start generating earlier), and a row that ends (<|endoftext|> or its length limit) is
+    dropped, the live rows packed first."""
+    n = len(prompts)
+    prompts = [list(p) for p in prompts]
+    limits = [_limits(tokenizer, p, options) for p in prompts]
+    filters = {}
+    for p in prompts:
+        ts = p[-1] != tokenizer.no_timestamps
+        if ts not in filters:
+            filters[ts] = make_filters(tokenizer, options, backend.n_vocab, ts, suppress_blank_ids)
+    flt = [filters[p[-1] != tokenizer.no_timestamps] for p in prompts]
+    fed, tokens, totals, no_speech = [0] * n, [[] for _ in range(n)], [np.float32(0)] * n, [0.0] * n
+    rows = list(range(n))               # the item of each row
+    backend.start_rows(rows)
+    while rows:
+        feed = [prompts[i][fed[i]] if fed[i] < len(prompts[i]) else tokens[i][-1] for i in rows]
+        logits = np.array(backend.step_rows(np.asarray(feed, np.int64)), np.float32)
+        gen = []                        # rows past their prompt: (row, item, generation step)
+        for r, i in enumerate(rows):
+            at = fed[i]
+            fed[i] += 1
+            if at == limits[i][0]:
+                no_speech[i] = no_speech_probability(logits[r], tokenizer.no_speech)
+            if at >= len(prompts[i]) - 1:
+                gen.append((r, i, at - (len(prompts[i]) - 1)))
+        groups = {}
+        for r, i, step in gen:          # rows with the same filters at the same step are filtered together
+            groups.setdefault((id(flt[i]), step), []).append((r, i))
+        for (_, step), members in groups.items():
+            idx = [r for r, _ in members]
+            sub = logits[idx]
+            _apply(flt[members[0][1]], sub, step, np.array([tokens[i] for _, i in members], np.int64).reshape(
+                len(members), step))
+            logits[idx] = sub
+        done = set()
+        if gen:
+            idx = [r for r, _, _ in gen]
+            log_probs = log_softmax(logits[idx])
+            ids = log_probs.argmax(-1)
+            scores = log_probs[np.arange(len(ids)), ids]
+            for k, (r, i, step) in enumerate(gen):
+                t = int(ids[k])
+                totals[i] = np.float32(totals[i] + scores[k])
+                if t != tokenizer.eot:
+                    tokens[i].append(t)
+                if t == tokenizer.eot or step + 1 >= limits[i][1]:
+                    done.add(r)
+        if done:
+            keep = [r for r in range(len(rows)) if r not in done]
+            rows = [rows[r] for r in keep]
+            if rows:
+                backend.reorder_rows(np.asarray(keep, np.int64))
+    return [(Hypothesis(tokens[i], _final_score(totals[i], len(tokens[i]), options.length_penalty)), no_speech[i])
+            for i in range(n)]
+
+
 def generate_with_fallback(backend, tokenizer, prompt, options: TranscriptionOptions, suppress_blank_ids,
-                           rng=None) -> DecodeResult:
+                           rng=None, first=None, encode=None) -> DecodeResult:
     """Decode at each temperature in turn until the text is neither too repetitive (compression ratio above
     compression_ratio_threshold) nor too improbable (avg_logprob below log_prob_threshold), a silent window
     (no_speech_prob above no_speech_threshold with a low avg_logprob) being accepted as it is. When every
     temperature fails: the best avg_logprob among the results under the compression threshold (or among all),
-    reported with the last temperature (for prompt_reset_on_temperature)."""
+    reported with the last temperature (for prompt_reset_on_temperature). first: the first temperature's
+    (Hypothesis, no_speech_prob), decoded elsewhere (generate_batch); encode: what puts the window's encoder
+    output into the backend, called before a later temperature's attempt where first was given."""
     results, below_cr = [], []
     temperature = 0.0
-    for temperature in options.temperatures:
-        hyp, no_speech_prob = generate(backend, tokenizer, prompt, options, temperature, suppress_blank_ids, rng)
+    for k, temperature in enumerate(options.temperatures):
+        if k == 0 and first is not None:
+            hyp, no_speech_prob = first
+        else:
+            if k == 1 and first is not None and encode is not None:
+                encode()
+            hyp, no_speech_prob = generate(backend, tokenizer, prompt, options, temperature, suppress_blank_ids,
+                                           rng)
         n = len(hyp.tokens)
         cum_logprob = hyp.score * (n ** options.length_penalty)
         avg_logprob = cum_logprob / (n + 1)

@@ -8,6 +8,7 @@ tokens for the same model and audio.
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 from typing import Iterable, List, Optional, Tuple, Union
@@ -19,7 +20,7 @@ from .checkpoint import load_checkpoint
 from .decoding import TranscriptionOptions
 from .features import LogMel
 from .tokenizer import TASKS, WhisperTokenizer
-from .transcribe import TranscriptionInfo, detect_language, generate_segments
+from .transcribe import TranscriptionInfo, detect_language, generate_segments, generate_segments_batch
 
 log = logging.getLogger("minirt.whisper")
 
@@ -37,9 +38,11 @@ class WhisperModel:
     the CPU and ignores it).
     backend: "vulkan" (minirt.whisper.vulkan.VulkanBackend: encoder and decoder on the GPU, at either precision,
     beams and best_of up to 5), "reference" (the numpy reference on the CPU), None (the default: vulkan), or a
-    DecoderBackend to use as it is."""
+    DecoderBackend to use as it is.
+    max_batch_items: the most windows transcribe_batch and BatchedInferencePipeline decode together (batch_size at
+    most this; on the GPU, the batch's entry points and state are made for this many when first used)."""
 
-    def __init__(self, path, precision: str = "fp32", device=None, backend=None):
+    def __init__(self, path, precision: str = "fp32", device=None, backend=None, max_batch_items: int = 16):
         if precision not in ("fp32", "fp16"):
             raise ValueError(f"precision must be 'fp32' or 'fp16', got {precision!r}")
         ckpt = load_checkpoint(path)
@@ -58,6 +61,9 @@ class WhisperModel:
         elif isinstance(backend, str):
             raise ValueError(f"backend must be 'reference', 'vulkan' or a DecoderBackend, got {backend!r}")
         self.backend = backend
+        self.max_batch_items = int(max_batch_items)
+        if not 1 <= self.max_batch_items <= 32:
+            raise ValueError(f"max_batch_items must be 1 to 32, got {max_batch_items}")
         del ckpt.weights
         self.n_mels = int(self.config.get("num_mel_bins", backend.n_mels))
         tok = self.tokenizer
@@ -119,6 +125,71 @@ class WhisperModel:
         clip_timestamps other than "0", chunk_length other than 30. Options of faster-whisper that only matter
         with those (prepend_punctuations, append_punctuations, hallucination_silence_threshold, vad_parameters)
         are accepted and have no effect."""
+        kw = {k: v for k, v in locals().items() if k not in ("self", "audio", "ignored", "log_progress", "progress")}
+        mel, options, info, rng = self._setup(audio, dict(kw, **ignored))
+        if progress is None and log_progress:
+            progress = _stderr_progress
+        segments = generate_segments(self.backend, self.tokenizer, mel, options, info.language, kw["task"],
+                                     self.suppress_blank_ids, rng, progress)
+        return segments, info
+
+    def transcribe_batch(self, audio: list, batch_size: Optional[int] = None, **options) -> list:
+        """Transcribe several files together: [(segments, TranscriptionInfo)], one a file of `audio` (paths, float32
+        16 kHz samples as transcribe() takes them, or (samples, sample rate) pairs, resampled to 16 kHz each at its
+        own rate), in the same order, each what transcribe() gives that file with the same options (every option of
+        transcribe() but progress). The files' seek loops run side by side and their windows are decoded on the GPU
+        as a batch of up to batch_size (a window a file at a time),
+        where a window's first attempt is greedy at temperature 0 (beam_size=1); temperature fallback, beam search,
+        sampling and multilingual=True decode those windows one by one. batch_size: 1 to max_batch_items (None:
+        max_batch_items). The segments are lists (the work is done when this returns)."""
+        for bad in ("progress", "log_progress"):
+            if options.pop(bad, None):
+                raise TypeError(f"transcribe_batch() does not take {bad}")
+        if isinstance(audio, (str, np.ndarray)):
+            raise TypeError("transcribe_batch() takes a list of files or sample arrays; transcribe() takes one")
+        audio = [_at_16k(a, i) if isinstance(a, tuple) else a for i, a in enumerate(audio)]
+        batch_size = self.max_batch_items if batch_size is None else batch_size
+        if not audio:
+            return []
+        self.batch_backend(batch_size)
+        bound = inspect.signature(WhisperModel.transcribe).bind(self, None, **options)
+        bound.apply_defaults()
+        kw = {k: v for k, v in bound.arguments.items() if k not in ("self", "audio", "log_progress", "progress",
+                                                                     "ignored")}
+        kw.update(bound.arguments.get("ignored", {}))
+        setups = [self._setup(a, dict(kw)) for a in audio]
+        options = setups[0][1]
+        files = [(mel, info.language, kw["task"], rng) for mel, _, info, rng in setups]
+        segments = generate_segments_batch(self.backend, self.tokenizer, files, options, self.suppress_blank_ids,
+                                           batch_size)
+        return [(segs, info) for segs, (_, _, info, _) in zip(segments, setups)]
+
+    def batch_backend(self, batch_size: int):
+        """The backend, able to decode batches of batch_size windows (BatchDecoder): on the GPU, the batch's entry
+        points are made the first time (for max_batch_items windows, from the checkpoint read again)."""
+        b = self.backend
+        if not 1 <= batch_size <= self.max_batch_items:
+            raise ValueError(f"batch_size must be 1 to {self.max_batch_items} (WhisperModel(max_batch_items=...)), "
+                             f"got {batch_size}")
+        if not all(hasattr(b, m) for m in ("encode_batch", "start_rows", "step_rows", "reorder_rows")):
+            raise TypeError(f"the backend {getattr(b, 'name', type(b).__name__)} does not decode batches "
+                            f"(minirt.whisper.BatchDecoder)")
+        if not getattr(b, "max_items", 0) and hasattr(b, "add_batch"):
+            ckpt = load_checkpoint(self.path)
+            b.add_batch(ckpt.weights, ckpt.config, self.max_batch_items)
+        if batch_size > b.max_items:
+            raise ValueError(f"batch_size {batch_size} is more than the backend's batch of {b.max_items}")
+        return b
+
+    def _setup(self, audio, kw: dict):
+        """(LogMel, TranscriptionOptions, TranscriptionInfo, rng) of one file for transcribe()'s options `kw`."""
+        ignored = {k: kw.pop(k) for k in list(kw) if k not in _OPTION_NAMES}
+        (language, task, beam_size, best_of, patience, length_penalty, repetition_penalty, no_repeat_ngram_size,
+         temperature, compression_ratio_threshold, log_prob_threshold, no_speech_threshold,
+         condition_on_previous_text, prompt_reset_on_temperature, initial_prompt, prefix, suppress_blank,
+         suppress_tokens, without_timestamps, max_initial_timestamp, word_timestamps, multilingual, vad_filter,
+         max_new_tokens, chunk_length, clip_timestamps, hotwords, language_detection_threshold,
+         language_detection_segments, seed) = (kw[k] for k in _OPTION_NAMES)
         unsupported = [name for name, on in (
             ("word_timestamps", word_timestamps), ("prefix", prefix), ("hotwords", hotwords),
             ("vad_filter", vad_filter),
@@ -174,15 +245,29 @@ class WhisperModel:
             suppress_tokens=list(tok.suppressed_tokens(suppress_tokens)) if suppress_tokens else suppress_tokens,
             without_timestamps=without_timestamps, max_initial_timestamp=max_initial_timestamp,
             multilingual=multilingual, max_new_tokens=max_new_tokens, word_timestamps=False)
-        if progress is None and log_progress:
-            progress = _stderr_progress
-        rng = np.random.default_rng(seed)
-        segments = generate_segments(self.backend, tok, mel, options, language, task, self.suppress_blank_ids,
-                                     rng, progress)
         info = TranscriptionInfo(language=language, language_probability=language_probability, duration=duration,
                                  duration_after_vad=duration, all_language_probs=all_language_probs,
                                  transcription_options=options)
-        return segments, info
+        return mel, options, info, np.random.default_rng(seed)
+
+
+def _at_16k(item, index: int) -> np.ndarray:
+    """The samples of a (samples, sample rate) pair at 16 kHz; InputError naming the item where it is not one."""
+    from ..errors import InputError
+    from .audio_input import check_array, resample
+    if len(item) != 2 or not isinstance(item[1], (int, np.integer)) or isinstance(item[1], bool) or item[1] <= 0:
+        raise InputError(f"audio[{index}]: a pair must be (samples, sample rate in Hz, a positive int), got a "
+                         f"{len(item)}-tuple" + (f" with rate {item[1]!r}" if len(item) == 2 else ""))
+    return resample(check_array(item[0]), int(item[1]), SAMPLE_RATE)
+
+
+_OPTION_NAMES = (
+    "language", "task", "beam_size", "best_of", "patience", "length_penalty", "repetition_penalty",
+    "no_repeat_ngram_size", "temperature", "compression_ratio_threshold", "log_prob_threshold", "no_speech_threshold",
+    "condition_on_previous_text", "prompt_reset_on_temperature", "initial_prompt", "prefix", "suppress_blank",
+    "suppress_tokens", "without_timestamps", "max_initial_timestamp", "word_timestamps", "multilingual", "vad_filter",
+    "max_new_tokens", "chunk_length", "clip_timestamps", "hotwords", "language_detection_threshold",
+    "language_detection_segments", "seed")
 
 
 def _stderr_progress(done, total):

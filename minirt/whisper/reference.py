@@ -92,6 +92,7 @@ class ReferenceBackend:
     them."""
 
     name = "numpy reference (float32, CPU)"
+    max_items = 32        # BatchDecoder: sequences of a batch (the Vulkan program's limit; here only a check)
 
     def __init__(self, weights: dict, config: dict, precision: str = "fp32", threads: int | None = 1):
         """threads: BLAS threads while the backend computes (None: BLAS's default). One is the default: the
@@ -303,6 +304,52 @@ class ReferenceBackend:
         with blas_threads(self.threads):
             h = self._decode(self._embed(tokens[:, None], self._len))[:, 0]
             return h @ self.proj_t
+
+    # -- BatchDecoder: independent sequences, each with its own encoder output and position ------------------------
+
+    def encode_batch(self, features: np.ndarray) -> None:
+        x = np.asarray(features, np.float32)
+        if x.ndim != 3 or not 1 <= len(x) <= self.max_items:
+            raise ValueError(f"features must be [1 to {self.max_items}, {self.n_mels}, frames], got {list(x.shape)}")
+        items = []
+        with blas_threads(self.threads):
+            for f in x:
+                self._encode(f)
+                items.append(self._cross)
+        self._items, self._rows = items, []
+
+    def start_rows(self, items) -> None:
+        items = [int(i) for i in items]
+        n = len(getattr(self, "_items", ()))
+        if not n:
+            raise RuntimeError("start_rows() before encode_batch()")
+        if not 1 <= len(items) <= self.max_items or min(items) < 0 or max(items) >= n:
+            raise ValueError(f"start_rows() items {items}: 1 to {self.max_items} rows, each an item of the {n} "
+                             f"encoded")
+        H, hd = self.n_heads_dec, self.d_model // self.n_heads_dec
+        shape = (1, H, self.n_text_ctx, hd)
+        self._rows = [dict(item=i, len=0, k=[np.zeros(shape, np.float32) for _ in self.dec_layers],
+                           v=[np.zeros(shape, np.float32) for _ in self.dec_layers]) for i in items]
+
+    def step_rows(self, tokens: np.ndarray) -> np.ndarray:
+        tokens = np.asarray(tokens).reshape(-1)
+        if not self._rows or len(tokens) != len(self._rows):
+            raise ValueError(f"step_rows() got {len(tokens)} tokens for {len(self._rows)} rows")
+        out = []
+        with blas_threads(self.threads):        # a row at a time: the one-sequence decoder on its own state
+            for t, row in zip(tokens, self._rows):
+                self._cross, self._k, self._v, self._len = self._items[row["item"]], row["k"], row["v"], row["len"]
+                out.append(self._decode(self._embed(np.array([[t]]), self._len))[0, 0] @ self.proj_t)
+                row["len"] = self._len
+        self._k = self._v = None
+        return np.stack(out)
+
+    def reorder_rows(self, rows: np.ndarray) -> None:
+        rows = np.asarray(rows, np.int64).reshape(-1)
+        if not 1 <= len(rows) <= self.max_items or rows.min() < 0 or rows.max() >= len(self._rows):
+            raise ValueError(f"reorder_rows() rows {rows.tolist()} for {len(self._rows)} rows")
+        self._rows = [dict(self._rows[r], k=[c.copy() for c in self._rows[r]["k"]],
+                           v=[c.copy() for c in self._rows[r]["v"]]) for r in rows]
 
     def reorder(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, np.int64).reshape(-1)

@@ -1,6 +1,10 @@
 """The seek loop over long audio, as faster-whisper's generate_segments runs it: 30 s windows of log-mel frames,
 each decoded (with temperature fallback), split into segments on timestamp tokens, the next window starting
 after the last complete segment; previous text as the prompt; silent windows skipped.
+
+The loop itself (seek_loop) decodes nothing: it asks for each window's decode (a WindowRequest) and is sent the
+result, so one driver decodes a file's windows one by one (generate_segments) and another the windows of many files
+together, a window of each in a batch (generate_segments_batch), with the same results.
 """
 from __future__ import annotations
 
@@ -9,7 +13,8 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from .decoding import TIME_PRECISION, TranscriptionOptions, generate_with_fallback, get_prompt
+from .decoding import (TIME_PRECISION, TranscriptionOptions, batchable, generate_batch, generate_with_fallback,
+                       get_prompt)
 from .features import N_FRAMES, TIME_PER_FRAME, LogMel
 from .filters import log_softmax
 
@@ -105,10 +110,105 @@ def split_segments(tokenizer, tokens, time_offset, segment_size, segment_duratio
     return out, seek, single_ending
 
 
+@dataclass
+class WindowRequest:
+    """What seek_loop asks of its driver: decode this window (features [n_mels, 3000]) after this previous text, in
+    this language (or the window's own, detected on it, with options.multilingual), and send back (DecodeResult,
+    language)."""
+    features: np.ndarray
+    previous_tokens: list
+    language: str
+    task: str
+
+    def prompt(self, tokenizer, language, options: TranscriptionOptions) -> list:
+        return get_prompt(tokenizer, self.previous_tokens, language, self.task, options.without_timestamps)
+
+
+def decode_window(backend, tokenizer, request: WindowRequest, options: TranscriptionOptions, suppress_blank_ids,
+                  rng=None, first=None):
+    """(DecodeResult, language) of one window on a DecoderBackend. first: the first temperature's (Hypothesis,
+    no_speech_prob) from a batch (generate_batch); the window is encoded here only where a later temperature needs
+    it."""
+    encode = (lambda: backend.encode(request.features))
+    if first is None:
+        encode()
+    language = request.language
+    if options.multilingual:
+        language = language_probabilities(backend, tokenizer)[0][0]
+    prompt = request.prompt(tokenizer, language, options)
+    if first is None:
+        result = generate_with_fallback(backend, tokenizer, prompt, options, suppress_blank_ids, rng)
+    else:
+        result = generate_with_fallback(backend, tokenizer, prompt, options, suppress_blank_ids, rng, first=first,
+                                        encode=encode)
+    return result, language
+
+
 def generate_segments(backend, tokenizer, mel: LogMel, options: TranscriptionOptions, language: str,
                       task: str = "transcribe", suppress_blank_ids=(), rng=None, progress=None):
     """Yield Segments for the whole audio (see the module doc). `progress(seconds done, seconds in all)` is
     called after each window."""
+    loop = seek_loop(tokenizer, mel, options, language, task, progress)
+    reply = None
+    while True:
+        try:
+            msg = loop.send(reply)
+        except StopIteration:
+            return
+        if isinstance(msg, Segment):
+            reply = None
+            yield msg
+        else:
+            reply = decode_window(backend, tokenizer, msg, options, suppress_blank_ids, rng)
+
+
+def generate_segments_batch(backend, tokenizer, files, options: TranscriptionOptions, suppress_blank_ids=(),
+                            batch_size: int = 16) -> list:
+    """[[Segment]] for each of `files`, [(LogMel, language, task, rng)], as generate_segments gives each: every
+    file's seek loop runs, and the windows they ask for are decoded together, up to batch_size at a time (a window a
+    file), on a BatchDecoder. The first decoding attempt of a window is batched where it is greedy at temperature 0
+    (decoding.batchable) and the window's language is known; the rest (temperature fallback, beam search,
+    sampling, a language detected a window) runs window by window."""
+    loops = [seek_loop(tokenizer, mel, options, language, task) for mel, language, task, _ in files]
+    out = [[] for _ in files]
+    pending = {}
+
+    def advance(f, reply):
+        while True:
+            try:
+                msg = loops[f].send(reply)
+            except StopIteration:
+                return
+            reply = None
+            if isinstance(msg, Segment):
+                out[f].append(msg)
+            else:
+                pending[f] = msg
+                return
+
+    for f in range(len(files)):
+        advance(f, None)
+    together = batchable(options) and not options.multilingual
+    while pending:
+        if not together:
+            for f in sorted(pending):
+                advance(f, decode_window(backend, tokenizer, pending.pop(f), options, suppress_blank_ids,
+                                         files[f][3]))
+            continue
+        batch = sorted(pending)[:batch_size]
+        requests = [pending.pop(f) for f in batch]
+        backend.encode_batch(np.stack([r.features for r in requests]))
+        firsts = generate_batch(backend, tokenizer, [r.prompt(tokenizer, r.language, options) for r in requests],
+                                options, suppress_blank_ids)
+        for f, request, first in zip(batch, requests, firsts):
+            advance(f, decode_window(backend, tokenizer, request, options, suppress_blank_ids, files[f][3], first))
+    return out
+
+
+def seek_loop(tokenizer, mel: LogMel, options: TranscriptionOptions, language: str, task: str = "transcribe",
+              progress=None):
+    """The seek loop of one file as a generator: it yields a WindowRequest for each window, to be sent back
+    (DecodeResult, language), and the Segments (see the module doc)."""
     content_frames = mel.content_frames
     content_duration = float(content_frames * TIME_PER_FRAME)
     idx, seek = 0, 0
@@ -123,11 +223,7 @@ def generate_segments(backend, tokenizer, mel: LogMel, options: TranscriptionOpt
         segment_size = min(N_FRAMES, content_frames - seek)
         segment_duration = segment_size * TIME_PER_FRAME
         previous_tokens = all_tokens[prompt_reset_since:]
-        backend.encode(mel.window(seek, segment_size))
-        if options.multilingual:
-            language = language_probabilities(backend, tokenizer)[0][0]
-        prompt = get_prompt(tokenizer, previous_tokens, language, task, options.without_timestamps)
-        result = generate_with_fallback(backend, tokenizer, prompt, options, suppress_blank_ids, rng)
+        result, language = yield WindowRequest(mel.window(seek, segment_size), previous_tokens, language, task)
         previous_seek = seek
         if options.no_speech_threshold is not None:
             skip = result.no_speech_prob > options.no_speech_threshold

@@ -15,6 +15,10 @@ points over state tensors that stay on the GPU (minirt/whisper/decoder_graph.py)
   reorder(rows)     the reorder entry point (a gather of cache rows on the GPU), or nothing where rows only drops
                     the last rows.
 
+A batch of independent sequences (BatchDecoder in backend.py: many windows decoded together, each at its own
+position, finishing on its own) runs on entry points of its own (decoder_graph.batch_graphs: bencode, bstepN,
+breorder) over state of its own, planned at construction (max_items) or by add_batch() when first needed.
+
 The cache holds max_batch rows (the most a search uses: beam_size, or best_of when sampling; 5 by default). The step
 entry points share their weights on the GPU (minirt/program.py). At precision fp16 every plan runs its kernels' half
 variants (docs/architecture.md, Precision): weights, activations and the state (the key/value cache, the cross keys
@@ -33,6 +37,11 @@ from . import decoder_graph
 def plan_program(weights: dict, config: dict, profile, max_batch: int = 5, options=None) -> dict:
     """{entry point: Plan} of the Whisper program (decoder_graph.py) for a device profile, in buffer storage at the
     precision of options (fp32 by default, or fp16; options: Session options for planning)."""
+    graphs = decoder_graph.program_graphs(weights, decoder_graph.dims_of(weights, config), int(max_batch))
+    return _plans(graphs, profile, options)
+
+
+def _plans(graphs: dict, profile, options) -> dict:
     from ..infer import prepare
     from ..options import Options
     from ..planner import make_plan
@@ -40,18 +49,24 @@ def plan_program(weights: dict, config: dict, profile, max_batch: int = 5, optio
     if opts.storage not in ("auto", "buffer"):
         raise UnsupportedError(f"the Vulkan Whisper program runs in buffer storage (asked: {opts.storage})")
     opts = opts.replace(storage="buffer")
-    graphs = decoder_graph.program_graphs(weights, decoder_graph.dims_of(weights, config), int(max_batch))
     return {k: make_plan(prepare(g), profile, "buffer", opts) for k, g in graphs.items()}
+
+
+def plan_batch(weights: dict, config: dict, profile, max_items: int, options=None) -> dict:
+    """{entry point: Plan} of the batch entry points (decoder_graph.batch_graphs), as plan_program plans."""
+    graphs = decoder_graph.batch_graphs(weights, decoder_graph.dims_of(weights, config), int(max_items))
+    return _plans(graphs, profile, options)
 
 
 class VulkanBackend:
     """weights and config as checkpoint.load_checkpoint returns them; precision: "fp32" or "fp16" (16-bit storage,
     fp32 arithmetic; it overrides options' precision); device: a Vulkan device index or UUID (None: the default
-    one); max_batch: cache rows; options: minirt Session options for planning (the storage is buffer); profile: GPU time
-    per dispatch (self.program.dispatch_times(entry))."""
+    one); max_batch: cache rows; max_items: sequences of a batch (BatchDecoder; 0: none until add_batch()); options:
+    minirt Session options for planning (the storage is buffer); profile: GPU time per dispatch
+    (self.program.dispatch_times(entry))."""
 
     def __init__(self, weights: dict, config: dict, precision: str = "fp32", device=None, max_batch: int = 5,
-                 options=None, profile=False):
+                 options=None, profile=False, max_items: int = 0):
         from ..options import Options
         from ..program import Program
         from ..session import get_device
@@ -69,6 +84,7 @@ class VulkanBackend:
                                   for r in range(1, self.max_batch + 1)]
         self._prompt_sizes = decoder_graph.prompt_sizes(dm)
         opts = Options.of(options).replace(precision=precision)
+        self._opts = opts
         self.precision = precision
         self.name = f"Vulkan ({'float16' if precision == 'fp16' else 'float32'})"
         self.plans = plan_program(weights, config, get_device(device).profile, self.max_batch, opts)
@@ -76,6 +92,81 @@ class VulkanBackend:
         self._len = 0             # positions in the cache
         self._batch = 0           # rows in use
         self._encoded = False
+        self.max_items = 0        # the batch entry points' sequences (0: not made yet)
+        self._items = 0           # sequences encoded by encode_batch
+        self._row_item, self._row_len = [], []
+        if max_items:
+            self.add_batch(weights, config, max_items)
+
+    # -- BatchDecoder ------------------------------------------------------------------------------------------
+    def add_batch(self, weights: dict, config: dict, max_items: int = 16) -> None:
+        """Plan and make the batch entry points (decoder_graph.batch_graphs) for up to max_items sequences, from the
+        same weights and config as the backend's (a weight already on the GPU is shared); nothing where they exist
+        for as many."""
+        if self.max_items:
+            if max_items > self.max_items:
+                raise ValueError(f"this backend's batch holds {self.max_items} sequences; {max_items} asked")
+            return
+        if not 1 <= max_items <= decoder_graph.MAX_ITEMS:
+            raise ValueError(f"max_items must be 1 to {decoder_graph.MAX_ITEMS}, got {max_items}")
+        plans = plan_batch(weights, config, self.program.device.profile, max_items, self._opts)
+        self.program.add(plans)
+        self.plans.update(plans)
+        self._batch_steps = decoder_graph.batch_step_sizes(max_items)
+        self.max_items = int(max_items)
+
+    def encode_batch(self, features: np.ndarray) -> None:
+        x = np.asarray(features, np.float32)
+        if not self.max_items:
+            raise RuntimeError("this backend has no batch entry points (VulkanBackend(max_items=...) or add_batch())")
+        want = (self.n_mels, self.dims.frames)
+        if x.ndim != 3 or tuple(x.shape[1:]) != want or not 1 <= len(x) <= self.max_items:
+            raise ValueError(f"features must be [1 to {self.max_items}, {want[0]}, {want[1]}] (max_items "
+                             f"{self.max_items}), got {list(x.shape)}")
+        full = np.zeros((self.max_items,) + want, np.float32)
+        full[:len(x)] = x
+        self.program.run("bencode", {"input_features": full})
+        self._items, self._row_item, self._row_len = len(x), [], []
+
+    def start_rows(self, items) -> None:
+        items = [int(i) for i in items]
+        if not self._items:
+            raise RuntimeError("start_rows() before encode_batch()")
+        if not 1 <= len(items) <= self.max_items or min(items) < 0 or max(items) >= self._items:
+            raise ValueError(f"start_rows() items {items}: 1 to {self.max_items} rows, each an item of the "
+                             f"{self._items} encoded")
+        self._row_item, self._row_len = items, [0] * len(items)
+
+    def step_rows(self, tokens: np.ndarray) -> np.ndarray:
+        tokens = np.asarray(tokens).reshape(-1)
+        n = len(self._row_item)
+        if not n or len(tokens) != n:
+            raise ValueError(f"step_rows() got {len(tokens)} tokens for {n} rows")
+        if max(self._row_len) >= self.n_text_ctx:
+            raise ValueError(f"the decoder has {self.n_text_ctx} positions; {max(self._row_len) + 1} needed")
+        self._check_tokens(int(tokens.min()), int(tokens.max()))
+        rows = next(k for k in self._batch_steps if k >= n)
+        full = np.zeros((rows, 1), np.int32)
+        full[:n, 0] = tokens
+        params = {f"pos.{r}": 0 for r in range(rows)}       # padding rows write row r >= n at 0: no live row's
+        params.update({f"item.{r}": 0 for r in range(rows)})
+        for r in range(n):
+            params[f"pos.{r}"], params[f"item.{r}"] = self._row_len[r], self._row_item[r]
+        logits = self.program.run(f"bstep{rows}", {"tokens": full}, params)["logits"]
+        self._row_len = [k + 1 for k in self._row_len]
+        return logits[:n, 0]
+
+    def reorder_rows(self, rows: np.ndarray) -> None:
+        rows = np.asarray(rows, np.int64).reshape(-1)
+        n, old = len(rows), len(self._row_item)
+        if not 1 <= n <= self.max_items or rows.min() < 0 or rows.max() >= old:
+            raise ValueError(f"reorder_rows() rows {rows.tolist()} for {old} rows (at most {self.max_items})")
+        if not np.array_equal(rows, np.arange(n)):      # else: the first n rows stay where they are
+            full = np.arange(self.max_items, dtype=np.int32)
+            full[:n] = rows
+            self.program.run("breorder", {"rows": full}, {"len": max(self._row_len)})
+        self._row_item = [self._row_item[r] for r in rows]
+        self._row_len = [self._row_len[r] for r in rows]
 
     # -- DecoderBackend ----------------------------------------------------------------------------------------
     def encode(self, features: np.ndarray) -> None:

@@ -1,8 +1,14 @@
-"""Small random-weight models of common families (models/families/, exported by tools/export_families.py from torch
-at opset 17) against onnxruntime in both storages: a ResNet-18-like (Conv, Relu, MaxPool, Add, GlobalAveragePool,
-Gemm), a MobileNetV2-like (depthwise convs, Clip as ReLU6), a MobileNetV3-like (HardSwish, squeeze-and-excitation
-with HardSigmoid) and a UNet-like (MaxPool down, ConvTranspose and a bilinear Resize up, skip Concats; also as
-torch.export's exporter writes it at opset 20)."""
+"""Small random-weight models of common families (models/families/, exported by tools/export_families.py from torch,
+each by the TorchScript exporter at opset 17 and as <family>_dynamo by torch.export's at opset 20) against
+onnxruntime in both storages: a ResNet-18-like (Conv, Relu, MaxPool, Add, GlobalAveragePool, Gemm), a MobileNetV2-like
+(depthwise convs, Clip as ReLU6), a MobileNetV3-like (HardSwish, squeeze-and-excitation with HardSigmoid), a
+UNet-like (MaxPool down, ConvTranspose and a bilinear Resize up, skip Concats), an EfficientNet-B0-like (SiLU as
+Sigmoid and Mul, squeeze-and-excitation, stride-2 depthwise convs padded as TensorFlow's SAME: a Pad computed from
+shapes, or asymmetric Conv pads), a ConvNeXt-like (depthwise 7x7, LayerNorm over channels spelt out as ReduceMean
+chains, GELU, layer scale), a ViT-like (patch conv, class token, position embeddings, scaled_dot_product_attention
+with its q, k, v picked from a rank-5 tensor), transformers' Wav2Vec2Model at a small config (GroupNorm as
+InstanceNormalization, a weight-normed positional conv, the encoder's NaN guards) and a Conformer block (GLU,
+depthwise conv1d with BatchNorm folded, Swish, attention spelt out)."""
 from pathlib import Path
 
 import numpy as np
@@ -13,13 +19,14 @@ from minirt import Session
 from oracle import STORAGES, cosine, onnxruntime_run, rand
 
 FAMILIES = Path(__file__).resolve().parents[1] / "models" / "families"
+NAMES = ["resnet18_like", "mobilenet_v2_like", "mobilenet_v3_like", "unet_like", "efficientnet_b0_like",
+         "convnext_like", "vit_like", "wav2vec2_like", "conformer_block"]
 
 
-@pytest.mark.parametrize("family", ["resnet18_like", "mobilenet_v2_like", "mobilenet_v3_like", "unet_like",
-                                    "unet_like_dynamo"])
+@pytest.mark.parametrize("family", [n + s for n in NAMES for s in ("", "_dynamo")])
 def test_family_matches_onnxruntime(family):
     model = onnx.load(FAMILIES / f"{family}.onnx")
-    x = rand(1, 3, 32, 32, seed=5)
+    x = rand(*[d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim], seed=5)
     ref = onnxruntime_run(model, {"input": x})[0]
     for storage in STORAGES:
         with Session(model, storage=storage, options={"poison": True}) as s:

@@ -1,0 +1,127 @@
+"""Rank-5 picks as rank-4 copies, when a graph is prepared.
+
+Attention blocks written as `qkv.reshape(b, n, 3, heads, d).permute(2, 0, 3, 1, 4)` followed by `q, k, v = qkv[0],
+qkv[1], qkv[2]` (or `unbind(0)`) make a rank-5 tensor only to take one index of its first axis; exporters write the
+pick as Split + Squeeze, Slice + Squeeze or Gather with a scalar index. Kernels take rank <= 4, so each pick becomes:
+the Reshape's input seen as [P, S, Q] (a view; S the picked axis), a Slice of index i on its middle axis, a Reshape to
+the rank-4 shape the pick keeps, and the Transpose's order on the four axes left. The same when the pick reads the
+Reshape directly (no Transpose)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import UnsupportedError
+from .graph import Graph, Node, Tensor
+
+
+def _const_ints(graph, name):
+    t = graph.tensors.get(name) if name else None
+    return None if t is None or not t.is_const else [int(v) for v in np.asarray(t.data).reshape(-1)]
+
+
+def _picks(graph, name, readers):
+    """(axis, [(index, output name, nodes to drop)]) when every reader of `name` (rank 5) takes one index of one axis
+    and drops that axis, else None."""
+    out, axis = [], None
+    for n in readers.get(name, []):
+        if n.domain not in ("", "ai.onnx") or n.inputs[0] != name or n.op not in ("Gather", "Split", "Slice"):
+            return None
+        a = (_const_ints(graph, n.inputs[3] if len(n.inputs) > 3 else "") or [0])[0] if n.op == "Slice" else \
+            int(n.attrs.get("axis", 0))
+        if axis is not None and a % 5 != axis:
+            return None
+        axis = a % 5
+        size = graph.tensors[name].shape[axis]
+        if n.op == "Gather":
+            idx = graph.tensors.get(n.inputs[1])
+            if idx is None or not idx.is_const or np.asarray(idx.data).ndim != 0 or not -size <= int(idx.data) < size:
+                return None
+            out.append((int(idx.data) % size, n.outputs[0], [n]))
+            continue
+        parts = None
+        if n.op == "Split":
+            sizes = _const_ints(graph, n.inputs[1] if len(n.inputs) > 1 else "") or n.attrs.get("split")
+            if (list(sizes) if sizes else [1] * len(n.outputs)) == [1] * size and len(n.outputs) == size:
+                parts = [(i, o) for i, o in enumerate(n.outputs) if o]
+        else:
+            starts, ends, steps = (_const_ints(graph, n.inputs[k] if len(n.inputs) > k else "") for k in (1, 2, 4))
+            if starts and ends and len(starts) == len(ends) == 1 and (steps or [1]) == [1]:
+                i = starts[0] + size if starts[0] < 0 else starts[0]
+                if 0 <= i < size and min(ends[0], size) == i + 1:
+                    parts = [(i, n.outputs[0])]
+        if parts is None:
+            return None
+        for i, part in parts:
+            sq = readers.get(part, [])
+            if (part in graph.outputs or len(sq) != 1 or sq[0].op != "Squeeze" or sq[0].domain not in ("", "ai.onnx")
+                    or [a % 5 for a in (_const_ints(graph, sq[0].inputs[1] if len(sq[0].inputs) > 1 else "")
+                                        or sq[0].attrs.get("axes", []))] != [axis]):
+                return None
+            out.append((i, sq[0].outputs[0], [n, sq[0]]))
+    return (axis, out) if out else None
+
+
+def unstack_rank5(graph: Graph) -> int:
+    """Rewrite the rank-5 picks of a prepared graph (static shapes) as above, in place. Returns how many picks."""
+    made = graph.producers()
+    readers = graph.consumers()
+    drop, new, count = set(), [], 0
+    for r in list(graph.nodes):
+        x = graph.tensors.get(r.outputs[0]) if r.op == "Reshape" and r.domain in ("", "ai.onnx") else None
+        if (x is None or not x.is_static or len(x.shape) != 5 or r.outputs[0] in graph.outputs
+                or not graph.tensors[r.inputs[0]].is_static):
+            continue
+        perm, src = list(range(5)), r.outputs[0]
+        tr = readers.get(src, [])
+        if len(tr) == 1 and tr[0].op == "Transpose" and tr[0].domain in ("", "ai.onnx"):
+            perm, src = [int(p) for p in tr[0].attrs.get("perm", range(4, -1, -1))], tr[0].outputs[0]
+            if src in graph.outputs:
+                continue
+        elif any(n.op == "Transpose" for n in tr):
+            continue
+        found = _picks(graph, src, readers)
+        if found is None:
+            continue
+        a, picks = found
+        s, p = list(x.shape), perm[a]
+        rest = [q - (q > p) for j, q in enumerate(perm) if j != a]
+        kept = s[:p] + s[p + 1:]
+        flat = graph.fresh_name(f"{r.outputs[0]}_psq")
+        graph.add_tensor(Tensor(flat, (int(np.prod(s[:p])), s[p], int(np.prod(s[p + 1:]))), "float32"))
+        new.append(Node("Reshape", f"{r.name}_psq", [r.inputs[0], _ints(graph, flat, list(graph.tensors[flat].shape))],
+                        [flat]))
+        for i, out, nodes in picks:
+            base = f"{out}_pick"
+            sl, rs = graph.fresh_name(base), graph.fresh_name(f"{base}_rs")
+            graph.add_tensor(Tensor(sl, (graph.tensors[flat].shape[0], 1, graph.tensors[flat].shape[2]), "float32"))
+            graph.add_tensor(Tensor(rs, tuple(kept), "float32"))
+            new += [Node("Slice", f"{out}_slice", [flat, _ints(graph, sl, [i]), _ints(graph, sl, [i + 1]),
+                                                   _ints(graph, sl, [1])], [sl]),
+                    Node("Reshape", f"{out}_reshape", [sl, _ints(graph, rs, kept)], [rs]),
+                    Node("Transpose", f"{out}_transpose", [rs], [out], {"perm": rest})]
+            graph.note(nodes[0].name, f"unstack_rank5: index {i} of axis {p} of rank-5 '{r.outputs[0]}' as a rank-4 "
+                                      f"Slice, Reshape and Transpose")
+            drop.update(id(n) for n in nodes)
+            count += 1
+    if count:
+        graph.nodes = [n for n in graph.nodes if id(n) not in drop] + new
+        graph.toposort()
+        graph.remove_unused()
+    return count
+
+
+def _ints(graph, base, values):
+    return graph.const(graph.fresh_name(f"{base}_c"), np.array(values, np.int64)).name
+
+
+def refuse_high_ranks(graph: Graph) -> None:
+    """Every node that reads or makes a run-time tensor of rank > 4, named at once (kernels take rank <= 4)."""
+    bad = []
+    for n in graph.nodes:
+        high = [(t.name, len(t.shape)) for t in (graph.tensors.get(x) for x in [*n.inputs, *n.outputs] if x)
+                if t is not None and not t.is_const and t.shape is not None and len(t.shape) > 4]
+        if high:
+            bad.append(f"  {n}: " + ", ".join(f"tensor '{name}' has rank {r}" for name, r in high))
+    if bad:
+        raise UnsupportedError(f"{graph.source}: {len(bad)} node(s) use tensors of rank above 4; kernels take rank "
+                               f"<= 4:\n" + "\n".join(bad), bad)

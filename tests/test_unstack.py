@@ -1,0 +1,75 @@
+"""Rank-5 picks (minirt/unstack.py): q, k, v taken by index from a packed projection reshaped to rank 5, as exporters
+write them (Split + Squeeze, Slice + Squeeze, Gather with a scalar index), become rank-4 Slice, Reshape and
+Transpose when the graph is prepared; against onnxruntime in both storages with poisoned activations. A rank-5
+tensor that is not only picked is refused at load, every node that needs one named at once."""
+import numpy as np
+import pytest
+from onnx import helper
+
+from minirt import Session
+from minirt.errors import UnsupportedError
+from minirt.infer import prepare
+from minirt.loaders import load
+from oracle import check_model, make_model, rand
+
+N, H, D = 5, 2, 4     # tokens, heads, head dim: qkv [1, N, 3 * H * D] -> [1, N, 3, H, D] -> [3, 1, H, N, D]
+
+
+def ints(*v):
+    return np.array(v, np.int64)
+
+
+def qkv_model(pick, perm=(2, 0, 3, 1, 4), axis=0):
+    """x [1, N, 3HD] -> Reshape [1, N, 3, H, D] -> Transpose(perm) (none if perm is None) -> q, k, v picked along
+    `axis` -> q + k * v (rank 4)."""
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r5"])]
+    src = "r5"
+    if perm is not None:
+        nodes.append(helper.make_node("Transpose", ["r5"], ["t5"], perm=list(perm)))
+        src = "t5"
+    inits = {"shape": ints(1, N, 3, H, D), "ax": ints(axis)}
+    names = ["q", "k", "v"]
+    if pick == "split":
+        nodes.append(helper.make_node("Split", [src, "ones"], ["s0", "s1", "s2"], axis=axis))
+        inits["ones"] = ints(1, 1, 1)
+        nodes += [helper.make_node("Squeeze", [f"s{i}", "ax"], [n]) for i, n in enumerate(names)]
+    elif pick == "slice":
+        for i, n in enumerate(names):
+            inits[f"st{i}"], inits[f"en{i}"] = ints(i - 3 if i == 2 else i), ints(i + 1 if i < 2 else 2 ** 62)
+            nodes += [helper.make_node("Slice", [src, f"st{i}", f"en{i}", "ax"], [f"s{i}"]),
+                      helper.make_node("Squeeze", [f"s{i}", "ax"], [n])]
+    else:
+        for i, n in enumerate(names):
+            inits[f"i{i}"] = np.array(i - 3 if i == 1 else i, np.int64)     # a negative index too
+            nodes.append(helper.make_node("Gather", [src, f"i{i}"], [n], axis=axis))
+    nodes += [helper.make_node("Mul", ["k", "v"], ["kv"]), helper.make_node("Add", ["q", "kv"], ["y"])]
+    return make_model(nodes, {"x": [1, N, 3 * H * D]}, ["y"], inits)
+
+
+@pytest.mark.parametrize("pick", ["split", "slice", "gather"])
+def test_picks_of_a_transposed_rank5_tensor(pick):
+    model = qkv_model(pick)
+    g = prepare(load(model))
+    assert all(len(t.shape) <= 4 for t in g.tensors.values() if not t.is_const)
+    ops = sorted(n.op for n in g.nodes)
+    assert ops == sorted(["Reshape"] + ["Slice", "Reshape", "Transpose"] * 3 + ["Mul", "Add"]), ops
+    check_model(model, {"x": rand(1, N, 3 * H * D, seed=3)})
+
+
+def test_picks_without_a_transpose():
+    # [1, N, 3, H, D] picked along axis 2: q, k, v [1, N, H, D], no Transpose between
+    model = qkv_model("split", perm=None, axis=2)
+    g = prepare(load(model))
+    assert all(len(t.shape) <= 4 for t in g.tensors.values() if not t.is_const)
+    check_model(model, {"x": rand(1, N, 3 * H * D, seed=4)})
+
+
+def test_rank5_tensors_read_otherwise_are_refused_naming_every_node():
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r5"]), helper.make_node("Relu", ["r5"], ["a"]),
+             helper.make_node("Sigmoid", ["a"], ["b"]), helper.make_node("Reshape", ["b", "back"], ["y"])]
+    model = make_model(nodes, {"x": [1, N, 3 * H * D]}, ["y"],
+                       {"shape": ints(1, N, 3, H, D), "back": ints(1, N, 3 * H * D)})
+    with pytest.raises(UnsupportedError, match="4 node") as e:
+        Session(model, storage="buffer")
+    for name in ("Reshape node 'Reshape_3'", "Relu node", "Sigmoid node", "tensor 'r5' has rank 5", "tensor 'b' has rank 5"):
+        assert name in str(e.value)

@@ -2,10 +2,12 @@
 
 Attention blocks written as `qkv.reshape(b, n, 3, heads, d).permute(2, 0, 3, 1, 4)` followed by `q, k, v = qkv[0],
 qkv[1], qkv[2]` (or `unbind(0)`) make a rank-5 tensor only to take one index of its first axis; exporters write the
-pick as Split + Squeeze, Slice + Squeeze or Gather with a scalar index. Kernels take rank <= 4, so each pick becomes:
-the Reshape's input seen as [P, S, Q] (a view; S the picked axis), a Slice of index i on its middle axis, a Reshape to
-the rank-4 shape the pick keeps, and the Transpose's order on the four axes left. The same when the pick reads the
-Reshape directly (no Transpose)."""
+pick as Split + Squeeze, Slice + Squeeze or Gather with a scalar index. Kernels take rank <= 4, so each pick becomes a
+Slice of the Reshape's input, a Reshape to the rank-4 shape the pick keeps, and the Transpose's order on the four axes
+left (none where the pick reads the Reshape directly). The Slice takes columns i * Q .. (i + 1) * Q of the input's
+last axis where the picked axis (size S) and those after it (Q elements) make up that axis, as for a packed q, k, v
+projection [B, T, 3 * D], whose parts are then the [B, T, D] tensors fuse_attention starts from; otherwise index i
+of the middle axis of the input seen as [P, S, Q]."""
 from __future__ import annotations
 
 import numpy as np
@@ -63,7 +65,6 @@ def _picks(graph, name, readers):
 
 def unstack_rank5(graph: Graph) -> int:
     """Rewrite the rank-5 picks of a prepared graph (static shapes) as above, in place. Returns how many picks."""
-    made = graph.producers()
     readers = graph.consumers()
     drop, new, count = set(), [], 0
     for r in list(graph.nodes):
@@ -85,22 +86,29 @@ def unstack_rank5(graph: Graph) -> int:
         a, picks = found
         s, p = list(x.shape), perm[a]
         rest = [q - (q > p) for j, q in enumerate(perm) if j != a]
-        kept = s[:p] + s[p + 1:]
-        flat = graph.fresh_name(f"{r.outputs[0]}_psq")
-        graph.add_tensor(Tensor(flat, (int(np.prod(s[:p])), s[p], int(np.prod(s[p + 1:]))), "float32"))
-        new.append(Node("Reshape", f"{r.name}_psq", [r.inputs[0], _ints(graph, flat, list(graph.tensors[flat].shape))],
-                        [flat]))
+        kept, (P, S, Q), shape_a = s[:p] + s[p + 1:], (int(np.prod(s[:p])), s[p], int(np.prod(s[p + 1:]))), \
+            tuple(graph.tensors[r.inputs[0]].shape)
+        if shape_a[-1] == S * Q:     # the picked axis and those after it are the input's last: slice that
+            src, axis, width, part = r.inputs[0], len(shape_a) - 1, Q, shape_a[:-1] + (Q,)
+        else:                        # the input seen as [P, S, Q], sliced on its middle axis
+            src, axis, width, part = graph.fresh_name(f"{r.outputs[0]}_psq"), 1, 1, (P, 1, Q)
+            graph.add_tensor(Tensor(src, (P, S, Q), "float32"))
+            new.append(Node("Reshape", f"{r.name}_psq", [r.inputs[0], _ints(graph, src, [P, S, Q])], [src]))
         for i, out, nodes in picks:
-            base = f"{out}_pick"
-            sl, rs = graph.fresh_name(base), graph.fresh_name(f"{base}_rs")
-            graph.add_tensor(Tensor(sl, (graph.tensors[flat].shape[0], 1, graph.tensors[flat].shape[2]), "float32"))
-            graph.add_tensor(Tensor(rs, tuple(kept), "float32"))
-            new += [Node("Slice", f"{out}_slice", [flat, _ints(graph, sl, [i]), _ints(graph, sl, [i + 1]),
-                                                   _ints(graph, sl, [1])], [sl]),
-                    Node("Reshape", f"{out}_reshape", [sl, _ints(graph, rs, kept)], [rs]),
-                    Node("Transpose", f"{out}_transpose", [rs], [out], {"perm": rest})]
-            graph.note(nodes[0].name, f"unstack_rank5: index {i} of axis {p} of rank-5 '{r.outputs[0]}' as a rank-4 "
-                                      f"Slice, Reshape and Transpose")
+            sl = graph.fresh_name(f"{out}_pick")
+            graph.add_tensor(Tensor(sl, part, "float32"))
+            new.append(Node("Slice", f"{out}_slice", [src, _ints(graph, sl, [i * width]),
+                                                      _ints(graph, sl, [(i + 1) * width]), _ints(graph, sl, [axis])],
+                            [sl]))
+            if rest == sorted(rest):
+                new.append(Node("Reshape", f"{out}_reshape", [sl, _ints(graph, out, kept)], [out]))
+            else:
+                rs = graph.fresh_name(f"{out}_pick_rs")
+                graph.add_tensor(Tensor(rs, tuple(kept), "float32"))
+                new += [Node("Reshape", f"{out}_reshape", [sl, _ints(graph, rs, kept)], [rs]),
+                        Node("Transpose", f"{out}_transpose", [rs], [out], {"perm": rest})]
+            graph.note(nodes[0].name, f"unstack_rank5: index {i} of axis {p} of rank-5 '{r.outputs[0]}' as a "
+                                      f"Slice of '{src}' and rank-4 Reshape and Transpose")
             drop.update(id(n) for n in nodes)
             count += 1
     if count:

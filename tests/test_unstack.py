@@ -46,22 +46,58 @@ def qkv_model(pick, perm=(2, 0, 3, 1, 4), axis=0):
     return make_model(nodes, {"x": [1, N, 3 * H * D]}, ["y"], inits)
 
 
+def rank5_free(g):
+    return all(len(t.shape) <= 4 for t in g.tensors.values() if not t.is_const)
+
+
 @pytest.mark.parametrize("pick", ["split", "slice", "gather"])
 def test_picks_of_a_transposed_rank5_tensor(pick):
+    # the picked axis (3) and those after it (H, D) make up x's last axis: each pick slices columns of x
     model = qkv_model(pick)
     g = prepare(load(model))
-    assert all(len(t.shape) <= 4 for t in g.tensors.values() if not t.is_const)
-    ops = sorted(n.op for n in g.nodes)
-    assert ops == sorted(["Reshape"] + ["Slice", "Reshape", "Transpose"] * 3 + ["Mul", "Add"]), ops
+    assert rank5_free(g)
+    assert sorted(n.op for n in g.nodes) == sorted(["Slice", "Reshape", "Transpose"] * 3 + ["Mul", "Add"])
+    assert all(n.inputs[0] == "x" for n in g.nodes if n.op == "Slice")
     check_model(model, {"x": rand(1, N, 3 * H * D, seed=3)})
 
 
 def test_picks_without_a_transpose():
-    # [1, N, 3, H, D] picked along axis 2: q, k, v [1, N, H, D], no Transpose between
+    # [1, N, 3, H, D] picked along axis 2: q, k, v [1, N, H, D], a Slice and a Reshape each
     model = qkv_model("split", perm=None, axis=2)
     g = prepare(load(model))
-    assert all(len(t.shape) <= 4 for t in g.tensors.values() if not t.is_const)
+    assert rank5_free(g) and sorted(n.op for n in g.nodes) == sorted(["Slice", "Reshape"] * 3 + ["Mul", "Add"])
     check_model(model, {"x": rand(1, N, 3 * H * D, seed=4)})
+
+
+def test_picks_of_a_middle_axis():
+    # [1, N, 3, H, D] -> Transpose(1, 0, 3, 2, 4): picking a token slices the middle axis of x seen as [1, N, 3HD]
+    model = qkv_model("gather", perm=(1, 0, 3, 2, 4), axis=0)
+    g = prepare(load(model))
+    assert rank5_free(g)
+    assert sorted(n.op for n in g.nodes) == sorted(["Reshape"] + ["Slice", "Reshape", "Transpose"] * 3 +
+                                                   ["Mul", "Add"])
+    check_model(model, {"x": rand(1, N, 3 * H * D, seed=5)})
+
+
+def test_packed_qkv_attention_fuses():
+    """q, k, v picked from a packed projection, then scaled_dot_product_attention as torch writes it: the picks are
+    the [B, T, D] roots fuse_attention needs, so the whole block is one Attention."""
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r5"]),
+             helper.make_node("Transpose", ["r5"], ["t5"], perm=[2, 0, 3, 1, 4]),
+             helper.make_node("Split", ["t5", "ones"], ["s0", "s1", "s2"], axis=0)]
+    nodes += [helper.make_node("Squeeze", [f"s{i}", "ax"], [n]) for i, n in enumerate("qkv")]
+    nodes += [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+              helper.make_node("Mul", ["q", "c"], ["qs"]), helper.make_node("Mul", ["kt", "c"], ["ks"]),
+              helper.make_node("MatMul", ["qs", "ks"], ["sc"]), helper.make_node("Softmax", ["sc"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "v"], ["o"]),
+              helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["ot", "back"], ["y"])]
+    inits = {"shape": ints(1, N, 3, H, 16), "ones": ints(1, 1, 1), "ax": ints(0), "back": ints(1, N, H * 16),
+             "c": np.array([16 ** -0.25], np.float32)}
+    model = make_model(nodes, {"x": [1, N, 3 * H * 16]}, ["y"], inits)
+    with Session(model, storage="buffer") as s:
+        assert "Attention" in [d.op for d in s.plan.dispatches]
+    check_model(model, {"x": rand(1, N, 3 * H * 16, seed=6)})
 
 
 def test_rank5_tensors_read_otherwise_are_refused_naming_every_node():

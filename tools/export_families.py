@@ -1,21 +1,30 @@
 #!/usr/bin/env python3
-"""Exports small random-weight models of common families to ONNX (opset 17) for tests/test_families.py, which runs
-them against onnxruntime: a ResNet-18-like, a MobileNetV2-like, a MobileNetV3-like and a UNet-like network, at
-reduced widths so that each file is a few hundred KB. Weights and BatchNorm statistics are seeded; the models are in
-eval mode, and torch's TorchScript exporter folds each BatchNorm into the Conv before it (as for a deployed model).
-The UNet-like is also exported by torch.export's exporter (dynamo=True) at opset 20, as unet_like_dynamo.onnx. Either
-way torch 2.13 writes the UNet's nn.Upsample(bilinear, align_corners=False) as a linear Resize (half_pixel) with
-constant scales, and folds the BatchNorms.
+"""Exports small random-weight models of common families to ONNX for tests/test_families.py, which runs them against
+onnxruntime: a ResNet-18-like, a MobileNetV2-like, a MobileNetV3-like, a UNet-like, an EfficientNet-B0-like, a
+ConvNeXt-like, a ViT-like and a wav2vec2-like network and a Conformer block, at reduced widths so that each file is a
+few hundred KB. Each is written twice: by torch's TorchScript exporter at opset 17 (<family>.onnx) and by
+torch.export's exporter (dynamo=True) at opset 20 (<family>_dynamo.onnx, the weights inside the file). Weights,
+BatchNorm and LayerNorm statistics and affines, layer scales and embeddings are seeded; the models are in eval mode.
 
-Needs torch, onnx and (for the dynamo export) onnxscript, which minirt does not depend on: in a separate venv,
-    python -m venv /tmp/tv && /tmp/tv/bin/pip install torch==2.13.0 onnx onnxscript   # onnxscript 0.7.2 was used
-    /tmp/tv/bin/python tools/export_families.py            # writes models/families/<family>.onnx
+What the exporters of torch 2.13 write for them: each BatchNorm folded into the Conv before it; the UNet's
+nn.Upsample(bilinear, align_corners=False) as a linear Resize (half_pixel) with constant scales; SiLU as Sigmoid and
+Mul; the EfficientNet's TensorFlow-style SAME padding as a Pad computed from shapes (TorchScript) or as asymmetric
+Conv pads (torch.export); ConvNeXt's channels-first LayerNorm as a ReduceMean chain; the ViT's and the Conformer's
+q, k, v picked from a rank-5 [B, T, 3, H, dh] tensor, the ViT's scaled_dot_product_attention with its scale split
+over q and k; wav2vec2's GroupNorm as InstanceNormalization, its weight-normed positional conv folded to one weight, and
+(torch.export) a Where(IsNaN) guard after each softmax.
+
+Needs torch, transformers (Wav2Vec2Model), onnx and (for the dynamo export) onnxscript, which minirt does not depend
+on: in a separate venv,
+    python -m venv /tmp/tv && /tmp/tv/bin/pip install torch==2.13.0 transformers==5.24.0 onnx onnxscript==0.7.2
+    /tmp/tv/bin/python tools/export_families.py            # writes models/families/<family>{,_dynamo}.onnx
 """
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+import onnx
 import torch
 from torch import nn
 from torch.nn.utils.parametrize import is_parametrized
@@ -351,14 +360,19 @@ def randomize(model: nn.Module, seed: int) -> nn.Module:
 
 
 def export(name: str, path: Path, seed: int = 0, dynamo: bool = False) -> Path:
-    """The TorchScript exporter at OPSET, or (dynamo) torch.export's at DYNAMO_OPSET with the weights inside the file;
-    the same seeded weights either way."""
+    """The TorchScript exporter at OPSET, or (dynamo) torch.export's at DYNAMO_OPSET with the weights inside the file
+    and without the per-node metadata it writes (source paths and line numbers: the file then depends on the model
+    alone); the same seeded weights either way."""
     model = randomize(FAMILIES[name](), seed)
     x = torch.randn(INPUT_SHAPES.get(name, INPUT_SHAPE), generator=torch.Generator().manual_seed(seed + 1))
     with torch.no_grad():
         if dynamo:
             torch.onnx.export(model, (x,), str(path), opset_version=DYNAMO_OPSET, input_names=["input"],
                               output_names=["logits"], dynamo=True, external_data=False)
+            proto = onnx.load(str(path))
+            for node in proto.graph.node:
+                del node.metadata_props[:]
+            onnx.save(proto, str(path))
         else:
             torch.onnx.export(model, (x,), str(path), opset_version=OPSET, input_names=["input"],
                               output_names=["logits"], do_constant_folding=True, dynamo=False)

@@ -12,8 +12,10 @@ from oracle import check_model, make_model, rand
 
 def bn_inits(prefix, c, seed):
     rng = np.random.default_rng(seed)
-    return {f"{prefix}_s": rng.uniform(0.5, 1.5, c).astype(np.float32), f"{prefix}_b": rng.normal(0, 0.1, c).astype(np.float32),
-            f"{prefix}_m": rng.normal(0, 0.3, c).astype(np.float32), f"{prefix}_v": rng.uniform(0.5, 1.5, c).astype(np.float32)}
+    return {f"{prefix}_s": rng.uniform(0.5, 1.5, c).astype(np.float32),
+            f"{prefix}_b": rng.normal(0, 0.1, c).astype(np.float32),
+            f"{prefix}_m": rng.normal(0, 0.3, c).astype(np.float32),
+            f"{prefix}_v": rng.uniform(0.5, 1.5, c).astype(np.float32)}
 
 
 def bn(prefix, x, y, **attrs):

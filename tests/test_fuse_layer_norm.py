@@ -10,7 +10,7 @@ from oracle import check_model, graph_after, make_model, rand
 
 def spelt_ln(shape, axes, square="Pow", scale=True, bias=True, opset=17, extra_reader=False, w_shape=None):
     """x -> u = ReduceMean(x, axes); d = x - u; v = ReduceMean(d^2, axes); y = d / sqrt(v + eps) [* w] [+ b]."""
-    rank, kw = len(shape), {}
+    rank = len(shape)
     rm = (lambda i, o: helper.make_node("ReduceMean", [i, "axes"], [o], keepdims=1)) if opset >= 18 else \
         (lambda i, o: helper.make_node("ReduceMean", [i], [o], axes=list(axes), keepdims=1))
     nodes = [rm("x", "u"), helper.make_node("Sub", ["x", "u"], ["d"]),

@@ -107,5 +107,6 @@ def test_rank5_tensors_read_otherwise_are_refused_naming_every_node():
                        {"shape": ints(1, N, 3, H, D), "back": ints(1, N, 3 * H * D)})
     with pytest.raises(UnsupportedError, match="4 node") as e:
         Session(model, storage="buffer")
-    for name in ("Reshape node 'Reshape_3'", "Relu node", "Sigmoid node", "tensor 'r5' has rank 5", "tensor 'b' has rank 5"):
+    for name in ("Reshape node 'Reshape_3'", "Relu node", "Sigmoid node", "tensor 'r5' has rank 5",
+                 "tensor 'b' has rank 5"):
         assert name in str(e.value)

@@ -132,14 +132,19 @@ class InstanceNormalization(Op):
         return [y.astype(x.dtype)]
 
     def lower(self, node, ctx):
-        x, out = ctx.t(node.inputs[0]), ctx.t(node.outputs[0])
-        rank = len(x.shape)
-        scale, bias = (np.asarray(ctx.graph.tensor(n).data, np.float32).reshape(-1) for n in node.inputs[1:3])
-        c4 = -(-scale.size // 4)
-        w = ctx.weight(f"{node.name}/scale_bias", np.concatenate([np.pad(scale, (0, 4 * c4 - scale.size)), bias]))
-        row_dispatch(ctx, "layer_norm", out, x, _mask(range(rank - 2)), [(w.name, "r")],
-                     [attr(node, "epsilon", 1e-5)], spec("layer_norm", HAS_BIAS=True, PER_CHANNEL=True), flops_per=8,
-                     io="out32", cfg=(rank - 2, c4))
+        rank = len(ctx.graph.tensor(node.inputs[0]).shape)
+        per_channel_norm(node, ctx, range(rank - 2), rank - 2)
+
+
+def per_channel_norm(node, ctx, dims, channel):
+    """Normalise node's input over the WHCN `dims` on the layer_norm kernel, with scale and bias (node inputs 1 and
+    2, constants) one value per index of WHCN dim `channel`."""
+    x, out = ctx.t(node.inputs[0]), ctx.t(node.outputs[0])
+    scale, bias = (np.asarray(ctx.graph.tensor(n).data, np.float32).reshape(-1) for n in node.inputs[1:3])
+    c4 = -(-scale.size // 4)
+    w = ctx.weight(f"{node.name}/scale_bias", np.concatenate([np.pad(scale, (0, 4 * c4 - scale.size)), bias]))
+    row_dispatch(ctx, "layer_norm", out, x, _mask(dims), [(w.name, "r")], [attr(node, "epsilon", 1e-5)],
+                 spec("layer_norm", HAS_BIAS=True, PER_CHANNEL=True), flops_per=8, io="out32", cfg=(channel, c4))
 
 
 @register
@@ -164,13 +169,8 @@ class AxisLayerNorm(Op):
         return [y.astype(x.dtype)]
 
     def lower(self, node, ctx):
-        x, out = ctx.t(node.inputs[0]), ctx.t(node.outputs[0])
-        dim = len(x.shape) - 1 - attr(node, "axis")       # its WHCN dim
-        scale, bias = (np.asarray(ctx.graph.tensor(n).data, np.float32).reshape(-1) for n in node.inputs[1:3])
-        c4 = -(-scale.size // 4)
-        w = ctx.weight(f"{node.name}/scale_bias", np.concatenate([np.pad(scale, (0, 4 * c4 - scale.size)), bias]))
-        row_dispatch(ctx, "layer_norm", out, x, _mask([dim]), [(w.name, "r")], [attr(node, "epsilon")],
-                     spec("layer_norm", HAS_BIAS=True, PER_CHANNEL=True), flops_per=8, io="out32", cfg=(dim, c4))
+        dim = len(ctx.graph.tensor(node.inputs[0]).shape) - 1 - attr(node, "axis")       # its WHCN dim
+        per_channel_norm(node, ctx, [dim], dim)
 
 
 def _broadcasts_to(shape, target):

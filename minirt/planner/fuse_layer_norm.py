@@ -30,7 +30,7 @@ def _other(node, name):
 
 
 def rewrite(graph, options, profile=None):
-    prod, cons = graph.producers(), graph.consumers()
+    cons = graph.consumers()
 
     def only(name, op, n=1):
         """The reader of `name` (read `n` times by it and by nothing else, not an output) if its op is `op`."""
@@ -61,7 +61,8 @@ def rewrite(graph, options, profile=None):
                 or (sq.op == "Mul" and sq.inputs == [d, d])):
             continue
         var = only(sq.outputs[0], "ReduceMean")
-        if var is None or var.attrs.get("keepdims", 1) != 1 or sorted({a % rank for a in _ints(graph, var) or []}) != axes:
+        if var is None or var.attrs.get("keepdims", 1) != 1 or \
+                sorted({a % rank for a in _ints(graph, var) or []}) != axes:
             continue
         add = only(var.outputs[0], "Add")
         eps = _scalar(graph, _other(add, var.outputs[0])) if add is not None else None

@@ -51,3 +51,9 @@ def test_other_pads_stay(kw):
     g = graph_after(model, {"x": shape}, "fold_pad_conv")
     assert "Pad" in [n.op for n in g.nodes]
     check_model(model, {"x": rand(*shape, seed=4)})
+
+
+def test_option_turns_it_off():
+    model = pad_conv((1, 4, 8, 10), [0, 0, 0, 0, 0, 0, 1, 1], group=4)
+    g = graph_after(model, {"x": (1, 4, 8, 10)}, "fold_pad_conv", fold_pad_conv=False)
+    assert [n.op for n in g.nodes] == ["Pad", "Conv"]

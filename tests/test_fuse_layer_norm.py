@@ -76,3 +76,9 @@ def test_a_scale_that_varies_along_another_axis_stays_a_mul():
     g = graph_after(model, {"x": shape}, "fuse_layer_norm")
     assert [n.op for n in g.nodes] == ["AxisLayerNorm", "Mul", "Add"]
     check_model(model, {"x": rand(*shape, seed=6, low=-3, high=5)})
+
+
+def test_option_turns_it_off():
+    model = spelt_ln((1, 6, 5, 7), [1])
+    g = graph_after(model, {"x": (1, 6, 5, 7)}, "fuse_layer_norm", fuse_layer_norm=False)
+    assert "ReduceMean" in [n.op for n in g.nodes]

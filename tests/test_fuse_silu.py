@@ -70,3 +70,9 @@ def test_silu_reference_and_codes():
         ref = x * (1 / (1 + np.exp(-x.astype(np.float64))))
     np.testing.assert_allclose(op.reference(node, x)[0], ref.astype(np.float32), rtol=1e-6, atol=1e-37)
     np.testing.assert_array_equal(np.asarray(activate(x, "silu"), np.float32), op.reference(node, x)[0])
+
+
+def test_option_turns_it_off():
+    model, _ = conv_model(24, 16, 1)
+    g = graph_after(model, {"x": (1, 16, 9, 11)}, "fuse_activation", fuse_silu=False)
+    assert [n.op for n in g.nodes] == ["Conv", "Sigmoid", "Mul"]

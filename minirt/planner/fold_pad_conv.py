@@ -11,6 +11,8 @@ from .. import ops
 
 
 def rewrite(graph, options, profile=None):
+    if not options.pass_on("fold_pad_conv"):
+        return graph
     prod, cons = graph.producers(), graph.consumers()
     drop = set()
     pad_op = ops.get("Pad")

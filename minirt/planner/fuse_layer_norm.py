@@ -30,6 +30,8 @@ def _other(node, name):
 
 
 def rewrite(graph, options, profile=None):
+    if not options.pass_on("fuse_layer_norm"):
+        return graph
     cons = graph.consumers()
 
     def only(name, op, n=1):

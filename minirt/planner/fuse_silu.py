@@ -8,6 +8,8 @@ from ..graph import Node
 
 
 def rewrite(graph, options, profile=None):
+    if not options.pass_on("fuse_silu"):
+        return graph
     prod, cons = graph.producers(), graph.consumers()
     drop, new = set(), {}
     for mul in graph.nodes:

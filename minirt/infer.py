@@ -10,7 +10,7 @@ import numpy as np
 from . import ops
 from .errors import InputError, MinirtError, ModelError, UnsupportedError
 from .graph import Graph
-from .unstack import refuse_high_ranks, unstack_rank5
+from .rank5 import compact_rank5_transposes, refuse_high_ranks, unstack_rank5
 
 MAX_ELEMENTS = 1 << 31   # refuse absurd declared shapes before anything is allocated
 
@@ -184,7 +184,8 @@ def prepare(graph: Graph, *, symbolic: bool = False) -> Graph:
         raise UnsupportedError(f"{graph.source}: {len(problems)} node(s) cannot run:\n" + "\n".join(problems), problems)
     graph.nodes = kept
     graph.remove_unused()
-    unstack_rank5(graph)    # kernels take rank <= 4: a pick of one index of a rank-5 tensor as rank-4 copies
+    unstack_rank5(graph)    # kernels take rank <= 4: rank-5 tensors exporters make in passing, at rank <= 4
+    compact_rank5_transposes(graph)
     refuse_high_ranks(graph)
     consts = [o for o in graph.outputs if o in graph.tensors and graph.tensors[o].is_const]
     if consts:

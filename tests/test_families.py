@@ -1,14 +1,16 @@
 """Small random-weight models of common families (models/families/, exported by tools/export_families.py from torch,
 each by the TorchScript exporter at opset 17 and as <family>_dynamo by torch.export's at opset 20) against
-onnxruntime in both storages: a ResNet-18-like (Conv, Relu, MaxPool, Add, GlobalAveragePool, Gemm), a MobileNetV2-like
-(depthwise convs, Clip as ReLU6), a MobileNetV3-like (HardSwish, squeeze-and-excitation with HardSigmoid), a
-UNet-like (MaxPool down, ConvTranspose and a bilinear Resize up, skip Concats), an EfficientNet-B0-like (SiLU as
-Sigmoid and Mul, squeeze-and-excitation, stride-2 depthwise convs padded as TensorFlow's SAME: a Pad computed from
-shapes, or asymmetric Conv pads), a ConvNeXt-like (depthwise 7x7, LayerNorm over channels spelt out as ReduceMean
-chains, GELU, layer scale), a ViT-like (patch conv, class token, position embeddings, scaled_dot_product_attention
-with its q, k, v picked from a rank-5 tensor), transformers' Wav2Vec2Model at a small config (GroupNorm as
-InstanceNormalization, a weight-normed positional conv, the encoder's NaN guards) and a Conformer block (GLU,
-depthwise conv1d with BatchNorm folded, Swish, attention spelt out)."""
+onnxruntime in both storages: a ResNet-18-like (Conv, Relu, MaxPool, Add, GlobalAveragePool, Gemm), a
+MobileNetV2-like (depthwise convs, Clip as ReLU6), a MobileNetV3-like (HardSwish, squeeze-and-excitation with
+HardSigmoid), a UNet-like (MaxPool down, ConvTranspose and a bilinear Resize up, skip Concats), an
+EfficientNet-B0-like (SiLU as Sigmoid and Mul, squeeze-and-excitation, stride-2 depthwise convs padded as
+TensorFlow's SAME: a Pad computed from shapes, or asymmetric Conv pads), a ConvNeXt-like (depthwise 7x7, LayerNorm
+over channels spelt out as ReduceMean chains, GELU, layer scale), a ViT-like (patch conv, class token, position
+embeddings; one block's attention as timm writes it, q, k, v picked from a rank-5 tensor into
+scaled_dot_product_attention, the other's nn.MultiheadAttention, its q, k, v split through a rank-5 Transpose with
+unit axes), transformers' Wav2Vec2Model at a small config (GroupNorm as InstanceNormalization, a weight-normed
+positional conv, the encoder's NaN guards) and a Conformer block (GLU, depthwise conv1d with BatchNorm folded, Swish,
+attention spelt out)."""
 from pathlib import Path
 
 import numpy as np

@@ -9,10 +9,11 @@ BatchNorm and LayerNorm statistics and affines, layer scales and embeddings are 
 What the exporters of torch 2.13 write for them: each BatchNorm folded into the Conv before it; the UNet's
 nn.Upsample(bilinear, align_corners=False) as a linear Resize (half_pixel) with constant scales; SiLU as Sigmoid and
 Mul; the EfficientNet's TensorFlow-style SAME padding as a Pad computed from shapes (TorchScript) or as asymmetric
-Conv pads (torch.export); ConvNeXt's channels-first LayerNorm as a ReduceMean chain; the ViT's and the Conformer's
-q, k, v picked from a rank-5 [B, T, 3, H, dh] tensor, the ViT's scaled_dot_product_attention with its scale split
-over q and k; wav2vec2's GroupNorm as InstanceNormalization, its weight-normed positional conv folded to one weight, and
-(torch.export) a Where(IsNaN) guard after each softmax.
+Conv pads (torch.export); ConvNeXt's channels-first LayerNorm as a ReduceMean chain; the ViT's and the Conformer's q,
+k, v picked from a rank-5 [B, T, 3, H, dh] tensor, the ViT's scaled_dot_product_attention with its scale split over q
+and k, its nn.MultiheadAttention's q, k, v split through a rank-5 Transpose with unit axes; wav2vec2's GroupNorm as
+InstanceNormalization, its weight-normed positional conv folded to one weight, and (torch.export) a Where(IsNaN) guard
+after each softmax.
 
 Needs torch, transformers (Wav2Vec2Model), onnx and (for the dynamo export) onnxscript, which minirt does not depend
 on: in a separate venv,
@@ -241,21 +242,30 @@ class ConvNeXtLike(nn.Module):
         return self.head(self.norm(self.features(x).mean((2, 3))))
 
 
-# -- ViT: a 4x4 stride-4 patch conv, a class token, learned position embeddings, pre-norm blocks whose attention is
-# torch's scaled_dot_product_attention, the class token's LayerNorm into a linear head -----------------------------
+# -- ViT: a 4x4 stride-4 patch conv, a class token, learned position embeddings, pre-norm blocks (the first's attention
+# as timm writes it, the second's nn.MultiheadAttention), the class token's LayerNorm into a linear head ------------
 class ViTBlock(nn.Module):
-    def __init__(self, d, heads):
+    """timm's attention (a packed q, k, v projection reshaped to rank 5, scaled_dot_product_attention), or with mha
+    torchvision's (nn.MultiheadAttention)."""
+    def __init__(self, d, heads, mha=False):
         super().__init__()
         self.heads = heads
-        self.norm1, self.qkv, self.proj = nn.LayerNorm(d), nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.norm2 = nn.LayerNorm(d)
+        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        if mha:
+            self.mha = nn.MultiheadAttention(d, heads, batch_first=True)
+        else:
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
         self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
 
     def forward(self, x):
         b, n, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        a = nn.functional.scaled_dot_product_attention(q, k, v)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, n, d))
+        y = self.norm1(x)
+        if hasattr(self, "mha"):
+            x = x + self.mha(y, y, y, need_weights=False)[0]
+        else:
+            q, k, v = self.qkv(y).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+            a = nn.functional.scaled_dot_product_attention(q, k, v)
+            x = x + self.proj(a.transpose(1, 2).reshape(b, n, d))
         return x + self.mlp(self.norm2(x))
 
 
@@ -265,7 +275,7 @@ class ViTLike(nn.Module):
         self.patch = nn.Conv2d(3, d, patch, patch)
         self.cls = nn.Parameter(torch.zeros(1, 1, d))
         self.pos = nn.Parameter(torch.zeros(1, (INPUT_SHAPE[2] // patch) ** 2 + 1, d))
-        self.blocks = nn.Sequential(*[ViTBlock(d, heads) for _ in range(depth)])
+        self.blocks = nn.Sequential(*[ViTBlock(d, heads, mha=i % 2 == 1) for i in range(depth)])
         self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, classes)
 
     def forward(self, x):
@@ -365,17 +375,17 @@ def export(name: str, path: Path, seed: int = 0, dynamo: bool = False) -> Path:
     alone); the same seeded weights either way."""
     model = randomize(FAMILIES[name](), seed)
     x = torch.randn(INPUT_SHAPES.get(name, INPUT_SHAPE), generator=torch.Generator().manual_seed(seed + 1))
-    with torch.no_grad():
-        if dynamo:
-            torch.onnx.export(model, (x,), str(path), opset_version=DYNAMO_OPSET, input_names=["input"],
-                              output_names=["logits"], dynamo=True, external_data=False)
-            proto = onnx.load(str(path))
-            for node in proto.graph.node:
-                del node.metadata_props[:]
-            onnx.save(proto, str(path))
-        else:
-            torch.onnx.export(model, (x,), str(path), opset_version=OPSET, input_names=["input"],
-                              output_names=["logits"], do_constant_folding=True, dynamo=False)
+    # (not under no_grad: there nn.MultiheadAttention takes a fused kernel TorchScript's exporter cannot write)
+    if dynamo:
+        torch.onnx.export(model, (x,), str(path), opset_version=DYNAMO_OPSET, input_names=["input"],
+                          output_names=["logits"], dynamo=True, external_data=False)
+        proto = onnx.load(str(path))
+        for node in proto.graph.node:
+            del node.metadata_props[:]
+        onnx.save(proto, str(path))
+    else:
+        torch.onnx.export(model, (x,), str(path), opset_version=OPSET, input_names=["input"], output_names=["logits"],
+                          do_constant_folding=True, dynamo=False)
     return path
 
 

@@ -1,4 +1,4 @@
-"""Rank-5 picks (minirt/unstack.py): q, k, v taken by index from a packed projection reshaped to rank 5, as exporters
+"""Rank-5 picks (minirt/rank5.py): q, k, v taken by index from a packed projection reshaped to rank 5, as exporters
 write them (Split + Squeeze, Slice + Squeeze, Gather with a scalar index), become rank-4 Slice, Reshape and
 Transpose when the graph is prepared; against onnxruntime in both storages with poisoned activations. A rank-5
 tensor that is not only picked is refused at load, every node that needs one named at once."""
@@ -110,3 +110,21 @@ def test_rank5_tensors_read_otherwise_are_refused_naming_every_node():
     for name in ("Reshape node 'Reshape_3'", "Relu node", "Sigmoid node", "tensor 'r5' has rank 5",
                  "tensor 'b' has rank 5"):
         assert name in str(e.value)
+
+
+def test_transpose_between_unit_axes_runs_at_rank_4():
+    """nn.MultiheadAttention's split of its packed projection: [T, B, 3E] -> Reshape [T, B, 3, E] -> Unsqueeze(0) ->
+    Transpose(3, 1, 2, 0, 4) -> Squeeze(-2) -> [3, T, B, E], q, k, v picked by Gather: a rank-4 Transpose."""
+    T, B, E = 6, 2, 8
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r4"]), helper.make_node("Unsqueeze", ["r4", "ax0"], ["u5"]),
+             helper.make_node("Transpose", ["u5"], ["t5"], perm=[3, 1, 2, 0, 4]),
+             helper.make_node("Squeeze", ["t5", "axm2"], ["s4"])]
+    inits = {"shape": ints(T, B, 3, E), "ax0": ints(0), "axm2": ints(-2)}
+    for i, n in enumerate("qkv"):
+        inits[f"i{i}"] = np.array(i, np.int64)
+        nodes.append(helper.make_node("Gather", ["s4", f"i{i}"], [n], axis=0))
+    nodes += [helper.make_node("Mul", ["k", "v"], ["kv"]), helper.make_node("Add", ["q", "kv"], ["y"])]
+    model = make_model(nodes, {"x": [T, B, 3 * E]}, ["y"], inits)
+    g = prepare(load(model))
+    assert rank5_free(g) and [n.op for n in g.nodes].count("Transpose") == 1
+    check_model(model, {"x": rand(T, B, 3 * E, seed=7)})

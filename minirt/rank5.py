@@ -1,13 +1,20 @@
-"""Rank-5 picks as rank-4 copies, when a graph is prepared.
+"""Rank-5 tensors that exporters make only in passing, rewritten at rank <= 4 when a graph is prepared (kernels take
+rank <= 4), and the refusal, every node named at once, of those that remain.
 
-Attention blocks written as `qkv.reshape(b, n, 3, heads, d).permute(2, 0, 3, 1, 4)` followed by `q, k, v = qkv[0],
-qkv[1], qkv[2]` (or `unbind(0)`) make a rank-5 tensor only to take one index of its first axis; exporters write the
-pick as Split + Squeeze, Slice + Squeeze or Gather with a scalar index. Kernels take rank <= 4, so each pick becomes a
+Picks (unstack_rank5). Attention blocks written as `qkv.reshape(b, n, 3, heads, d).permute(2, 0, 3, 1, 4)` followed
+by `q, k, v = qkv[0], qkv[1], qkv[2]` (or `unbind(0)`) make a rank-5 tensor only to take one index of its first axis;
+exporters write the pick as Split + Squeeze, Slice + Squeeze or Gather with a scalar index. Each pick becomes a
 Slice of the Reshape's input, a Reshape to the rank-4 shape the pick keeps, and the Transpose's order on the four axes
 left (none where the pick reads the Reshape directly). The Slice takes columns i * Q .. (i + 1) * Q of the input's
 last axis where the picked axis (size S) and those after it (Q elements) make up that axis, as for a packed q, k, v
 projection [B, T, 3 * D], whose parts are then the [B, T, D] tensors fuse_attention starts from; otherwise index i
-of the middle axis of the input seen as [P, S, Q]."""
+of the middle axis of the input seen as [P, S, Q].
+
+Unit axes (compact_rank5_transposes). torch's nn.MultiheadAttention splits its packed projection with
+`unflatten(-1, (3, E)).unsqueeze(0).transpose(0, -2).squeeze(-2)`: a Transpose between rank-5 tensors that have an
+axis of size 1, made by a relabelling (Reshape, Unsqueeze, Squeeze, Flatten) of a rank <= 4 tensor and read only by
+relabellings back to rank <= 4. Axes of size 1 do not change the row-major order, so the Transpose runs on the other
+axes of the relabelled input, and each reader becomes a Reshape of its result."""
 from __future__ import annotations
 
 import numpy as np
@@ -120,6 +127,54 @@ def unstack_rank5(graph: Graph) -> int:
 
 def _ints(graph, base, values):
     return graph.const(graph.fresh_name(f"{base}_c"), np.array(values, np.int64)).name
+
+
+RELABEL = ("Reshape", "Unsqueeze", "Squeeze", "Flatten")    # row-major order kept, shape relabelled
+
+
+def compact_rank5_transposes(graph: Graph) -> int:
+    """Rewrite the rank-5 Transposes with unit axes as above, in place. Returns how many."""
+    made, readers = graph.producers(), graph.consumers()
+    drop, new, count = set(), [], 0
+    for t in list(graph.nodes):
+        x = graph.tensors.get(t.inputs[0]) if t.op == "Transpose" and t.domain in ("", "ai.onnx") else None
+        src = made.get(t.inputs[0])
+        if x is None or not x.is_static or len(x.shape) != 5 or src is None or src.op not in RELABEL \
+                or src.domain not in ("", "ai.onnx") or len(readers.get(t.inputs[0], [])) != 1:
+            continue
+        a = graph.tensors.get(src.inputs[0])
+        keep = [i for i, d in enumerate(x.shape) if d != 1]
+        outs = readers.get(t.outputs[0], [])
+        if (a is None or not a.is_static or len(a.shape) > 4 or len(keep) > 4 or not outs or t.outputs[0] in
+                graph.outputs or t.inputs[0] in graph.outputs or
+                any(r.op not in RELABEL or r.domain not in ("", "ai.onnx") or r.inputs[0] != t.outputs[0]
+                    or graph.tensors[r.outputs[0]].shape is None or len(graph.tensors[r.outputs[0]].shape) > 4
+                    for r in outs)):
+            continue
+        perm = [int(p) for p in t.attrs.get("perm", range(4, -1, -1))]
+        compact = graph.fresh_name(f"{t.inputs[0]}_compact")
+        moved = graph.fresh_name(f"{t.outputs[0]}_compact")
+        graph.add_tensor(Tensor(compact, tuple(x.shape[i] for i in keep), "float32"))
+        graph.add_tensor(Tensor(moved, tuple(x.shape[p] for p in perm if p in keep), "float32"))
+        new += [Node("Reshape", f"{src.name}_compact", [src.inputs[0], _ints(graph, compact,
+                                                                             list(graph.tensors[compact].shape))],
+                     [compact]),
+                Node("Transpose", f"{t.name}_compact", [compact], [moved], {"perm": [keep.index(p) for p in perm
+                                                                                     if p in keep]})]
+        for r in outs:
+            new.append(Node("Reshape", f"{r.name}_compact", [moved, _ints(graph, moved,
+                                                                          list(graph.tensors[r.outputs[0]].shape))],
+                            list(r.outputs)))
+            drop.add(id(r))
+        drop.update((id(src), id(t)))
+        graph.note(t.name, f"compact_rank5_transposes: rank-5 '{t.inputs[0]}' without its unit axes, as a rank-"
+                           f"{len(keep)} Transpose")
+        count += 1
+    if count:
+        graph.nodes = [n for n in graph.nodes if id(n) not in drop] + new
+        graph.toposort()
+        graph.remove_unused()
+    return count
 
 
 def refuse_high_ranks(graph: Graph) -> None:

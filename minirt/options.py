@@ -195,7 +195,8 @@ class Options:
                                  "default: the device table's")
     # planner passes that may be turned off (debugging, measuring what a pass gains)
     fold_pad_conv: bool = _opt(True, _flag, "pass: a zero Pad of the spatial axes before a Conv -> the conv's pads")
-    fuse_layer_norm: bool = _opt(True, _flag, "pass: LayerNorm spelt out as ReduceMean chains -> one dispatch")
+    fuse_layer_norm: bool = _opt(True, _flag, "pass: LayerNorm spelt out as ReduceMean chains -> one dispatch; "
+                                 "GroupNorm of one channel a group -> one InstanceNormalization")
     fuse_silu: bool = _opt(True, _flag, "pass: Mul(x, Sigmoid(x)) -> one Silu, which joins a conv or Linear epilogue")
     conv_output_nlc: bool = _opt(True, _flag, "pass: an im2col conv + channels-last Transpose (+ Add) -> one GEMM")
     conv_input_nlc: bool = _opt(True, _flag, "pass: a 1-D im2col conv reading another's output reads it as rows")

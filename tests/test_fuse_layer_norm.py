@@ -82,3 +82,32 @@ def test_option_turns_it_off():
     model = spelt_ln((1, 6, 5, 7), [1])
     g = graph_after(model, {"x": (1, 6, 5, 7)}, "fuse_layer_norm", fuse_layer_norm=False)
     assert "ReduceMean" in [n.op for n in g.nodes]
+
+
+def group_norm(shape, groups, back=True):
+    """GroupNorm as torch's exporters write it: Reshape [0, G, -1] -> InstanceNormalization (ones, zeros) [-> Reshape
+    back] -> Mul w [C, 1, ..] -> Add b."""
+    c, unit = shape[1], [1] * (len(shape) - 2)
+    nodes = [helper.make_node("Reshape", ["x", "grouped"], ["r"]),
+             helper.make_node("InstanceNormalization", ["r", "ones", "zeros"], ["n"], epsilon=1e-5)]
+    nodes += [helper.make_node("Reshape", ["n", "shape"], ["nb"])] if back else []
+    nodes += [helper.make_node("Mul", ["nb" if back else "n", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])]
+    inits = {"grouped": np.array([0, groups, -1], np.int64), "shape": np.array(shape, np.int64),
+             "ones": np.ones(groups, np.float32), "zeros": np.zeros(groups, np.float32),
+             "w": rand(c, *unit, seed=7, low=0.5, high=1.5), "b": rand(c, *unit, seed=8)}
+    return make_model(nodes, {"x": list(shape)}, ["y"], inits)
+
+
+@pytest.mark.parametrize("shape, back", [((1, 6, 5, 7), True), ((2, 16, 19), False)])
+def test_group_norm_of_one_channel_a_group_is_one_instance_norm(shape, back):
+    model = group_norm(shape, shape[1], back)
+    g = graph_after(model, {"x": shape}, "fuse_layer_norm")
+    assert [n.op for n in g.nodes] == ["InstanceNormalization"] and g.nodes[0].inputs[0] == "x"
+    check_model(model, {"x": rand(*shape, seed=9, low=-3, high=5)})
+
+
+def test_group_norm_of_several_channels_a_group_keeps_its_affine():
+    model = group_norm((1, 6, 5, 7), 2)
+    g = graph_after(model, {"x": (1, 6, 5, 7)}, "fuse_layer_norm")
+    assert [n.op for n in g.nodes] == ["Reshape", "InstanceNormalization", "Reshape", "Mul", "Add"]
+    check_model(model, {"x": rand(1, 6, 5, 7, seed=10, low=-3, high=5)})

@@ -6,7 +6,8 @@ Pass order (each pass is one module of this package):
   3. conv routing     (conv_routing.py)     every Conv gets one kernel: im2col, pointwise, depthwise, direct
   4. fuse_gelu        (fuse_gelu.py)        the Erf GELU pattern becomes one Gelu node
   5. fuse_layer_norm  (fuse_layer_norm.py)  LayerNorm spelt out as ReduceMean chains -> one LayerNormalization, or
-                                            one AxisLayerNorm over a non-last axis (ConvNeXt's channels)
+                                            one AxisLayerNorm over a non-last axis (ConvNeXt's channels); a GroupNorm
+                                            of one channel a group -> one InstanceNormalization with its affine
   6. fuse_silu        (fuse_silu.py)        Mul(x, Sigmoid(x)) becomes one Silu node
   7. fuse_activation  (fuse_activation.py)  Relu/Gelu/HardSwish/Silu after a conv goes into the conv's epilogue
   8. conv_output_nlc  (conv_output_nlc.py)  an im2col conv + channels-last Transpose (+ Add) -> one GEMM writing

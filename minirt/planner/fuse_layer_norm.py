@@ -3,7 +3,12 @@ exported before opset 17):
     u = ReduceMean(x, A); d = x - u; v = ReduceMean(d ** 2, A); y = d / Sqrt(v + eps) [* w] [+ b]
 with d ** 2 as Pow(d, 2) or Mul(d, d), w and b constants that vary only along A, and every intermediate read only
 inside the pattern. Nine dispatches become one: a LayerNormalization where A is the trailing axes, an AxisLayerNorm
-(the layer_norm kernel's per-channel mode) where A is one other axis. Anything else is left as it is."""
+(the layer_norm kernel's per-channel mode) where A is one other axis. Anything else is left as it is.
+
+GroupNorm as exporters write it, x [N, C, ...] -> Reshape [N, G, -1] -> InstanceNormalization (constant scale and
+bias) [-> Reshape back] [* w] [+ b] with w and b one value per channel, becomes one InstanceNormalization of x with
+the affine folded in where each group is one channel (G = C: wav2vec2's feature extractor); with G < C the Mul and
+Add stay, as the per-channel scale does not fit the kernel's per-group rows."""
 from __future__ import annotations
 
 import numpy as np
@@ -32,6 +37,7 @@ def _other(node, name):
 def rewrite(graph, options, profile=None):
     if not options.pass_on("fuse_layer_norm"):
         return graph
+    _group_norms(graph)
     cons = graph.consumers()
 
     def only(name, op, n=1):
@@ -101,3 +107,59 @@ def rewrite(graph, options, profile=None):
     graph.nodes = [new.get(id(n), n) for n in graph.nodes if id(n) not in drop or id(n) in new]
     graph.remove_unused()
     return graph
+
+
+def _per_channel(graph, name, rank, c):
+    """The constant `name` as C values if it varies only along axis 1 of a rank-`rank` tensor with C channels."""
+    t = graph.tensors.get(name)
+    if t is None or not t.is_const or t.data.ndim > rank:
+        return None
+    a = np.asarray(t.data, np.float64).reshape((1,) * (rank - t.data.ndim) + t.data.shape)
+    if any(d != 1 for i, d in enumerate(a.shape) if i != 1) or a.shape[1] not in (1, c):
+        return None
+    return np.broadcast_to(a.reshape(-1), (c,))
+
+
+def _group_norms(graph):
+    prod, cons = graph.producers(), graph.consumers()
+
+    def sole(name):
+        c = cons.get(name, [])
+        return c[0] if len(c) == 1 and name not in graph.outputs and c[0].domain in ("", "ai.onnx") else None
+
+    drop, new = set(), {}
+    for inorm in graph.nodes:
+        if inorm.op != "InstanceNormalization" or inorm.domain not in ("", "ai.onnx"):
+            continue
+        r = prod.get(inorm.inputs[0])
+        x = graph.tensors.get(r.inputs[0]) if r is not None and r.op == "Reshape" else None
+        if x is None or not x.is_static or len(x.shape) not in (3, 4) or sole(inorm.inputs[0]) is not inorm:
+            continue
+        c, g = x.shape[1], graph.tensors[inorm.inputs[0]].shape[1]
+        ts = [graph.tensors.get(n) for n in inorm.inputs[1:3]]
+        if g != c or any(t is None or not t.is_const or t.data.size != g for t in ts):
+            continue
+        scale, bias = (np.asarray(t.data, np.float64).reshape(-1) for t in ts)
+        chain, out = [r, inorm], inorm.outputs[0]
+        back = sole(out)
+        if back is not None and back.op == "Reshape" and graph.tensors[back.outputs[0]].shape == x.shape:
+            chain.append(back)
+            out = back.outputs[0]
+        elif graph.tensors[out].shape != x.shape:
+            continue
+        for op in ("Mul", "Add"):
+            nxt = sole(out)
+            v = _per_channel(graph, _other(nxt, out), len(x.shape), c) if nxt is not None and nxt.op == op else None
+            if v is None:
+                continue
+            scale, bias = (scale * v, bias * v) if op == "Mul" else (scale, bias + v)
+            chain.append(nxt)
+            out = nxt.outputs[0]
+        names = [graph.const(graph.fresh_name(f"{inorm.name}/gn_{w}"), a.astype(np.float32)).name
+                 for w, a in (("scale", scale), ("bias", bias))]
+        drop.update(id(n) for n in chain)
+        new[id(chain[-1])] = Node("InstanceNormalization", inorm.name, [x.name, *names], [out], dict(inorm.attrs))
+        graph.note(inorm.name, f"GroupNorm of one channel a group ({len(chain)} nodes) as one InstanceNormalization "
+                               f"with its affine")
+    graph.nodes = [new.get(id(n), n) for n in graph.nodes if id(n) not in drop or id(n) in new]
+    graph.remove_unused()

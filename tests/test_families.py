@@ -37,3 +37,27 @@ def test_family_matches_onnxruntime(family):
         assert cosine(out, ref) >= 0.99999, f"{family} {storage}: cosine {cosine(out, ref)}"
         err, scale = np.abs(out.astype(np.float64) - ref).max(), np.abs(ref).max()
         assert err <= 1e-3 * scale, f"{family} {storage}: max abs err {err:.3g}, max|ref| {scale:.3g}"
+
+
+# What the planner makes of the exporters' patterns (a plan on lavapipe's profile, nothing run): op -> how many
+# dispatches, and ops that must not be left.
+PLANNED = {"efficientnet_b0_like": ({"Sigmoid": 4}, ("Pad",)),            # SiLU in conv epilogues; the SE gates stay
+           "convnext_like": ({"AxisLayerNorm": 2}, ("Pow", "Sqrt", "Div")),
+           "vit_like": ({"Attention": 2}, ("Softmax", "MatMul")),          # timm's and nn.MultiheadAttention's
+           "conformer_block": ({"Attention": 1}, ("Softmax",)),
+           "wav2vec2_like": ({"Attention": 2, "InstanceNormalization": 1}, ("Softmax", "Mul"))}
+
+
+@pytest.mark.parametrize("family", [n + s for n in PLANNED for s in ("", "_dynamo")])
+def test_family_plans(family):
+    from minirt.device_profile import KNOWN_PROFILES
+    from minirt.infer import prepare
+    from minirt.loaders import load
+    from minirt.planner import make_plan
+    model = onnx.load(FAMILIES / f"{family}.onnx")
+    counts, absent = PLANNED[family.removesuffix("_dynamo")]
+    if family == "wav2vec2_like_dynamo":     # its softmaxes' NaN guards keep the attention unfused
+        counts, absent = {"InstanceNormalization": 1, "ReplaceNaN": 2}, ()
+    for storage in STORAGES:
+        ops = [d.op for d in make_plan(prepare(load(model)), KNOWN_PROFILES["lavapipe"], storage).dispatches]
+        assert {op: ops.count(op) for op in counts} == counts and not set(absent) & set(ops), (storage, ops)

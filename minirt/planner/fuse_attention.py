@@ -9,7 +9,9 @@ Exporters spell the head splits differently (K through Transpose(0,2,3,1), or Tr
 no-op Reshapes; scalar Muls on Qh and Kt), so the chains are not matched node by node: each Reshape-like and
 Transpose is applied to a symbolic layout (every axis a list of the atoms B, T, H, dh, outermost first) and
 the result must be the layout the MatMuls need. Scalar Mul/Div by constants on Qh, Kt or the scores fold into
-`scale`. Every intermediate must be read only inside the pattern and must not be a graph output."""
+`scale`. Every intermediate must be read only inside the pattern and must not be a graph output. Where no
+[B, T, D] tensor starts or ends a chain, one that is that but for axes of size 1 does (nn.MultiheadAttention's
+[T, 1, D] at batch 1: the same row-major order), through a Reshape into or out of the Attention."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,7 +1,8 @@
 """BatchNormalization in inference mode: y = x * s + t per channel, with s = scale / sqrt(var + epsilon) and
-t = B - mean * s computed at load in float64. Exporters fold a BatchNorm into the Conv before it; one that follows
-anything else (a pre-activation network's BN -> ReLU -> Conv, a BatchNorm1d after a Linear) stays a node, and runs as
-two elementwise dispatches (Mul by s, Add t) on the binary kernel."""
+t = B - mean * s computed at load in float64. Exporters fold a BatchNorm into the Conv before it when they fold
+constants, and so does the fold_batch_norm pass; one that follows anything else (a pre-activation network's
+BN -> ReLU -> Conv, a BatchNorm1d after a Linear) runs as two elementwise dispatches (Mul by s, Add t) on the binary
+kernel."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,7 +25,7 @@ def _affine(node, scale, bias, mean, var, rank):
 class BatchNormalization(Op):
     name = "BatchNormalization"
     limits = ("inference mode only (training_mode=0, the Y output alone); scale, B, mean and var must be constants; "
-              "two elementwise dispatches (exporters fold a BatchNorm that follows a Conv into it)")
+              "two elementwise dispatches, none after a Conv (the fold_batch_norm pass folds it into the conv)")
 
     def infer(self, node, ins):
         return same(node, ins)[:1]

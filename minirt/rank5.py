@@ -62,6 +62,8 @@ def _picks(graph, name, readers):
             return None
         for i, part in parts:
             sq = readers.get(part, [])
+            if not sq and part not in graph.outputs:
+                continue     # a part nothing reads
             if (part in graph.outputs or len(sq) != 1 or sq[0].op != "Squeeze" or sq[0].domain not in ("", "ai.onnx")
                     or [a % 5 for a in (_const_ints(graph, sq[0].inputs[1] if len(sq[0].inputs) > 1 else "")
                                         or sq[0].attrs.get("axes", []))] != [axis]):
@@ -77,7 +79,7 @@ def unstack_rank5(graph: Graph) -> int:
     for r in list(graph.nodes):
         x = graph.tensors.get(r.outputs[0]) if r.op == "Reshape" and r.domain in ("", "ai.onnx") else None
         if (x is None or not x.is_static or len(x.shape) != 5 or r.outputs[0] in graph.outputs
-                or not graph.tensors[r.inputs[0]].is_static):
+                or not graph.tensors[r.inputs[0]].is_static or len(graph.tensors[r.inputs[0]].shape) > 4):
             continue
         perm, src = list(range(5)), r.outputs[0]
         tr = readers.get(src, [])

@@ -120,11 +120,16 @@ def unstack_rank5(graph: Graph) -> int:
                                       f"Slice of '{src}' and rank-4 Reshape and Transpose")
             drop.update(id(n) for n in nodes)
             count += 1
-    if count:
+    _replace(graph, drop, new)
+    return count
+
+
+def _replace(graph, drop, new):
+    """The graph's nodes without those in `drop` (ids), with `new` in order."""
+    if drop:
         graph.nodes = [n for n in graph.nodes if id(n) not in drop] + new
         graph.toposort()
         graph.remove_unused()
-    return count
 
 
 def _ints(graph, base, values):
@@ -172,10 +177,7 @@ def compact_rank5_transposes(graph: Graph) -> int:
         graph.note(t.name, f"compact_rank5_transposes: rank-5 '{t.inputs[0]}' without its unit axes, as a rank-"
                            f"{len(keep)} Transpose")
         count += 1
-    if count:
-        graph.nodes = [n for n in graph.nodes if id(n) not in drop] + new
-        graph.toposort()
-        graph.remove_unused()
+    _replace(graph, drop, new)
     return count
 
 

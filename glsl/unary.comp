@@ -7,7 +7,7 @@
 layout(constant_id = 3) const int OP = 0;
 // 0 identity, 1 sqrt, 2 erf, 3 gelu (erf), 4 gelu (tanh), 5 relu, 6 sigmoid, 7 tanh, 8 neg, 9 exp, 10 abs,
 // 11 clip (to [prm.x, prm.y]), 12 hard sigmoid (alpha prm.x, beta prm.y), 13 hard swish, 14 log, 15 reciprocal,
-// 16 NaN replaced by prm.x
+// 16 NaN replaced by prm.x, 17 silu (x * sigmoid(x), as Sigmoid then Mul round it)
 
 TENSOR_OUT(t_out, 0)
 TENSOR_IN(t_in, 1)
@@ -39,6 +39,7 @@ float apply(float x) {
   if (OP == 13) return hard_swish_f(x);
   if (OP == 14) return isnan(x) || x == INF_F ? x : x < 0.0 ? NAN_F : x == 0.0 ? -INF_F : log(x);
   if (OP == 16) return isnan(x) ? p.prm.x : x;
+  if (OP == 17) return x * (1.0 / (1.0 + exp(-x)));
   return 1.0 / x;
 }
 

@@ -10,6 +10,7 @@ import numpy as np
 from . import ops
 from .errors import InputError, MinirtError, ModelError, UnsupportedError
 from .graph import Graph
+from .rank5 import compact_rank5_transposes, refuse_high_ranks, unstack_rank5
 
 MAX_ELEMENTS = 1 << 31   # refuse absurd declared shapes before anything is allocated
 
@@ -214,6 +215,9 @@ def prepare(graph: Graph, *, symbolic: bool = False, host: bool = False, runtime
     if split is not None:
         graph.host = split.finish(graph)
     graph.remove_unused()
+    unstack_rank5(graph)    # kernels take rank <= 4: rank-5 tensors exporters make in passing, at rank <= 4
+    compact_rank5_transposes(graph)
+    refuse_high_ranks(graph)
     consts = [o for o in graph.outputs if o in graph.tensors and graph.tensors[o].is_const]
     if consts:
         raise UnsupportedError(f"{graph.source}: graph output(s) {', '.join(repr(o) for o in consts)} are constants "

@@ -127,6 +127,12 @@ def _hard_swish(y):
     return y * clip(y / 6 + 0.5, 0, 1)
 
 
+def _silu(y):
+    import numpy as np
+    with np.errstate(over="ignore", invalid="ignore"):     # -inf * 0 is NaN, as Sigmoid then Mul gives
+        return y * (1 / (1 + np.exp(-y)))
+
+
 @dataclass(frozen=True)
 class Activation:
     code: int                     # ACT_<NAME> of glsl/activation.glslh: the ACT the epilogue kernels take
@@ -142,6 +148,7 @@ ACTIVATIONS: dict[str, Activation] = {
     "gelu": Activation(2, 3, _gelu),
     "gelu_tanh": Activation(3, 4, _gelu_tanh),
     "hard_swish": Activation(4, 13, _hard_swish),
+    "silu": Activation(5, 17, _silu),
 }
 
 
@@ -174,6 +181,8 @@ def activation_of(op: str, attrs: dict) -> str | None:
         return "relu"
     if op == "HardSwish":
         return "hard_swish"
+    if op == "Silu":     # minirt's own, made by the fuse_silu pass
+        return "silu"
     if op == "Gelu":
         return "gelu_tanh" if attrs.get("approximate", "none") == "tanh" else "gelu"
     return None

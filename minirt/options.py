@@ -23,8 +23,9 @@ STORAGES = ("auto", "texture", "buffer")
 COOPMAT_MODES = ("auto", "off", "emulate")
 DIRECT_IO = ("off", "in", "out", "both")
 # planner passes an option may turn off (minirt/planner/__init__.py runs them)
-OPTIONAL_PASSES = ("conv_output_nlc", "conv_input_nlc", "conv_channels_last", "fuse_linear", "merge_siblings",
-                   "fuse_attention", "fuse_reduce_layer_norm", "fuse_norm_linear_rows")
+OPTIONAL_PASSES = ("fold_batch_norm", "fold_pad_conv", "fuse_layer_norm", "fuse_silu", "conv_output_nlc",
+                   "conv_input_nlc", "conv_channels_last", "fuse_linear", "merge_siblings", "fuse_attention",
+                   "fuse_reduce_layer_norm", "fuse_norm_linear_rows")
 # kernel families a forced local size may apply to (the others size their work from their local size)
 FORCEABLE_FAMILIES = ("gemm", "im2col", "elementwise", "conv", "copy")
 GEMM_TILES = ("t44", "t44k32")
@@ -193,6 +194,12 @@ class Options:
                                  "milliseconds to poll a run's fence before a sleeping wait (MINIRT_SPIN_MS); "
                                  "default: the device table's")
     # planner passes that may be turned off (debugging, measuring what a pass gains)
+    fold_batch_norm: bool = _opt(True, _flag, "pass: an inference BatchNormalization after a Conv -> the conv's "
+                                 "weight and bias")
+    fold_pad_conv: bool = _opt(True, _flag, "pass: a zero Pad of the spatial axes before a Conv -> the conv's pads")
+    fuse_layer_norm: bool = _opt(True, _flag, "pass: LayerNorm spelt out as ReduceMean chains -> one dispatch; "
+                                 "GroupNorm of one channel a group -> one InstanceNormalization")
+    fuse_silu: bool = _opt(True, _flag, "pass: Mul(x, Sigmoid(x)) -> one Silu, which joins a conv or Linear epilogue")
     conv_output_nlc: bool = _opt(True, _flag, "pass: an im2col conv + channels-last Transpose (+ Add) -> one GEMM")
     conv_input_nlc: bool = _opt(True, _flag, "pass: a 1-D im2col conv reading another's output reads it as rows")
     conv_channels_last: bool = _opt(True, _flag, "pass: 2-D convs on the buffer GEMM keep activations channels-last "

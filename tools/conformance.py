@@ -14,7 +14,7 @@ How cases are fed: minirt takes float32 graph inputs only, and wants shapes, axe
 weights to be constants (as exporters write them). So an input that is not float32 (int64 axes,
 shapes, indices: an integer or bool input after the first) becomes an initializer, and so do the
 inputs minirt documents as constants: Conv and ConvTranspose W and B, LayerNormalization and InstanceNormalization
-scale and B, Clip min and max, Pad constant_value, Resize roi and scales (CONST_INPUTS).
+scale and B, BatchNormalization scale, B, mean and var, Clip min and max, Pad constant_value, Resize roi and scales (CONST_INPUTS).
 Every other input is fed at run time, whatever its dtype (minirt refuses what it cannot take). A case
 is a "float32 case" when every output and every input other than integer structure is float32; only
 those fill the passed/failed/refused columns of docs/ops.md. Other cases count under "other_dtypes".
@@ -45,7 +45,7 @@ RTOL, ATOL = 1e-4, 1e-5
 STORAGES = ("buffer", "texture")
 # inputs (by index) that minirt needs as constants for a case to run at all: documented op limits
 CONST_INPUTS = {"Conv": (1, 2), "ConvTranspose": (1, 2), "LayerNormalization": (1, 2), "Clip": (1, 2), "Pad": (2,),
-                "InstanceNormalization": (1, 2), "Resize": (1, 2)}
+                "InstanceNormalization": (1, 2), "Resize": (1, 2), "BatchNormalization": (1, 2, 3, 4)}
 # ops whose optional extra outputs minirt does not produce (documented): their cases with those
 # outputs are refused as they are, and run again as "<case>[first output]" with only the first output
 FIRST_OUTPUT_VARIANT = {"LayerNormalization"}
@@ -272,7 +272,8 @@ def main(argv=None):
                f"(the GPU computes in float32; integer and boolean tensors run on the host): {oth['passed']} passed, {oth['failed']} failed, "
                f"{oth['refused']} refused. Integer inputs after the first (axes, shapes, indices) and the inputs "
                f"minirt needs constant (Conv and ConvTranspose W/B, LayerNormalization and InstanceNormalization "
-               f"scale/B, Clip min/max, Pad constant_value, Resize roi/scales) are given as initializers; other "
+               f"scale/B, BatchNormalization scale/B/mean/var, Clip min/max, Pad constant_value, Resize "
+               f"roi/scales) are given as initializers; other "
                f"inputs at run time."
                + (f" No node test in this onnx exercises: {', '.join(none)}." if none else ""))
     doc = {"onnx_version": onnx.__version__, "storages": list(storages), "rtol": RTOL, "atol": ATOL,

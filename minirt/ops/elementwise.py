@@ -259,6 +259,17 @@ class HardSwish(Unary):
 
 
 @register
+class Silu(Unary):
+    """x * Sigmoid(x), as exporters write SiLU (Swish): made by the fuse_silu pass, which later passes fuse into the
+    producer's epilogue."""
+    name, code, domain = "Silu", ACTIVATIONS["silu"].unary, "minirt"
+    limits = "internal, made by the fuse_silu pass from Mul(x, Sigmoid(x))"
+
+    def fn(self, node, x):
+        return activate(x, "silu")
+
+
+@register
 class Clip(Unary):
     name, code = "Clip", 11
     limits = "min and max given as inputs (opset 11+) must be constants after folding"

@@ -1,8 +1,8 @@
 """Linear: minirt's own op for x @ W (+ b) (* s) (+ activation) (+ residual), made by the fuse_linear
 planner pass from MatMul / Add / Mul / Gelu / Relu / Add chains, so a layer is one GEMM dispatch whose
 epilogue does the rest. Inputs: x [.., K], W [K, N] (constant), bias [N] or "", residual [.., N] or "".
-Attributes: act ("", "relu", "gelu", "gelu_tanh"), scale (folded into W and b at lowering), and parts P
-(default 1; set by the merge_siblings pass): P sibling Linears' weights side by side, the output laid out
+Attributes: act ("", "relu", "gelu", "gelu_tanh", "hard_swish", "silu"), scale (folded into W and b at lowering), and
+parts P (default 1; set by the merge_siblings pass): P sibling Linears' weights side by side, the output laid out
 part-major [P, M, N / P] (M = the rows of x), which SplitParts hands out as P views.
 
 SplitParts (also minirt's own, made by merge_siblings): [P, M, Np] -> P tensors of M * Np elements each

@@ -132,14 +132,45 @@ class InstanceNormalization(Op):
         return [y.astype(x.dtype)]
 
     def lower(self, node, ctx):
-        x, out = ctx.t(node.inputs[0]), ctx.t(node.outputs[0])
-        rank = len(x.shape)
-        scale, bias = (np.asarray(ctx.graph.tensor(n).data, np.float32).reshape(-1) for n in node.inputs[1:3])
-        c4 = -(-scale.size // 4)
-        w = ctx.weight(f"{node.name}/scale_bias", np.concatenate([np.pad(scale, (0, 4 * c4 - scale.size)), bias]))
-        row_dispatch(ctx, "layer_norm", out, x, _mask(range(rank - 2)), [(w.name, "r")],
-                     [attr(node, "epsilon", 1e-5)], spec("layer_norm", HAS_BIAS=True, PER_CHANNEL=True), flops_per=8,
-                     io="out32", cfg=(rank - 2, c4))
+        rank = len(ctx.graph.tensor(node.inputs[0]).shape)
+        per_channel_norm(node, ctx, range(rank - 2), rank - 2)
+
+
+def per_channel_norm(node, ctx, dims, channel):
+    """Normalise node's input over the WHCN `dims` on the layer_norm kernel, with scale and bias (node inputs 1 and
+    2, constants) one value per index of WHCN dim `channel`."""
+    x, out = ctx.t(node.inputs[0]), ctx.t(node.outputs[0])
+    scale, bias = (np.asarray(ctx.graph.tensor(n).data, np.float32).reshape(-1) for n in node.inputs[1:3])
+    c4 = -(-scale.size // 4)
+    w = ctx.weight(f"{node.name}/scale_bias", np.concatenate([np.pad(scale, (0, 4 * c4 - scale.size)), bias]))
+    row_dispatch(ctx, "layer_norm", out, x, _mask(dims), [(w.name, "r")], [attr(node, "epsilon", 1e-5)],
+                 spec("layer_norm", HAS_BIAS=True, PER_CHANNEL=True), flops_per=8, io="out32", cfg=(channel, c4))
+
+
+@register
+class AxisLayerNorm(Op):
+    """LayerNorm over one axis that is not the last (ConvNeXt's over the channels of NCHW), with one scale and bias
+    per index of that axis: made by the fuse_layer_norm pass from the ReduceMean chain exporters write for it. Runs
+    on the layer_norm kernel as InstanceNormalization does, the normalised dim being the per-channel one."""
+    name, domain = "AxisLayerNorm", "minirt"
+    limits = "internal, made by the fuse_layer_norm pass; one axis of a tensor of rank <= 4"
+
+    def infer(self, node, ins):
+        return same(node, ins)
+
+    def reference(self, node, x, scale, bias):
+        axis = attr(node, "axis")
+        x64 = x.astype(np.float64)
+        mean = x64.mean(axis, keepdims=True)
+        var = ((x64 - mean) ** 2).mean(axis, keepdims=True)
+        shape = [1] * x.ndim
+        shape[axis] = -1
+        y = (x64 - mean) / np.sqrt(var + attr(node, "epsilon")) * scale.reshape(shape) + bias.reshape(shape)
+        return [y.astype(x.dtype)]
+
+    def lower(self, node, ctx):
+        dim = len(ctx.graph.tensor(node.inputs[0]).shape) - 1 - attr(node, "axis")       # its WHCN dim
+        per_channel_norm(node, ctx, [dim], dim)
 
 
 def _broadcasts_to(shape, target):

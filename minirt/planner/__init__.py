@@ -1,26 +1,32 @@
 """The planner: graph-to-graph passes in a fixed order, then lowering to a Plan.
 
 Pass order (each pass is one module of this package):
-  1. conv1d_as_conv2d (conv1d_as_conv2d.py) eligible 1-D convs become 2-D convs over a height of 1
-  2. conv routing     (conv_routing.py)     every Conv gets one kernel: im2col, pointwise, depthwise, direct
-  3. fuse_gelu        (fuse_gelu.py)        the Erf GELU pattern becomes one Gelu node
-  4. fuse_activation  (fuse_activation.py)  Relu/Gelu after a conv goes into the conv's GEMM epilogue
-  5. conv_output_nlc  (conv_output_nlc.py)  an im2col conv + channels-last Transpose (+ Add) -> one GEMM writing
+  1. fold_batch_norm  (fold_batch_norm.py)  an inference BatchNormalization after a Conv -> the conv's W and B
+  2. fold_pad_conv    (fold_pad_conv.py)    a zero Pad of the spatial axes read by a Conv alone -> the conv's pads
+  3. conv1d_as_conv2d (conv1d_as_conv2d.py) eligible 1-D convs become 2-D convs over a height of 1
+  4. conv routing     (conv_routing.py)     every Conv gets one kernel: im2col, pointwise, depthwise, direct
+  5. fuse_gelu        (fuse_gelu.py)        the Erf GELU pattern becomes one Gelu node
+  6. fuse_layer_norm  (fuse_layer_norm.py)  LayerNorm spelt out as ReduceMean chains -> one LayerNormalization, or
+                                            one AxisLayerNorm over a non-last axis (ConvNeXt's channels); a GroupNorm
+                                            of one channel a group -> one InstanceNormalization with its affine
+  7. fuse_silu        (fuse_silu.py)        Mul(x, Sigmoid(x)) becomes one Silu node
+  8. fuse_activation  (fuse_activation.py)  Relu/Gelu/HardSwish/Silu after a conv goes into the conv's epilogue
+  9. conv_output_nlc  (conv_output_nlc.py)  an im2col conv + channels-last Transpose (+ Add) -> one GEMM writing
                                             [1, L, C] (adding the residual)
-  6. conv_input_nlc   (conv_input_nlc.py)   a 1-D im2col conv reading another's output: that one writes it
+ 10. conv_input_nlc   (conv_input_nlc.py)   a 1-D im2col conv reading another's output: that one writes it
                                             channels-last, this one's GEMM reads it as overlapping rows (no im2col)
-  7. conv_channels_last (conv_channels_last.py)  2-D convs on the buffer GEMM keep activations NHWC between them
+ 11. conv_channels_last (conv_channels_last.py)  2-D convs on the buffer GEMM keep activations NHWC between them
                                             (1x1 convs as Linears over pixels), Transposes at the boundaries
-  8. fuse_linear      (fuse_linear.py)      MatMul (or Gemm) + bias + scale + activation + residual -> one Linear
-  9. merge_siblings   (merge_siblings.py)   Linears reading the same input (q, k, v) -> one GEMM + part views
- 10. fuse_attention   (fuse_attention.py)   head splits + MatMul + Softmax + MatMul -> one Attention
- 11. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
- 12. fuse_reduce_layer_norm (fuse_reduce_layer_norm.py)  on the Plan: a split GEMM's reduce pass also does the
+ 12. fuse_linear      (fuse_linear.py)      MatMul (or Gemm) + bias + scale + activation + residual -> one Linear
+ 13. merge_siblings   (merge_siblings.py)   Linears reading the same input (q, k, v) -> one GEMM + part views
+ 14. fuse_attention   (fuse_attention.py)   head splits + MatMul + Softmax + MatMul -> one Attention
+ 15. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
+ 16. fuse_reduce_layer_norm (fuse_reduce_layer_norm.py)  on the Plan: a split GEMM's reduce pass also does the
                                             LayerNorm that reads its output
- 13. fuse_norm_linear_rows (fuse_norm_linear_rows.py)  on the Plan: a LayerNorm read only by a few-row Linear
+ 17. fuse_norm_linear_rows (fuse_norm_linear_rows.py)  on the Plan: a LayerNorm read only by a few-row Linear
                                             (linear_rows) is done by that Linear as it reads its rows
- 14. local sizes      (minirt.lwg)          one deterministic local size per dispatch
- 15. memory plan      (memory_plan.py)      lifetimes for memory reuse (option memory_reuse=False: none), and
+ 18. local sizes      (minirt.lwg)          one deterministic local size per dispatch
+ 19. memory plan      (memory_plan.py)      lifetimes for memory reuse (option memory_reuse=False: none), and
                                             the check that the device can hold what the plan allocates
 The planner never imports vulkan: everything it decides is plain data in the Plan. Each graph pass is
 fn(graph, options, profile): the Session's Options (storage resolved for the device) and the DeviceProfile."""
@@ -29,16 +35,18 @@ from __future__ import annotations
 from ..errors import MinirtError, UnsupportedError
 from ..options import PRECISIONS, Options
 from ..lwg import check_local_size, forced_local_size, pick_local_size
-from . import (conv1d_as_conv2d, conv_channels_last, conv_input_nlc, conv_output_nlc, conv_routing, fuse_activation,
-               fuse_attention, fuse_gelu, fuse_linear, fuse_norm_linear_rows, fuse_reduce_layer_norm, memory_plan,
-               merge_siblings)
+from . import (conv1d_as_conv2d, conv_channels_last, conv_input_nlc, conv_output_nlc, conv_routing, fold_batch_norm,
+               fold_pad_conv, fuse_activation, fuse_attention, fuse_gelu, fuse_layer_norm, fuse_linear,
+               fuse_norm_linear_rows, fuse_reduce_layer_norm, fuse_silu, memory_plan, merge_siblings)
 from .lower import lower
 from ..plan import INPUT, OUTPUT, Plan
 from .storage_layout import check_limits, resolve_storage
 
 # (name, function(graph, options, profile) -> graph), run in this order
-GRAPH_PASSES = [("conv1d_as_conv2d", conv1d_as_conv2d.rewrite), ("conv_routing", conv_routing.annotate),
-                ("fuse_gelu", fuse_gelu.rewrite), ("fuse_activation", fuse_activation.rewrite),
+GRAPH_PASSES = [("fold_batch_norm", fold_batch_norm.rewrite), ("fold_pad_conv", fold_pad_conv.rewrite),
+                ("conv1d_as_conv2d", conv1d_as_conv2d.rewrite), ("conv_routing", conv_routing.annotate),
+                ("fuse_gelu", fuse_gelu.rewrite), ("fuse_layer_norm", fuse_layer_norm.rewrite),
+                ("fuse_silu", fuse_silu.rewrite), ("fuse_activation", fuse_activation.rewrite),
                 ("conv_output_nlc", conv_output_nlc.rewrite), ("conv_input_nlc", conv_input_nlc.rewrite),
                 ("conv_channels_last", conv_channels_last.rewrite), ("fuse_linear", fuse_linear.rewrite),
                 ("merge_siblings", merge_siblings.rewrite), ("fuse_attention", fuse_attention.rewrite)]

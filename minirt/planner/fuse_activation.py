@@ -1,5 +1,5 @@
-"""Fuse an activation (Relu, Gelu, HardSwish: minirt.kernels.activation_of) into the epilogue of the conv that feeds
-it, also across the Reshape the conv1d rewrite inserts (activations are elementwise, so they commute with reshapes).
+"""Fuse an activation (Relu, Gelu, HardSwish, Silu: minirt.kernels.activation_of) into the epilogue of the conv that
+feeds it, also across the Reshape the conv1d rewrite inserts (activations are elementwise, so they commute with reshapes).
 Only convs whose route has an epilogue (linear, im2col, pointwise, depthwise) take it; the output of the
 conv must have no other reader."""
 from __future__ import annotations

@@ -9,11 +9,15 @@ Exporters spell the head splits differently (K through Transpose(0,2,3,1), or Tr
 no-op Reshapes; scalar Muls on Qh and Kt), so the chains are not matched node by node: each Reshape-like and
 Transpose is applied to a symbolic layout (every axis a list of the atoms B, T, H, dh, outermost first) and
 the result must be the layout the MatMuls need. Scalar Mul/Div by constants on Qh, Kt or the scores fold into
-`scale`. Every intermediate must be read only inside the pattern and must not be a graph output."""
+`scale`. Every intermediate must be read only inside the pattern and must not be a graph output. Where no
+[B, T, D] tensor starts or ends a chain, one that is that but for axes of size 1 does (nn.MultiheadAttention's
+[T, 1, D] at batch 1: the same row-major order), through a Reshape into or out of the Attention."""
 from __future__ import annotations
 
+import numpy as np
+
 from .. import ops
-from ..graph import Node
+from ..graph import Node, Tensor
 
 REGROUP = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")   # relabel the shape, keep row-major order
 MAX_CHAIN = 8
@@ -68,19 +72,29 @@ def _data_input(graph, node):
     return next((x for x in node.inputs if _scale_of(graph, node, x) is not None), None)
 
 
+def _but_units(shape):
+    return [d for d in shape if d != 1]
+
+
 def _walk_up(graph, prod, name, root_shape, want, prefix, root_named):
-    """From tensor `name` up through relabelling and scalar nodes to a tensor of root_shape whose layout,
-    carried down the chain, is `want`. Returns (root, nodes top-down, scale) or None."""
-    chain, cur = [], name
+    """From tensor `name` up through relabelling and scalar nodes to a tensor of root_shape (or of the same shape but
+    for axes of size 1 elsewhere, as nn.MultiheadAttention's [T, 1, D] at batch 1: the same row-major order) whose
+    layout, carried down the chain, is `want`; the nearest of root_shape itself, else the nearest of the other.
+    Returns (root, nodes top-down, scale) or None."""
+    chain, cur, other = [], name, None
     while len(chain) < MAX_CHAIN:
         node = prod.get(cur)
         cur = None if node is None else _data_input(graph, node)
         if cur is None:
-            return None
+            return other
         chain.insert(0, node)
-        if tuple(graph.tensor(cur).shape or ()) != root_shape:
+        shape = tuple(graph.tensor(cur).shape or ())
+        if _but_units(shape) != _but_units(root_shape) or (shape != root_shape and other is not None):
             continue
         layout, sizes = _atoms(root_named, prefix)
+        if shape != root_shape:     # the root's atoms on its own axes, in the same order
+            atoms = iter([ax for ax in layout if ax])
+            layout = [() if d == 1 else next(atoms) for d in shape]
         scale, x = 1.0, cur
         for n in chain:
             if n.op in REGROUP or n.op == "Transpose":
@@ -90,9 +104,11 @@ def _walk_up(graph, prod, name, root_shape, want, prefix, root_named):
             if layout is None:
                 break
             x = n.outputs[0]
-        if layout == want:
+        if layout == want and shape == root_shape:
             return cur, chain, scale
-    return None
+        if layout == want:
+            other = cur, list(chain), scale
+    return other
 
 
 def _match(graph, prod, cons, sm):
@@ -135,14 +151,21 @@ def _match(graph, prod, cons, sm):
     # down from the output: relabellings only, to [B, Tq, D] with D = (H, dh)
     layout, sizes = _atoms([[("B", B)], [("H", H)], [("T", Tq)], [("d", dh)]], "o")
     want, _ = _atoms(root(Tq), "o")
-    tail, cur = [], mm2.outputs[0]
+    tail, cur, other = [], mm2.outputs[0], None
+    # to [B, Tq, D]; else to the last tensor that is that but for axes of size 1 (the Attention's output then is
+    # reshaped to it)
     while layout != want or graph.tensor(cur).shape != (B, Tq, H * dh):
+        if tail and [a for a in layout if a] == [a for a in want if a] and \
+                _but_units(graph.tensor(cur).shape) == _but_units((B, Tq, H * dh)):
+            other = list(tail), cur
         nxt = cons.get(cur, [])
-        if len(tail) >= MAX_CHAIN or len(nxt) != 1 or not (nxt[0].op in REGROUP or nxt[0].op == "Transpose"):
-            return None
-        layout = _apply(graph, nxt[0], layout, sizes)
+        layout = _apply(graph, nxt[0], layout, sizes) if len(tail) < MAX_CHAIN and len(nxt) == 1 and \
+            (nxt[0].op in REGROUP or nxt[0].op == "Transpose") else None
         if layout is None:
-            return None
+            if other is None:
+                return None
+            tail, cur = other
+            break
         tail.append(nxt[0])
         cur = nxt[0].outputs[0]
     if not tail:
@@ -155,7 +178,8 @@ def _match(graph, prod, cons, sm):
     if any(r in inner for r in roots) or any(o in graph.outputs for o in inner) or \
             any(id(c) not in members for o in inner for c in cons.get(o, [])):
         return None
-    return nodes, roots, cur, H, scale
+    shapes = [(B, T, H * dh) for T in (Tq, Tk, Tk)]     # what Attention reads; a root of another shape is reshaped
+    return nodes, list(zip(roots, shapes)), cur, H, scale
 
 
 def rewrite(graph, options, profile=None):
@@ -183,9 +207,25 @@ def rewrite(graph, options, profile=None):
             name = f"{base}_{i}"
         names.add(name)
         drop.update(id(n) for n in nodes)
-        new[id(nodes[-1])] = Node("Attention", name, roots, [out], {"heads": heads, "scale": scale}, "minirt")
+        ins, before = [], []
+        for root, shape in roots:
+            if tuple(graph.tensor(root).shape) != shape:
+                ins.append(graph.fresh_name(f"{root}_bt"))
+                graph.add_tensor(Tensor(ins[-1], shape, "float32"))
+                target = graph.const(graph.fresh_name(f"{root}_bt_shape"), np.array(shape, np.int64)).name
+                before.append(Node("Reshape", f"{name}/{root}_bt", [root, target], [ins[-1]]))
+            else:
+                ins.append(root)
+        after, att_out = [], out
+        if tuple(graph.tensor(out).shape) != roots[0][1]:
+            att_out = graph.fresh_name(f"{out}_bt")
+            graph.add_tensor(Tensor(att_out, roots[0][1], "float32"))
+            target = graph.const(graph.fresh_name(f"{out}_shape"), np.array(graph.tensor(out).shape, np.int64)).name
+            after.append(Node("Reshape", f"{name}/out", [att_out, target], [out]))
+        new[id(nodes[-1])] = [*before, Node("Attention", name, ins, [att_out], {"heads": heads, "scale": scale},
+                                            "minirt"), *after]
         graph.note(name, f"fused {len(nodes)} nodes ({', '.join(sorted({n.op for n in nodes}))}) into one "
                          f"Attention: heads={heads}, scale={scale:.6g}")
-    graph.nodes = [new.get(id(n), n) for n in graph.nodes if id(n) not in drop or id(n) in new]
+    graph.nodes = [m for n in graph.nodes if id(n) not in drop or id(n) in new for m in new.get(id(n), [n])]
     graph.remove_unused()
     return graph

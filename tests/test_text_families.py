@@ -3,7 +3,7 @@ GPT-2, DistilBERT, the T5 encoder and the Whisper decoder, each by TorchScript a
 opset 20) against onnxruntime in both storages, on fresh seeded token ids and attention masks (int64, some rows
 padded at the end): their masks, position ids and index tensors are computed on the host each run
 (minirt/host.py), the rest on the GPU. Also: what cannot run is refused at load with every node named at once, and
-bad token ids or masks are InputErrors naming the tensor."""
+bad token ids or masks are InputErrors naming the tensor. Every attention runs as one fused Attention dispatch."""
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +18,7 @@ F32 = TensorProto.FLOAT
 FAMILIES = Path(__file__).resolve().parents[1] / "models" / "families"
 NAMES = ["bert", "gpt2", "distilbert", "t5_encoder", "whisper_decoder"]
 VOCAB, BATCH, SEQ = 1000, 2, 16
+ATTENTIONS = {"whisper_decoder": 4}     # a layer's attentions (self, and cross in the decoder) x 2 layers; else 2
 
 
 def feeds_for(model, seed):
@@ -38,6 +39,10 @@ def test_text_family_matches_onnxruntime(name):
     for storage in STORAGES:
         with Session(model, storage=storage, options={"poison": True}) as s:
             (out,) = s.run(None, feeds)
+            # each attention one fused dispatch, its mask (computed on the host) read by the kernel
+            ops = [d.op for d in s.plan.dispatches if "combine" not in d.kernel]
+            assert ops.count("Attention") == ATTENTIONS.get(name.replace("_dynamo", ""), 2), ops
+            assert not {"Softmax", "ReplaceNaN", "MatMul"} & set(ops), ops
         assert out.shape == ref.shape
         assert cosine(out, ref) >= 0.99999, f"{name} {storage}: cosine {cosine(out, ref)}"
         err, scale = np.abs(out.astype(np.float64) - ref).max(), np.abs(ref).max()

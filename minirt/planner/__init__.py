@@ -11,7 +11,7 @@ Pass order (each pass is one module of this package):
                                             channels-last, this one's GEMM reads it as overlapping rows (no im2col)
   7. fuse_linear      (fuse_linear.py)      MatMul + bias + scale + activation + residual -> one Linear
   8. merge_siblings   (merge_siblings.py)   Linears reading the same input (q, k, v) -> one GEMM + part views
-  9. fuse_attention   (fuse_attention.py)   head splits + MatMul + Softmax + MatMul -> one Attention
+  9. fuse_attention   (fuse_attention.py)   head splits + MatMul (+ mask) + Softmax + MatMul -> one Attention
  10. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
  11. fuse_reduce_layer_norm (fuse_reduce_layer_norm.py)  on the Plan: a split GEMM's reduce pass also does the
                                             LayerNorm that reads its output

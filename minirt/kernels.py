@@ -40,7 +40,7 @@ SPEC_CONSTANTS: dict[str, tuple[str, ...]] = {
     "attention_split": _ATTENTION,
     "attention_combine": ("DH",),
     "attention_cm": ("DH", "NR", "KS", "BK", "SPLIT"),
-    "attention_cmr": ("DH", "NR", "BK", "SPLIT", "VEC8"),
+    "attention_cmr": ("DH", "NR", "BK", "SPLIT", "VEC8", "MASK"),
     "binary": ("OP",),
     "cast": (),
     "col2im": (),

@@ -284,19 +284,26 @@ def test_masked_split_attention(fill, guard, split):
                  options={**split, "attention_tile": (32, 4, 2, 2)})
 
 
-@pytest.mark.parametrize("fill,guard", [("-inf", True), ("lowest", True), ("-inf", False)])
+@pytest.mark.parametrize("fill,guard", [("-inf", True), ("lowest", True), ("-inf", False), ("lowest", False)])
 def test_masked_attention_at_fp16(fill, guard):
     """fp16: the mask reaches the kernel as float16 (float32's min saturated to -65504, still a fully masked row's
-    uniform weights); the cooperative-matrix kernels take no mask, so the plan keeps the scalar half kernel."""
+    uniform weights). The scalar half kernel; attention_cmr (emulated here: the layout of an H200's registers), whole
+    and with its keys split; attention_cm takes no mask, so there the plan keeps the scalar half kernel."""
     value = {"-inf": -np.inf, "lowest": LOWEST}[fill]
-    m = attention_model(2, 11, 11, 2, 16, "torchscript", mask=(2, 1, 11, 11), guard=guard)
-    fd = {**feeds(2, 11, 11, 32, seed=9), "mask": mask_values((2, 1, 11, 11), value, seed=10)}
+    m = attention_model(2, 11, 21, 2, 16, "torchscript", mask=(2, 1, 11, 21), guard=guard)
+    fd = {**feeds(2, 11, 21, 32, seed=9), "mask": mask_values((2, 1, 11, 21), value, seed=10)}
+    fd["mask"][1, 0, 4, :16] = value      # the first 16-key block of a row: all masked
     check_masked(m, fd, precision="fp16")
-    with Session(m, precision="fp16", options={"coopmat": "emulate", "poison": True}) as s:
-        assert all(d.kernel.startswith("attention_buffer") for d in s.plan.dispatches if d.op == "Attention")
-        assert any("scalar half kernel" in t for notes in s.plan.notes.values() for t in notes)
-        y = s.run(None, fd)[0]
-    same_with_nan(y, onnxruntime_run(m, fd)[0], 1e-2, "fp16 coopmat=emulate")
+    ref = onnxruntime_run(m, fd)[0]
+    for opts, kernel in (({}, "attention_cmr_emu_half"), ({"attention_splits": 2}, "attention_cmr_emu_half"),
+                         ({"attention_cm_reg": False}, "attention_buffer")):
+        with Session(m, storage="buffer", precision="fp16",
+                     options={"coopmat": "emulate", "poison": True, "cmr_tile": (1, 16), **opts}) as s:
+            att = [d.kernel for d in s.plan.dispatches if d.op == "Attention"]
+            assert att[0].startswith(kernel), att
+            assert ("scalar half kernel" in str(s.plan.notes)) == (kernel == "attention_buffer")
+            y = s.run(None, fd)[0]
+        same_with_nan(y, ref, 1e-2, f"fp16 coopmat=emulate {opts} {att}")
 
 
 def test_a_scale_after_the_mask_stays_unfused():

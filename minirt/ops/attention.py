@@ -79,8 +79,8 @@ class Attention(Op):
     name, domain = "Attention", "minirt"
     limits = (f"internal, made by the fuse_attention pass (Session option fuse_attention=False turns it off); "
               f"head dim a multiple of 4 up to {MAX_HEAD_DIM}; an additive float mask broadcasting to [B, H, Tq, Tk] (masks "
-              f"are computed on the host, causal ones too); at fp16 on cooperative matrices where the device has them, "
-              f"except with a mask")
+              f"are computed on the host, causal ones too); at fp16 on cooperative matrices where the device has them "
+              f"(with a mask only where the registers' layout is known: attention_cmr)")
 
     def infer(self, node, ins):
         q, k, v = (t.shape for t in ins[:3])
@@ -129,10 +129,10 @@ class Attention(Op):
     def lower(self, node, ctx):
         dh = ctx.t(node.inputs[0]).shape[-1] // attr(node, "heads", 1)
         masked = len(node.inputs) > 3
-        if masked and (attention_cmr.usable(ctx, dh) or attention_cm.usable(ctx, dh)):
-            ctx.note("masked: the scalar half kernel, not the cooperative-matrix one (which takes no mask)")
-        elif attention_cmr.usable(ctx, dh):      # the softmax in registers, where the element layout allows
+        if attention_cmr.usable(ctx, dh):      # the softmax in registers, where the element layout allows
             return attention_cmr.lower(node, ctx)
+        if masked and attention_cm.usable(ctx, dh):
+            ctx.note("masked: the scalar half kernel, not attention_cm (which takes no mask)")
         elif attention_cm.usable(ctx, dh):
             return attention_cm.lower(node, ctx)
         out, q, k, v = ctx.t(node.outputs[0]), *(ctx.t(i) for i in node.inputs[:3])

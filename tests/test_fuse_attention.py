@@ -363,3 +363,18 @@ def test_the_pass_on_the_text_families(name, n, masked, guard, summed):
         assert add.op == "Add" and any(i in host for i in add.inputs) and any(g.tensor(i).is_const for i in add.inputs)
     for a in att:
         assert a.attrs["scale"] == pytest.approx(1.0 if name.startswith(("t5", "whisper")) else 0.25)
+
+
+@pytest.mark.parametrize("precision,kernel", [("fp32", "attention"), ("fp16", "attention_cmr_khr_half")])
+def test_bert_plans_on_an_h200(precision, kernel):
+    """BERT's plan on the H200 profile (planning only): each layer one masked attention kernel (with its split's combine
+    pass where the rule splits), on tensor cores at fp16, the mask from the host its last binding."""
+    from minirt.planner import make_plan
+    g = load(FAMILIES / "bert.onnx")
+    g = prepare(bind_inputs(g, {"input_ids": (1, 64), "attention_mask": (1, 64)}), host=True)
+    plan = make_plan(g, KNOWN_PROFILES["nvidia-h200"], "buffer", {"precision": precision})
+    att = [d for d in plan.dispatches if d.op == "Attention" and "combine" not in d.kernel]
+    assert len(att) == 2 and all(d.kernel.startswith(kernel) for d in att), [d.kernel for d in att]
+    assert all(d.spec[-1] == 1 for d in att)                        # MASK on
+    masks = {d.args[4][0] for d in att}      # at fp16 the input's float16 copy, cast once
+    assert len(masks) == 1 and plan.tensors[plan.root(masks.pop().replace("@f16", ""))].role == "input"

@@ -378,3 +378,24 @@ def test_bert_plans_on_an_h200(precision, kernel):
     assert all(d.spec[-1] == 1 for d in att)                        # MASK on
     masks = {d.args[4][0] for d in att}      # at fp16 the input's float16 copy, cast once
     assert len(masks) == 1 and plan.tensors[plan.root(masks.pop().replace("@f16", ""))].role == "input"
+
+
+def test_two_added_terms_become_one_mask():
+    """Two added terms: a constant bias and a mask input, summed by one Add node (T5's layers share it:
+    test_the_pass_on_the_text_families); both constant, folded into one constant mask."""
+    m = attention_model(1, 9, 9, 2, 8, "torchscript", mask=(1, 1, 9, 9))
+    bias = np.random.default_rng(1).standard_normal((1, 2, 9, 9)).astype(np.float32)
+    m.graph.initializer.append(onnx.numpy_helper.from_array(bias, "bias"))
+    add = next(x for x in m.graph.node if x.op_type == "Add")
+    add.input[:] = ["sc0b", "mask"]
+    m.graph.node.insert(list(m.graph.node).index(add), helper.make_node("Add", ["sc", "bias"], ["sc0b"]))
+    fd = {**feeds(1, 9, 9, 16, seed=13), "mask": mask_values((1, 1, 9, 9), LOWEST, seed=14)}
+    g = fused(m)
+    assert ops_of(g) == ["Add", "Attention"] and g.nodes[1].inputs[3] == g.nodes[0].outputs[0]
+    assert g.nodes[1].attrs["mask_shape"] == [1, 2, 9, 9] and "the sum of 2 terms" in g.notes[g.nodes[1].name][-1]
+    check_masked(m, fd, storages=["buffer"])
+    m.graph.input.remove(next(i for i in m.graph.input if i.name == "mask"))
+    m.graph.initializer.append(onnx.numpy_helper.from_array(fd.pop("mask"), "mask"))
+    g = fused(m)
+    assert ops_of(g) == ["Attention"] and g.tensor(g.nodes[0].inputs[3]).is_const
+    check_masked(m, fd, storages=["buffer"])

@@ -234,6 +234,8 @@ def _mask_input(graph, terms, sums, base):
     if key in sums:
         return sums[key][0], []
     if all(graph.tensor(t).is_const for t in terms):
+        shape = np.broadcast_shapes(*(graph.tensor(t).data.shape for t in terms))
+        graph.charge(4 * int(np.prod(shape)) * len(terms), f"the sum of the attention masks of '{base}'")
         data = sum(graph.tensor(t).data.astype(np.float32) for t in terms)
         name = graph.const(graph.fresh_name(base + "/mask"), data.astype(np.float32)).name
         sums[key] = (name, [])

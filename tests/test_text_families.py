@@ -184,3 +184,20 @@ def test_one_session_runs_new_batch_and_sequence_lengths(precision):
             (ref,) = onnxruntime_run(model, feeds)
             (out,) = s.run(None, feeds)
             assert np.abs(out - ref).max() <= tol * np.abs(ref).max(), (precision, batch, seq)
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2_dynamo", "t5_encoder"])
+def test_a_wholly_padded_row_at_fp32_and_fp16(name):
+    """A batch row that is all padding (every key masked by float32's min in each of its query rows: uniform weights,
+    as onnxruntime gives), at fp32 and at fp16 on the scalar half kernel and on attention_cmr (emulated: the layout of
+    an H200's registers)."""
+    model = onnx.load(FAMILIES / f"{name}.onnx")
+    feeds = feeds_for(model, seed=7)
+    feeds["attention_mask"][0] = 0
+    (ref,) = onnxruntime_run(model, feeds)
+    for precision, options, tol in (("fp32", {}, 1e-5), ("fp16", {}, 1e-2), ("fp16", {"coopmat": "emulate"}, 1e-2)):
+        with Session(model, storage="buffer", precision=precision, options={"poison": True, **options}) as s:
+            (out,) = s.run(None, feeds)
+            kernels = {d.kernel for d in s.plan.dispatches if d.op == "Attention"}
+        assert ("attention_cmr_emu_half" in kernels) == ("coopmat" in options), kernels
+        assert np.abs(out - ref).max() <= tol * np.abs(ref).max(), (precision, options)

@@ -78,8 +78,8 @@ def forced_tile(value, dh, profile):
 class Attention(Op):
     name, domain = "Attention", "minirt"
     limits = (f"internal, made by the fuse_attention pass (Session option fuse_attention=False turns it off); "
-              f"head dim a multiple of 4 up to {MAX_HEAD_DIM}; an additive float mask broadcasting to [B, H, Tq, Tk] (masks "
-              f"are computed on the host, causal ones too); at fp16 on cooperative matrices where the device has them "
+              f"head dim a multiple of 4 up to {MAX_HEAD_DIM}; an additive float mask broadcasting to [B, H, Tq, Tk] "
+              f"(masks are computed on the host, causal ones too); at fp16 on cooperative matrices where the device has them "
               f"(with a mask only where the registers' layout is known: attention_cmr)")
 
     def infer(self, node, ins):

@@ -38,6 +38,11 @@ layout(constant_id = 6) const bool SPLIT = false;
 // VEC8: K and V are fetched 8 halves (16 bytes) a load, half the loads of a block, where k and v start 16-byte
 // aligned (minirt/ops/attention_cmr.py checks; DH is a multiple of 16, so every row slice is whole 8-half groups).
 layout(constant_id = 7) const bool VEC8 = false;
+// MASK: an additive mask (binding 4, float16 [B', H', Tq', Tk'], each dim 1 or full: p.mshape) is added to t before
+// the row maxima, in the log2 domain as attention.glslh does, with this kernel's NEG as the floor: a mask at fp16's
+// lowest (float32's min, saturated) makes t = NEG, a row of nothing else uniform as in onnxruntime; -inf stays -inf,
+// a row of nothing else has l = 0 and gives NaN, or 0 where p.mflags.x says (the exporters' ReplaceNaN(0)).
+layout(constant_id = 8) const bool MASK = false;
 
 const int DH4 = DH / 4;
 const int DT = DH / 16;           // 16-column tiles of the head
@@ -58,12 +63,23 @@ layout(set = 0, binding = 2, std430) readonly buffer k_buf { f16vec4 t_k[]; };
 layout(set = 0, binding = 3, std430) readonly buffer v_buf { f16vec4 t_v[]; };
 layout(set = 0, binding = 2, std430) readonly buffer k8_buf { uvec4 t_k8[]; };
 layout(set = 0, binding = 3, std430) readonly buffer v8_buf { uvec4 t_v8[]; };
+layout(set = 0, binding = 4, std430) readonly buffer mask_buf { float16_t t_mask[]; };   // MASK (else q, unread)
 
 layout(push_constant) uniform Params {
   ivec4 dims;   // Tq, Tk, heads, D / 4
   vec4 scale;   // scale * log2(e)
   ivec4 split;  // S, ml_base (index of the first (m, l) pair in t_ml); S = 1 without SPLIT
+  ivec4 mshape; // MASK: the mask's B', H', Tq', Tk'
+  ivec4 mflags; // MASK: 1: a row of only -inf gives 0, not NaN
 } p;
+
+// The mask at (batch b, head h, query row t, key j) in the log2 domain (MASK above).
+float mask_log2(int b, int h, int t, int j) {
+  ivec4 ms = p.mshape;
+  float x = float(t_mask[(((ms.x > 1 ? b : 0) * ms.y + (ms.y > 1 ? h : 0)) * ms.z + (ms.z > 1 ? t : 0)) * ms.w +
+                         (ms.w > 1 ? j : 0)]);
+  return isinf(x) && x < 0.0 ? x : x <= -65504.0 ? NEG : max(x * 1.4426950408889634, NEG);
+}
 
 shared f16vec4 skv[ROWS * KP4];
 
@@ -247,14 +263,27 @@ void main() {
       }
     }
 
+    // with MASK, t = s c + mask (else t = s c is formed below)
+    float cs = c;
+    if (MASK) {
+      cs = 1.0;
+      [[unroll]] for (int n = 0; n < KT; ++n)
+        [[unroll]] for (int e = 0; e < 8; ++e) {
+          ivec2 rc = cm_elem(lane, e);
+          int key = j0 + n * 16 + rc.y;
+          float mk = key < jend ? mask_log2(b, bh % H, min(qg + team * 16 + rc.x, Tq - 1), key) : 0.0;
+          EL(s[n], e) = float(EL(s[n], e)) * c + mk;
+        }
+    }
+
     // the block's row maxima over unmasked keys, then the new running max and the rescale factors
     vec2 bm = vec2(NEG);
     [[unroll]] for (int n = 0; n < KT; ++n)
       [[unroll]] for (int e = 0; e < 8; ++e) {
         int key = j0 + n * 16 + cm_elem(lane, e).y;
         if (key < jend) {
-          if (e < 4) bm.x = max(bm.x, float(EL(s[n], e)) * c);
-          else bm.y = max(bm.y, float(EL(s[n], e)) * c);
+          if (e < 4) bm.x = max(bm.x, float(EL(s[n], e)) * cs);
+          else bm.y = max(bm.y, float(EL(s[n], e)) * cs);
         }
       }
     bm = vec2(quad_max(bm.x), quad_max(bm.y));
@@ -271,7 +300,7 @@ void main() {
       pa[n] = ZERO_A;
       [[unroll]] for (int e = 0; e < 8; ++e) {
         int key = j0 + n * 16 + cm_elem(lane, e).y;
-        float16_t ph = float16_t(key < jend ? exp2(float(EL(s[n], e)) * c - (e < 4 ? m.x : m.y)) : 0.0);
+        float16_t ph = float16_t(key < jend ? exp2(float(EL(s[n], e)) * cs - (e < 4 ? m.x : m.y)) : 0.0);
         EL(pa[n], e) = ph;
         if (e < 4) l.x += float(ph);
         else l.y += float(ph);
@@ -296,6 +325,10 @@ void main() {
   // The rows' sums over the quad; store O / l (fp16 pairs), or with SPLIT O and (m, l) as fp32 partials.
   vec2 lt = vec2(quad_sum(l.x), quad_sum(l.y));
   vec2 inv = SPLIT ? vec2(1.0) : 1.0 / max(lt, vec2(1e-30));   // lt >= 1 wherever a key was seen
+  if (MASK && !SPLIT && p.mflags.x == 0) {   // a row of only -inf scores: NaN, as onnxruntime's Softmax gives
+    if (lt.x == 0.0) inv.x = NAN_F;
+    if (lt.y == 0.0) inv.y = NAN_F;
+  }
   int t0 = qg + team * 16 + rc0.x;                               // rows t0 and t0 + 8
   if (SPLIT && (lane & 3) == 0) {
     int prow = int(gl_WorkGroupID.z) * Tq;                       // ((b * H + h) * S + s) * Tq

@@ -14,7 +14,7 @@ const float NEG = -3.402823466e38;   // attention.glslh's running-max start: an 
 
 layout(push_constant) uniform Params {
   ivec4 dims;   // Tq, heads, D / 4, S
-  ivec4 base;   // B, ml_base (index of the first (m, l) pair in t_ml)
+  ivec4 base;   // B, ml_base (index of the first (m, l) pair in t_ml), 1: a row with l = 0 everywhere gives 0, not NaN
   ivec4 stream; // STREAM (attention.glslh): G work groups, BQ query rows a block, nb key blocks; G = 0: plain splits
 } p;
 
@@ -67,5 +67,6 @@ void main() {
       acc += w * t_po[(r0 + s * Tq) * DH4 + c4 % DH4];
     }
   }
+  if (den == 0.0 && p.base.z != 0) den = INF_F;   // a fully masked row (attention.glslh MASK): acc is 0
   ST(b, t, c4, acc / den);
 }

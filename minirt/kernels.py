@@ -33,14 +33,14 @@ def variant(stem: str, **axes) -> str:
 # Specialization constants of each source, in constant_id order from 3 (ids 0-2 are the local size), as the GLSL
 # declares them (`layout(constant_id = N) const TYPE NAME`, in the source or a header it includes; tests/test_kernels.py
 # checks the two agree). Sources that include one header share its list.
-_ATTENTION = ("DH", "KG", "RT", "PREFETCH", "NK", "PAIR_LANES")              # attention.glslh
+_ATTENTION = ("DH", "KG", "RT", "PREFETCH", "NK", "PAIR_LANES", "MASK")              # attention.glslh
 _LINEAR_CM = ("OUT_MODE", "ACT", "HAS_RES", "REG_EPI", "A_WIN", "VEC8", "EPI8")   # linear_cm.glslh
 SPEC_CONSTANTS: dict[str, tuple[str, ...]] = {
     "attention": _ATTENTION,
     "attention_split": _ATTENTION,
     "attention_combine": ("DH",),
     "attention_cm": ("DH", "NR", "KS", "BK", "SPLIT"),
-    "attention_cmr": ("DH", "NR", "BK", "SPLIT", "VEC8"),
+    "attention_cmr": ("DH", "NR", "BK", "SPLIT", "VEC8", "MASK"),
     "binary": ("OP",),
     "cast": (),
     "col2im": (),

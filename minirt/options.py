@@ -206,7 +206,7 @@ class Options:
                                     "(NHWC) between them; 1x1 convs run as Linears over pixels")
     fuse_linear: bool = _opt(True, _flag, "pass: MatMul + bias + scale + activation + residual -> one Linear")
     merge_siblings: bool = _opt(True, _flag, "pass: Linears reading the same input -> one GEMM")
-    fuse_attention: bool = _opt(True, _flag, "pass: head splits + MatMul + Softmax + MatMul -> one Attention")
+    fuse_attention: bool = _opt(True, _flag, "pass: head splits + MatMul (+ mask) + Softmax + MatMul -> one Attention")
     fuse_reduce_layer_norm: bool = _opt(True, _flag, "pass: a split GEMM's reduce pass also does the next LayerNorm")
     fuse_norm_linear_rows: bool = _opt(True, _flag, "pass: a LayerNorm read only by a few-row Linear (a decoder "
                                        "step's) is done by that Linear as it reads its rows")

@@ -79,7 +79,7 @@ def test_rule_streams_one_wave_on_discrete_gpus(options, rows, nb, groups):
         assert comb.push[-16:-8] == (132).to_bytes(4, "little") + (rows).to_bytes(4, "little")   # G, rows a block
         U = g * nb
         S = max(((s * nb + nb) * 132 - 1) // U - ((s * nb + 1) * 132 - 1) // U + 1 for s in range(g))
-        assert int.from_bytes(split.push[32:36], "little") == S            # slots a (batch, head)
+        assert int.from_bytes(split.push[64:68], "little") == S            # slots a (batch, head), after the mask's
         assert any("stream split" in n for notes in p.notes.values() for n in notes)
     assert kernels(_plan(LAVAPIPE, options=options)) == ["attention_buffer"]
     one_wave = dataclasses.replace(H200, compute_units=groups[0])

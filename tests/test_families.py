@@ -45,7 +45,7 @@ PLANNED = {"efficientnet_b0_like": ({"Sigmoid": 4}, ("Pad",)),            # SiLU
            "convnext_like": ({"AxisLayerNorm": 2}, ("Pow", "Sqrt", "Div")),
            "vit_like": ({"Attention": 2}, ("Softmax", "MatMul")),          # timm's and nn.MultiheadAttention's
            "conformer_block": ({"Attention": 1}, ("Softmax",)),
-           "wav2vec2_like": ({"Attention": 2, "InstanceNormalization": 1}, ("Softmax", "Mul"))}
+           "wav2vec2_like": ({"Attention": 2, "InstanceNormalization": 1}, ("Softmax", "Mul", "ReplaceNaN"))}
 
 
 @pytest.mark.parametrize("family", [n + s for n in PLANNED for s in ("", "_dynamo")])
@@ -56,8 +56,6 @@ def test_family_plans(family):
     from minirt.planner import make_plan
     model = onnx.load(FAMILIES / f"{family}.onnx")
     counts, absent = PLANNED[family.removesuffix("_dynamo")]
-    if family == "wav2vec2_like_dynamo":     # its softmaxes' NaN guards keep the attention unfused
-        counts, absent = {"InstanceNormalization": 1, "ReplaceNaN": 2}, ()
     for storage in STORAGES:
         ops = [d.op for d in make_plan(prepare(load(model)), KNOWN_PROFILES["lavapipe"], storage).dispatches]
         assert {op: ops.count(op) for op in counts} == counts and not set(absent) & set(ops), (storage, ops)

@@ -3,7 +3,7 @@ GPT-2, DistilBERT, the T5 encoder and the Whisper decoder, each by TorchScript a
 opset 20) against onnxruntime in both storages, on fresh seeded token ids and attention masks (int64, some rows
 padded at the end): their masks, position ids and index tensors are computed on the host each run
 (minirt/host.py), the rest on the GPU. Also: what cannot run is refused at load with every node named at once, and
-bad token ids or masks are InputErrors naming the tensor."""
+bad token ids or masks are InputErrors naming the tensor. Every attention runs as one fused Attention dispatch."""
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +18,7 @@ F32 = TensorProto.FLOAT
 FAMILIES = Path(__file__).resolve().parents[1] / "models" / "families"
 NAMES = ["bert", "gpt2", "distilbert", "t5_encoder", "whisper_decoder"]
 VOCAB, BATCH, SEQ = 1000, 2, 16
+ATTENTIONS = {"whisper_decoder": 4}     # a layer's attentions (self, and cross in the decoder) x 2 layers; else 2
 
 
 def feeds_for(model, seed):
@@ -38,6 +39,10 @@ def test_text_family_matches_onnxruntime(name):
     for storage in STORAGES:
         with Session(model, storage=storage, options={"poison": True}) as s:
             (out,) = s.run(None, feeds)
+            # each attention one fused dispatch, its mask (computed on the host) read by the kernel
+            ops = [d.op for d in s.plan.dispatches if "combine" not in d.kernel]
+            assert ops.count("Attention") == ATTENTIONS.get(name.replace("_dynamo", ""), 2), ops
+            assert not {"Softmax", "ReplaceNaN", "MatMul"} & set(ops), ops
         assert out.shape == ref.shape
         assert cosine(out, ref) >= 0.99999, f"{name} {storage}: cosine {cosine(out, ref)}"
         err, scale = np.abs(out.astype(np.float64) - ref).max(), np.abs(ref).max()
@@ -179,3 +184,20 @@ def test_one_session_runs_new_batch_and_sequence_lengths(precision):
             (ref,) = onnxruntime_run(model, feeds)
             (out,) = s.run(None, feeds)
             assert np.abs(out - ref).max() <= tol * np.abs(ref).max(), (precision, batch, seq)
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2_dynamo", "t5_encoder"])
+def test_a_wholly_padded_row_at_fp32_and_fp16(name):
+    """A batch row that is all padding (every key masked by float32's min in each of its query rows: uniform weights,
+    as onnxruntime gives), at fp32 and at fp16 on the scalar half kernel and on attention_cmr (emulated: the layout of
+    an H200's registers)."""
+    model = onnx.load(FAMILIES / f"{name}.onnx")
+    feeds = feeds_for(model, seed=7)
+    feeds["attention_mask"][0] = 0
+    (ref,) = onnxruntime_run(model, feeds)
+    for precision, options, tol in (("fp32", {}, 1e-5), ("fp16", {}, 1e-2), ("fp16", {"coopmat": "emulate"}, 1e-2)):
+        with Session(model, storage="buffer", precision=precision, options={"poison": True, **options}) as s:
+            (out,) = s.run(None, feeds)
+            kernels = {d.kernel for d in s.plan.dispatches if d.op == "Attention"}
+        assert ("attention_cmr_emu_half" in kernels) == ("coopmat" in options), kernels
+        assert np.abs(out - ref).max() <= tol * np.abs(ref).max(), (precision, options)

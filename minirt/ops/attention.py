@@ -1,6 +1,8 @@
-"""Attention (domain minirt): multi-head softmax(scale * q k^T) v in one flash-style kernel
+"""Attention (domain minirt): multi-head softmax(scale * q k^T [+ mask]) v in one flash-style kernel
 (glsl/attention.comp), made by the fuse_attention pass from the exporters' head-split MatMul/Softmax
-chain. q [B, Tq, D], k and v [B, Tk, D], out [B, Tq, D]; head h is columns h*dh .. h*dh + dh - 1."""
+chain. q [B, Tq, D], k and v [B, Tk, D], out [B, Tq, D]; head h is columns h*dh .. h*dh + dh - 1. An optional fourth
+input is an additive float mask whose shape, padded to 4 dims, is the attribute mask_shape: each dim 1 (broadcast) or
+B, H, Tq, Tk; nan_zero = 1: a row whose every score is -inf gives 0 (else NaN, as Softmax does)."""
 from __future__ import annotations
 
 import math
@@ -76,12 +78,21 @@ def forced_tile(value, dh, profile):
 class Attention(Op):
     name, domain = "Attention", "minirt"
     limits = (f"internal, made by the fuse_attention pass (Session option fuse_attention=False turns it off); "
-              f"head dim a multiple of 4 up to {MAX_HEAD_DIM}; no mask, no causal; at fp16 on cooperative matrices where the device has them")
+              f"head dim a multiple of 4 up to {MAX_HEAD_DIM}; an additive float mask broadcasting to [B, H, Tq, Tk] "
+              f"(masks are computed on the host, causal ones too); at fp16 on cooperative matrices where the device has them "
+              f"(with a mask only where the registers' layout is known: attention_cmr)")
 
     def infer(self, node, ins):
-        q, k, v = (t.shape for t in ins)
+        q, k, v = (t.shape for t in ins[:3])
         if len(q) != 3 or len(k) != 3 or len(v) != 3 or k != v or q[0] != k[0] or q[2] != k[2]:
             raise ModelError(f"{node}: expects q [B, Tq, D], k and v [B, Tk, D], got {list(q)} {list(k)} {list(v)}")
+        if len(ins) > 3:
+            ms, m = list(attr(node, "mask_shape", [])), tuple(ins[3].shape)
+            full = (q[0], attr(node, "heads", 1), q[1], k[1])
+            if len(ms) != 4 or len(m) > 4 or (1,) * (4 - len(m)) + m != tuple(ms) or \
+                    any(d not in (1, f) for d, f in zip(ms, full)):
+                raise ModelError(f"{node}: mask {list(m)} (mask_shape {ms}) does not broadcast to the scores "
+                                 f"{list(full)}")
         return [(q, ins[0].dtype)]
 
     @staticmethod
@@ -98,24 +109,36 @@ class Attention(Op):
         d = ins[0].shape[-1] if ins[0].shape else None
         return self.head_problem(d, attr(node, "heads", 1)) if isinstance(d, int) else None
 
-    def reference(self, node, q, k, v):
+    def reference(self, node, q, k, v, mask=None):
         h, scale = attr(node, "heads", 1), attr(node, "scale", 1.0)
 
         def split(x):   # [B, T, D] -> [B, H, T, dh]
             return x.reshape(x.shape[0], x.shape[1], h, -1).transpose(0, 2, 1, 3)
 
         s = split(q) @ split(k).transpose(0, 1, 3, 2) * np.asarray(scale, q.dtype)
-        e = np.exp(s - s.max(-1, keepdims=True))
-        o = (e / e.sum(-1, keepdims=True)) @ split(v)
+        if mask is not None:
+            s = s + mask.reshape(attr(node, "mask_shape")).astype(s.dtype, copy=False)
+        with np.errstate(invalid="ignore"):     # a row of only -inf: NaN, as Softmax gives
+            e = np.exp(s - s.max(-1, keepdims=True))
+            p = e / e.sum(-1, keepdims=True)
+        if attr(node, "nan_zero", 0):
+            p = np.where(np.isnan(p), 0, p)
+        o = p @ split(v)
         return [o.transpose(0, 2, 1, 3).reshape(q.shape).astype(q.dtype, copy=False)]
 
     def lower(self, node, ctx):
         dh = ctx.t(node.inputs[0]).shape[-1] // attr(node, "heads", 1)
+        masked = len(node.inputs) > 3
         if attention_cmr.usable(ctx, dh):      # the softmax in registers, where the element layout allows
             return attention_cmr.lower(node, ctx)
-        if attention_cm.usable(ctx, dh):
+        if masked and attention_cm.usable(ctx, dh):
+            ctx.note("masked: the scalar half kernel, not attention_cm (which takes no mask)")
+        elif attention_cm.usable(ctx, dh):
             return attention_cm.lower(node, ctx)
-        out, q, k, v = ctx.t(node.outputs[0]), *(ctx.t(i) for i in node.inputs)
+        out, q, k, v = ctx.t(node.outputs[0]), *(ctx.t(i) for i in node.inputs[:3])
+        # the mask's binding; without one, q stands in (the kernel never reads it: MASK is off)
+        mask = ctx.t(node.inputs[3]) if masked else q
+        nan_zero = int(attr(node, "nan_zero", 0))
         heads, scale = attr(node, "heads", 1), float(attr(node, "scale", 1.0))
         B, Tq, D = q.shape
         Tk = k.shape[1]
@@ -131,7 +154,9 @@ class Attention(Op):
         threads, kg, rt, nk = tile
         qblocks = -(-Tq // (rt * threads // kg))
         S = splits(ctx.profile, qblocks * B * heads, Tk, ctx.options)
-        push = Push().ivec4(Tq, Tk, heads, D // 4).vec4(scale * math.log2(math.e))
+        push = Push().ivec4(Tq, Tk, heads, D // 4).vec4(scale * math.log2(math.e)) \
+            .ivec4(*(attr(node, "mask_shape") if masked else (1, 1, 1, 1))) \
+            .ivec4(nan_zero, int(mask.storage == "texture" and mask.packed_dim == 2))
         # row maxima by subgroup shuffles (buffers; subgroups holding whole column-group clusters); option
         # attention_shuffle=False keeps the shared-memory reduction
         # invocations paired on a column group (attention.glslh PAIR_LANES): a row's KG threads then span 2 KG lanes,
@@ -148,13 +173,13 @@ class Attention(Op):
         prefetch = p.tuning.attention_prefetch and carried <= MAX_PREFETCH
         if ctx.options.attention_prefetch is not None:
             prefetch = ctx.options.attention_prefetch
-        consts = dict(DH=dh, KG=kg, RT=rt, PREFETCH=prefetch, NK=nk, PAIR_LANES=pair)   # attention.glslh's
+        consts = dict(DH=dh, KG=kg, RT=rt, PREFETCH=prefetch, NK=nk, PAIR_LANES=pair, MASK=masked)   # attention.glslh's
         flops = 4 * B * heads * Tq * Tk * dh
         bk = nk * kg
         G = stream_groups(ctx, qblocks * B * heads, Tk, bk, shared_bytes(dh, threads, kg, rt, nk))
         # family "attention": the local x is exactly the global x given, so one work group = `threads` invocations
         if S == 1 and not G:
-            ctx.dispatch("attention", [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")],
+            ctx.dispatch("attention", [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r"), (mask.name, "r")],
                          push, spec("attention", trim_from="PAIR_LANES", **consts), (threads, qblocks, B * heads),
                          "attention", flops=flops, nbytes=4 * (2 * q.numel + k.numel + v.numel), axes=axes)
             return
@@ -170,12 +195,13 @@ class Attention(Op):
         part = ctx.scratch("attention.partials", rows * (dh + 2))
         ml_base = rows * dh // 2          # in (m, l) pairs
         grid = (threads, 1, G) if G else (threads, qblocks, B * heads * S)
-        ctx.dispatch("attention_split", [(part.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")],
+        ctx.dispatch("attention_split", [(part.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r"),
+                                         (mask.name, "r")],
                      push.ivec4(S, ml_base, B * heads, 1 if G else 0),
                      spec("attention_split", trim_from="PAIR_LANES", **consts), grid, "attention",
                      flops=flops, nbytes=4 * (S * q.numel + k.numel + v.numel + rows * (dh + 2)), axes=axes)
         combine_dispatch(ctx, out, part, B, Tq, heads, S, ml_base, (G, rt * threads // kg, -(-Tk // bk)),
-                         head_rows_shape(dh // 4, ctx.profile))
+                         head_rows_shape(dh // 4, ctx.profile), nan_zero=nan_zero)
         ctx.note(f"keys split {S} ways: {qblocks * B * heads} x {S} work groups, then a combine pass; "
                  f"partials {rows * (dh + 2) * 4 / 2**20:.1f} MiB" if not G else
                  f"(query block, key block) items in {G} equal ranges, one a work group (stream split), then a "

@@ -137,11 +137,12 @@ def lower(node, ctx):
          SUBGROUP * nr * ks, qblocks, S)
 
 
-def emit(ctx, stem, emulate, node, consts, local, qblocks, S):
+def emit(ctx, stem, emulate, node, consts, local, qblocks, S, mask_binding=False):
     """The attention dispatch of a cooperative-matrix kernel (attention_cm.comp, attention_cmr.comp: the same bindings
     and push constants; impl=emu where `emulate`) with `local` invocations a work group, and where S > 1 its split
-    partials and the combine pass. consts(split) gives the kernel's specialization constants."""
-    out, q, k, v = ctx.t(node.outputs[0]), *(ctx.t(i) for i in node.inputs)
+    partials and the combine pass. consts(split) gives the kernel's specialization constants. mask_binding: the kernel
+    has attention_cmr.comp's binding 4 and push constants for a mask (q stands in where the node has none)."""
+    out, q, k, v = ctx.t(node.outputs[0]), *(ctx.t(i) for i in node.inputs[:3])
     heads, scale = attr(node, "heads", 1), float(attr(node, "scale", 1.0))
     B, Tq, D = q.shape
     Tk = k.shape[1]
@@ -149,10 +150,15 @@ def emit(ctx, stem, emulate, node, consts, local, qblocks, S):
     push = Push().ivec4(Tq, Tk, heads, D // 4).vec4(scale * math.log2(math.e))
     flops = 4 * B * heads * Tq * Tk * dh
     axes = {"impl": "emu" if emulate else "khr"}
+    masked = len(node.inputs) > 3
+    extra, tail = [], Push()
+    if mask_binding:
+        extra = [(ctx.t(node.inputs[3]).name if masked else q.name, "r")]
+        tail.ivec4(*(attr(node, "mask_shape") if masked else (1, 1, 1, 1))).ivec4(int(attr(node, "nan_zero", 0)))
     # family "attention": the local x is exactly the global x given, so one work group = `local` invocations
     if S == 1:
-        ctx.dispatch(stem, [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")], push.ivec4(1, 0),
-                     consts(False), (local, qblocks, B * heads), "attention",
+        ctx.dispatch(stem, [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r"), *extra],
+                     push.ivec4(1, 0).bytes() + tail.bytes(), consts(False), (local, qblocks, B * heads), "attention",
                      flops=flops, nbytes=4 * (2 * q.numel + k.numel + v.numel), axes=axes)
         return
     # partials as attention.py's split kernel writes them (fp32): O rows ((b * H + h) * S + s) * Tq + t of dh floats,
@@ -160,7 +166,8 @@ def emit(ctx, stem, emulate, node, consts, local, qblocks, S):
     rows = B * heads * S * Tq
     part = ctx.scratch("attention.partials", rows * (dh + 2))
     ml_base = rows * dh // 2
-    ctx.dispatch(stem, [(part.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r")], push.ivec4(S, ml_base),
-                 consts(True), (local, qblocks, B * heads * S), "attention",
-                 flops=flops, nbytes=4 * (S * q.numel + k.numel + v.numel + rows * (dh + 2)), axes=axes)
-    attention_splits.combine_dispatch(ctx, out, part, B, Tq, heads, S, ml_base)
+    ctx.dispatch(stem, [(part.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r"), *extra],
+                 push.ivec4(S, ml_base).bytes() + tail.bytes(), consts(True), (local, qblocks, B * heads * S),
+                 "attention", flops=flops, nbytes=4 * (S * q.numel + k.numel + v.numel + rows * (dh + 2)), axes=axes)
+    attention_splits.combine_dispatch(ctx, out, part, B, Tq, heads, S, ml_base,
+                                      nan_zero=int(attr(node, "nan_zero", 0)))

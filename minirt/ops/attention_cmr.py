@@ -83,6 +83,8 @@ def lower(node, ctx):
     # VEC8 (16-byte loads of K and V) where both start 16-byte aligned: D = heads x dh is a multiple of 8 halves
     k, v = ctx.t(node.inputs[1]), ctx.t(node.inputs[2])
     vec8 = all(ctx.plan.byte_offset(t.name) % 16 == 0 for t in (k, v))
+    masked = len(node.inputs) > 3
     emit(ctx, "attention_cmr", emulate, node,
-         lambda split: spec("attention_cmr", DH=dh, NR=nr, BK=bk, SPLIT=split, VEC8=vec8, trim_from="VEC8"),
-         SUBGROUP * nr, qblocks, S)
+         lambda split: spec("attention_cmr", DH=dh, NR=nr, BK=bk, SPLIT=split, VEC8=vec8, MASK=masked,
+                            trim_from="VEC8"),
+         SUBGROUP * nr, qblocks, S, mask_binding=True)

@@ -73,16 +73,17 @@ def splits(profile, groups, tk, options=None):
 
 
 def combine_dispatch(ctx, out, part, B: int, Tq: int, heads: int, S: int, ml_base: int, stream=(0, 0, 0),
-                     local_size=None) -> None:
+                     local_size=None, nan_zero=0) -> None:
     """glsl/attention_combine.comp: out [B, Tq, D] from the S partials in `part` (unnormalised sums, then (m, l)
     pairs from `ml_base`, as the split kernels write them); stream: (G, query rows a block, key blocks) of a stream
-    split, (0, 0, 0) for plain splits. One invocation per output vec4: S weighted vec4 adds (8 flops each) and S exp2
-    per row and column."""
+    split, (0, 0, 0) for plain splits; nan_zero: a row with no weight in any split (every score -inf) is 0, not NaN.
+    One invocation per output vec4: S weighted vec4 adds (8 flops each) and S exp2 per row and column."""
     D = out.shape[-1]
     dh = D // heads
     rows = B * heads * S * Tq
     ctx.dispatch("attention_combine", [(out.name, "w"), (part.name, "r")],
-                 Push().ivec4(Tq, heads, D // 4, S).ivec4(B, ml_base).ivec4(*stream), spec("attention_combine", DH=dh),
+                 Push().ivec4(Tq, heads, D // 4, S).ivec4(B, ml_base, nan_zero).ivec4(*stream),
+                 spec("attention_combine", DH=dh),
                  (D // 4, Tq, B), "elementwise",
                  flops=2 * S * out.numel + 2 * S * B * Tq * D // 4, nbytes=4 * (rows * (dh + 2) + out.numel),
                  local_size=local_size, axes={"storage": ctx.storage})

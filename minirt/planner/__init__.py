@@ -19,7 +19,7 @@ Pass order (each pass is one module of this package):
                                             (1x1 convs as Linears over pixels), Transposes at the boundaries
  12. fuse_linear      (fuse_linear.py)      MatMul (or Gemm) + bias + scale + activation + residual -> one Linear
  13. merge_siblings   (merge_siblings.py)   Linears reading the same input (q, k, v) -> one GEMM + part views
- 14. fuse_attention   (fuse_attention.py)   head splits + MatMul + Softmax + MatMul -> one Attention
+ 14. fuse_attention   (fuse_attention.py)   head splits + MatMul (+ mask) + Softmax + MatMul -> one Attention
  15. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
  16. fuse_reduce_layer_norm (fuse_reduce_layer_norm.py)  on the Plan: a split GEMM's reduce pass also does the
                                             LayerNorm that reads its output

@@ -157,7 +157,7 @@ def generate_batch(backend, tokenizer, prompts, options: TranscriptionOptions, s
     backend.start_rows(rows)
     while rows:
         feed = [prompts[i][fed[i]] if fed[i] < len(prompts[i]) else tokens[i][-1] for i in rows]
-        logits = np.array(backend.step_rows(np.asarray(feed, np.int64)), np.float32)
+        logits = np.asarray(backend.step_rows(np.asarray(feed, np.int64)), np.float32)  # filtered in place
         gen = []                        # rows past their prompt: (row, item, generation step)
         for r, i in enumerate(rows):
             at = fed[i]
@@ -171,23 +171,27 @@ def generate_batch(backend, tokenizer, prompts, options: TranscriptionOptions, s
             groups.setdefault((id(flt[i]), step), []).append((r, i))
         for (_, step), members in groups.items():
             idx = [r for r, _ in members]
-            sub = logits[idx]
-            _apply(flt[members[0][1]], sub, step, np.array([tokens[i] for _, i in members], np.int64).reshape(
-                len(members), step))
-            logits[idx] = sub
+            seq = np.array([tokens[i] for _, i in members], np.int64).reshape(len(members), step)
+            if idx == list(range(idx[0], idx[0] + len(idx))):      # consecutive rows: filtered in place
+                _apply(flt[members[0][1]], logits[idx[0]:idx[-1] + 1], step, seq)
+            else:
+                sub = logits[idx]
+                _apply(flt[members[0][1]], sub, step, seq)
+                logits[idx] = sub
         done = set()
         if gen:
             idx = [r for r, _, _ in gen]
-            log_probs = log_softmax(logits[idx])
+            log_probs = log_softmax(logits[idx[0]:idx[-1] + 1] if idx == list(range(idx[0], idx[-1] + 1))
+                                    else logits[idx])
             ids = log_probs.argmax(-1)
             scores = log_probs[np.arange(len(ids)), ids]
-            for k, (r, i, step) in enumerate(gen):
-                t = int(ids[k])
-                totals[i] = np.float32(totals[i] + scores[k])
-                if t != tokenizer.eot:
-                    tokens[i].append(t)
-                if t == tokenizer.eot or step + 1 >= limits[i][1]:
-                    done.add(r)
+        for k, (r, i, step) in enumerate(gen):
+            t = int(ids[k])
+            totals[i] = np.float32(totals[i] + scores[k])
+            if t != tokenizer.eot:
+                tokens[i].append(t)
+            if t == tokenizer.eot or step + 1 >= limits[i][1]:
+                done.add(r)
         if done:
             keep = [r for r in range(len(rows)) if r not in done]
             rows = [rows[r] for r in keep]

@@ -154,6 +154,7 @@ def generate_batch(backend, tokenizer, prompts, options: TranscriptionOptions, s
     flt = [filters[p[-1] != tokenizer.no_timestamps] for p in prompts]
     fed, tokens, totals, no_speech = [0] * n, [[] for _ in range(n)], [np.float32(0)] * n, [0.0] * n
     rows = list(range(n))               # the item of each row
+    scratch = np.empty((2, 0, 0), np.float32)     # log_softmax's arrays, reused from step to step
     backend.start_rows(rows)
     while rows:
         feed = [prompts[i][fed[i]] if fed[i] < len(prompts[i]) else tokens[i][-1] for i in rows]
@@ -181,8 +182,10 @@ def generate_batch(backend, tokenizer, prompts, options: TranscriptionOptions, s
         done = set()
         if gen:
             idx = [r for r, _, _ in gen]
+            if scratch.shape[1] < len(idx):
+                scratch = np.empty((2, len(idx), logits.shape[1]), np.float32)
             log_probs = log_softmax(logits[idx[0]:idx[-1] + 1] if idx == list(range(idx[0], idx[-1] + 1))
-                                    else logits[idx])
+                                    else logits[idx], scratch[0, :len(idx)], scratch[1, :len(idx)])
             ids = log_probs.argmax(-1)
             scores = log_probs[np.arange(len(ids)), ids]
         for k, (r, i, step) in enumerate(gen):

@@ -177,6 +177,15 @@ def bench_batch_e2e(cfg, args, precision):
     return res
 
 
+def print_profile(profile: dict, top: int) -> None:
+    """Each entry point's GPU time ({entry: [(node, kernel, us)]}) and its `top` slowest dispatches."""
+    for entry, rows in profile.items():
+        total = sum(t for _, _, t in rows)
+        print(f"    {entry}: {total:.1f} us of GPU time in {len(rows)} dispatches; the most:")
+        for node, kernel, t in sorted(rows, key=lambda x: -x[2])[:top]:
+            print(f"      {t:8.1f} us  {kernel:32s} {node}")
+
+
 def print_batch(size, precision, r):
     head = f"{size} {precision} batch={r.get('clips', '?')}"
     if "error" in r:
@@ -189,11 +198,7 @@ def print_batch(size, precision, r):
         print(f"    end to end (WhisperModel.transcribe / transcribe_batch): one by one {r['e2e_one_by_one_fps']:.2f} "
               f"files/s, batched {r['e2e_batched_fps']:.2f} files/s: {r['e2e_ratio']:.2f}x (the same tokens: "
               f"{r['e2e_same_tokens']})")
-    for entry, rows in r.get("profile", {}).items():
-        total = sum(t for _, _, t in rows)
-        print(f"    {entry}: {total:.1f} us of GPU time in {len(rows)} dispatches; the most:")
-        for node, kernel, t in sorted(rows, key=lambda x: -x[2])[:8]:
-            print(f"      {t:8.1f} us  {kernel:32s} {node}")
+    print_profile(r.get("profile", {}), 8)
     sys.stdout.flush()
 
 
@@ -430,11 +435,7 @@ def print_row(row):
     print(f"{head}: minirt encoder {mr['encoder_ms']:.3f} ms, prompt {mr['prompt_ms']:.3f} ms, "
           f"step {mr['step_ms']:.4f} ms, window {mr['window_ms']:.2f} ms ({mr['tokens']} tokens; "
           f"dispatches {mr['dispatches']})")
-    for entry, rows in mr.get("profile", {}).items():
-        total = sum(t for _, _, t in rows)
-        print(f"    {entry}: {total:.1f} us of GPU time in {len(rows)} dispatches; the most:")
-        for node, kernel, t in sorted(rows, key=lambda r: -r[2])[:12]:
-            print(f"      {t:8.1f} us  {kernel:32s} {node}")
+    print_profile(mr.get("profile", {}), 12)
     for peer, r in row.get("transformers", {}).items():
         if "error" in r:
             print(f"    transformers {peer}: {r['error']}")

@@ -5,7 +5,7 @@ Pass order (each pass is one module of this package):
   2. fold_pad_conv    (fold_pad_conv.py)    a zero Pad of the spatial axes read by a Conv alone -> the conv's pads
   3. conv1d_as_conv2d (conv1d_as_conv2d.py) eligible 1-D convs become 2-D convs over a height of 1
   4. conv routing     (conv_routing.py)     every Conv gets one kernel: im2col, pointwise, depthwise, direct
-  5. fuse_gelu        (fuse_gelu.py)        the Erf GELU pattern becomes one Gelu node
+  5. fuse_gelu        (fuse_gelu.py)        the Erf GELU pattern, and its tanh form (GPT-2), become one Gelu node
   6. fuse_layer_norm  (fuse_layer_norm.py)  LayerNorm spelt out as ReduceMean chains -> one LayerNormalization, or
                                             one AxisLayerNorm over a non-last axis (ConvNeXt's channels); a GroupNorm
                                             of one channel a group -> one InstanceNormalization with its affine

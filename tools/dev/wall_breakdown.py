@@ -4,6 +4,7 @@ submit + wait (which includes the GPU's input and output transfers and all dispa
 the output out of the readback buffer. Buffer storage only; medians over --runs.
 
   python tools/dev/wall_breakdown.py --size tiny --precision fp16
+  python tools/dev/wall_breakdown.py --size tiny --precision fp16 --batch 8     # the encoder with a symbolic batch
 """
 from __future__ import annotations
 
@@ -24,10 +25,15 @@ def main(argv=None):
     ap.add_argument("--size", default="tiny")
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--runs", type=int, default=50)
+    ap.add_argument("--batch", type=int, default=1, help="a batch of distinct inputs (the encoder built with a "
+                                                            "symbolic batch dim when above 1)")
+    ap.add_argument("--torch", action="store_true", help="also PyTorch's parts: the input's copy from pinned memory, "
+                                                         "the CUDA graph's replay alone, the output's copy back")
     a = ap.parse_args(argv)
     import whisper_encoder as we
     from minirt import Session
-    model, x = we.build_whisper_encoder(a.size, opset=17, seed=0), we.sample_input(seed=1)
+    model = we.build_whisper_encoder(a.size, opset=17, seed=0, dynamic_batch=a.batch > 1)
+    x = np.concatenate([we.sample_input(seed=1 + i) for i in range(a.batch)])
     with Session(model, storage="buffer", precision=a.precision) as s:
         s.run(x)
         ex = s._last
@@ -68,10 +74,49 @@ def main(argv=None):
                 fn()
                 ts.append((time.perf_counter() - t0) * 1e3)
             parts[f"out: {label}"] = ts
-    print(f"Whisper-{a.size} {a.precision}, buffer storage; input {x.nbytes / 1e6:.2f} MB, output {y.nbytes / 1e6:.2f} MB")
+    print(f"Whisper-{a.size} {a.precision}, batch {a.batch}, buffer storage; input {x.nbytes / 1e6:.2f} MB, output {y.nbytes / 1e6:.2f} MB")
     for k, v in parts.items():
         print(f"  {k:<14} {statistics.median(v):8.3f} ms (min {min(v):.3f})")
+    if a.torch:
+        torch_parts(model, x, a)
     return 0
+
+
+def torch_parts(model, x, a):
+    """PyTorch's CUDA graph of the same encoder, part by part (CUDA events, medians): what bench.py's graph figure
+    is made of."""
+    sys.path.append(str(ROOT / "tools"))
+    import torch
+    from bench import torch_encoder
+    enc = torch_encoder(model, a.precision)
+    dt = torch.float16 if a.precision == "fp16" else torch.float32
+    with torch.no_grad():
+        static_in = torch.from_numpy(x).cuda().to(dt)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                enc(static_in)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = enc(static_in).last_hidden_state.float()
+        host_in = torch.from_numpy(x).pin_memory()
+        parts = {"torch: input copy (pinned)": lambda: static_in.copy_(host_in, non_blocking=True),
+                 "torch: graph replay": graph.replay, "torch: output .cpu()": lambda: static_out.cpu()}
+        for k, fn in parts.items():
+            ts = []
+            for _ in range(a.runs):
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                e0.record()
+                fn()
+                e1.record()
+                torch.cuda.synchronize()
+                ts.append(((time.perf_counter() - t0) * 1e3, e0.elapsed_time(e1)))
+            print(f"  {k:<28} wall {statistics.median(t for t, _ in ts):8.3f} ms, "
+                  f"CUDA events {statistics.median(g for _, g in ts):8.3f} ms")
 
 
 if __name__ == "__main__":

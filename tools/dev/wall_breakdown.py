@@ -87,21 +87,11 @@ def torch_parts(model, x, a):
     is made of."""
     sys.path.append(str(ROOT / "tools"))
     import torch
-    from bench import torch_encoder
+    from bench import torch_encoder, torch_graph
     enc = torch_encoder(model, a.precision)
     dt = torch.float16 if a.precision == "fp16" else torch.float32
     with torch.no_grad():
-        static_in = torch.from_numpy(x).cuda().to(dt)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                enc(static_in)
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_out = enc(static_in).last_hidden_state.float()
-        host_in = torch.from_numpy(x).pin_memory()
+        graph, static_in, static_out, host_in = torch_graph(enc, x, dt)
         parts = {"torch: input copy (pinned)": lambda: static_in.copy_(host_in, non_blocking=True),
                  "torch: graph replay": graph.replay, "torch: output .cpu()": lambda: static_out.cpu()}
         for k, fn in parts.items():

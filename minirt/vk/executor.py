@@ -17,6 +17,7 @@ from .kernels import Kernels
 from .recorder import Recorder, make_query_pools
 from .resources import Resources, count_live, live_objects
 from .upload import TIMEOUT_HINT, place_constants
+from . import host_copy
 from .outputs import free_set, fresh, plain_sets
 from .zero_copy import make_slots
 
@@ -109,7 +110,7 @@ class Executor:
             if self.texture:
                 view[:] = to_texels(x, t.packed_dim).reshape(-1)
             else:
-                np.copyto(view, x.reshape(-1), casting="no")
+                host_copy.copy(view, x.reshape(-1))
         lib, vk = self.vk.lib, self.vk
         slot = None if out else free_set(self.slots)
         submit = self._submit if slot is None else self._submits[slot]
@@ -156,7 +157,7 @@ class Executor:
             if self.texture:
                 from_texels(view, t.shape, t.packed_dim, out=dest[name])
             else:
-                np.copyto(dest[name].reshape(-1), view, casting="no")
+                host_copy.copy(dest[name].reshape(-1), view)
         return dest
 
     def _destination(self, out: dict) -> dict:

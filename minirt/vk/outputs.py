@@ -10,10 +10,11 @@ set whose pages it touches while the GPU works, so that the host copy after the 
 caller keeps costs that one copy and no page faults where the run waits for it."""
 from __future__ import annotations
 
-import mmap
 import sys
 
 import numpy as np
+
+from . import host_copy
 
 OUTPUT_SETS = 3                 # output sets a caller may hold while runs still reuse memory already faulted in
 SETS_MAX_BYTES = 64 << 20       # above this (all outputs together), one set: three copies of them are not worth it
@@ -39,10 +40,7 @@ def fresh(shape) -> np.ndarray:
     """A new float32 array of `shape` with every page already faulted in (one byte written a page), so that filling
     it later costs only the copy."""
     a = np.empty(shape, np.float32)
-    b = a.reshape(-1).view(np.uint8)
-    if b.size:
-        b[::mmap.PAGESIZE] = 0
-        b[-1] = 0
+    host_copy.touch(a.reshape(-1).view(np.uint8))
     return a
 
 

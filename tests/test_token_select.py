@@ -291,3 +291,21 @@ def test_select_entry_points_end_in_the_select_dispatch(model):
         assert [d.kernel for d in sel.dispatches] == [d.kernel for d in step.dispatches] + ["token_select"]
         last = sel.dispatches[-1]
         assert last.op == "TokenSelect" and last.args[0] == ("selection", "w") and last.args[1] == ("logits", "r")
+
+
+def test_select_errors_name_what_is_at_fault(model):
+    from minirt.errors import InputError
+    backend = model.batch_backend(4)
+    vocab = backend.n_vocab
+    bits = ts.suppress_bits([], vocab)
+    backend.encode_batch(np.zeros((2, 80, 3000), np.float32))
+    backend.start_rows([0, 1])
+    with pytest.raises(ValueError, match=r"control must be \[2, 12\] for 2 rows, got \[3, 12\]"):
+        backend.step_rows_select(np.array([1, 2]), bits, ts.control(3, vocab))
+    with pytest.raises(InputError, match=r"input 'suppress' expects shape \[56\], got \[55\]"):
+        backend.step_rows_select(np.array([1, 2]), bits[:-1], ts.control(2, vocab))
+    backend.encode(np.zeros((80, 3000), np.float32))
+    backend.start([1, 2], [1])
+    backend.reorder(np.array([0, 0]))
+    with pytest.raises(ValueError, match="step_select.. takes one token for a batch of 1, got 2 for 2"):
+        backend.step_select(np.array([1, 2]), bits, ts.control(2, vocab))

@@ -233,6 +233,14 @@ class VulkanBackend:
             raise ValueError(f"step() got {len(tokens)} tokens for a batch of {self._batch}")
         return self._step(tokens)
 
+    def step_select(self, tokens: np.ndarray, suppress: np.ndarray, control: np.ndarray) -> np.ndarray:
+        """step() of one row, then greedy decoding's pick from its logits on the GPU (step1_select), as
+        step_rows_select: [1, 4] float32."""
+        tokens = np.asarray(tokens).reshape(-1)
+        if self._batch != 1 or len(tokens) != 1:
+            raise ValueError(f"step_select() takes one token for a batch of 1, got {len(tokens)} for {self._batch}")
+        return self._step(tokens, (suppress, control))
+
     def reorder(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, np.int64).reshape(-1)
         n = len(rows)
@@ -248,14 +256,6 @@ class VulkanBackend:
         self._batch = n
 
     # -- the rest --------------------------------------------------------------------------------------------
-    def step_select(self, tokens: np.ndarray, suppress: np.ndarray, control: np.ndarray) -> np.ndarray:
-        """step() of one row, then greedy decoding's pick from its logits on the GPU (step1_select), as
-        step_rows_select: [1, 4] float32."""
-        tokens = np.asarray(tokens).reshape(-1)
-        if self._batch != 1 or len(tokens) != 1:
-            raise ValueError(f"step_select() takes one token for a batch of 1, got {len(tokens)} for {self._batch}")
-        return self._step(tokens, (suppress, control))
-
     def _step(self, tokens, select=None):
         if self._len >= self.n_text_ctx:
             raise ValueError(f"the decoder has {self.n_text_ctx} positions; {self._len + 1} needed")

@@ -601,7 +601,7 @@ def options_cmd(markdown):
               help="Concrete shape for an input with symbolic dims.")
 @click.option("--entry", default=None, metavar="NAME",
               help="A Whisper model folder: only this entry point of its Vulkan program (encode, cross, prompt8, "
-                   "prompt232, step1, stepN for N = --batch, reorder).")
+                   "prompt232, step1, stepN for N = --batch, step1_select, reorder).")
 @click.option("--batch", type=click.IntRange(min=1), default=5, show_default=True,
               help="A Whisper model folder: the rows (beams) of its Vulkan program.")
 @precision_opt
@@ -615,9 +615,9 @@ def plan(model, storage, device, shapes, entry, batch, precision, fp32_precision
     and local sizes), then the planner's notes (conv1d rewrite, conv routing and why).
 
     MODEL may also be a Whisper model folder (as `minirt transcribe` takes): then the plans of its Vulkan
-    program, one per entry point (encode, cross, two prompt sizes, a step of 1 row and one of --batch rows, reorder),
-    with their int32
-    inputs, state tensors and run-time parameters.
+    program, one per entry point (encode, cross, two prompt sizes, a step of 1 row and one of --batch rows, the step
+    of 1 row with the pick of its next token on the GPU, reorder), with their int32 inputs, state tensors and
+    run-time parameters.
 
     Nothing runs and no weights are uploaded: the model is loaded, checked and planned for the device.
 

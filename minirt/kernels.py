@@ -66,6 +66,7 @@ SPEC_CONSTANTS: dict[str, tuple[str, ...]] = {
     "reduce": ("OP",),
     "resize": (),
     "softmax": (),
+    "token_select": (),
     "unary": ("OP",),
 }
 

@@ -73,7 +73,8 @@ def test_batched_rows_equal_single_sequences_and_the_reference(small):
 
 def test_batch_plans(small):
     vb, _ = small
-    assert sorted(k for k in vb.plans if k.startswith("b")) == ["bencode", "breorder", "bstep1", "bstep2", "bstep4"]
+    assert sorted(k for k in vb.plans if k.startswith("b")) == [
+        "bencode", "breorder", "bstep1", "bstep1_select", "bstep2", "bstep2_select", "bstep4", "bstep4_select"]
     step = vb.plans["bstep2"]
     assert step.params == ["pos.0", "pos.1", "item.0", "item.1"]
     assert step.tensors["bself_k.0"].shape == (4, 448, 64) and step.tensors["bcross_k.0"].shape == (4, N_AUDIO, 64)

@@ -58,7 +58,7 @@ def test_plans_show_state_and_steps_replay(small):
     from minirt.cli import format_plan
     vb, _ = small
     step, enc, reorder = vb.plans["step4"], vb.plans["encode"], vb.plans["reorder"]
-    assert sorted(vb.plans) == ["cross", "encode", "prompt232", "prompt8", "reorder", "step1", "step4"]
+    assert sorted(vb.plans) == ["cross", "encode", "prompt232", "prompt8", "reorder", "step1", "step1_select", "step4"]
     prompt = vb.plans["prompt232"]      # a prompt in one run: 232 token slots, the logits at 2 positions
     assert prompt.tensors["tokens"].shape == (1, 232) and prompt.tensors["picks"].dtype == "int32"
     assert prompt.tensors["logits"].shape == (2, VOCAB) and prompt.params == ["pos"]
@@ -113,7 +113,7 @@ def test_minirt_plan_of_a_whisper_folder(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{}")      # only looked for: planning reads no tokens
     r = CliRunner().invoke(main, ["plan", str(tmp_path), "--batch", "2"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
-    for entry in ("encode", "cross", "prompt8", "prompt232", "step1", "step2", "reorder"):
+    for entry in ("encode", "cross", "prompt8", "prompt232", "step1", "step2", "step1_select", "reorder"):
         assert f"entry point {entry}" in r.output
     assert "tokens [2,1] int32" in r.output and "rows [2] int32" in r.output
     assert "cross_v.1 [1,24,64] float32 written" in r.output and "self_k.0 [2,448,64] float32 written" in r.output
@@ -121,7 +121,7 @@ def test_minirt_plan_of_a_whisper_folder(tmp_path):
     r = CliRunner().invoke(main, ["plan", str(tmp_path), "--entry", "reorder"], catch_exceptions=False)
     assert "entry point step" not in r.output and "ReorderRows" in r.output
     r = CliRunner().invoke(main, ["plan", str(tmp_path), "--entry", "step"])
-    assert r.exit_code == 2 and "'step' is not an entry point of this program (encode, cross, prompt8, prompt232, step1, step5, reorder)" \
+    assert r.exit_code == 2 and "'step' is not an entry point of this program (encode, cross, prompt8, prompt232, step1, step5, step1_select, reorder)" \
         in r.output
     r = CliRunner().invoke(main, ["plan", str(tmp_path), "--batch", "2", "--entry", "step2", "--precision", "fp16"],
                            catch_exceptions=False)
@@ -257,7 +257,7 @@ def test_fp16_plans_keep_state_in_half_and_steps_replay(half):
     recordings."""
     from minirt.cli import format_plan
     vb = half[0]
-    assert sorted(vb.plans) == ["cross", "encode", "prompt232", "prompt8", "reorder", "step1", "step4"]
+    assert sorted(vb.plans) == ["cross", "encode", "prompt232", "prompt8", "reorder", "step1", "step1_select", "step4"]
     for name, p in vb.plans.items():
         assert p.precision == "fp16" and p.state, name
         assert {p.tensors[s].dtype for s in p.state} == {"float16"}, name
@@ -268,10 +268,42 @@ def test_fp16_plans_keep_state_in_half_and_steps_replay(half):
     assert cross.tensors["encoder_output"].dtype == "float32"
     kernels = {d.kernel for p in vb.plans.values() for d in p.dispatches}
     assert {"copy_rows_half", "cached_attention_half"} <= kernels
+    select = vb.plans["step1_select"]     # the logits stay float16 on the GPU: no cast, the selection float32
+    assert select.tensors["logits"].dtype == "float16" and select.tensors["selection"].dtype == "float32"
+    assert select.dispatches[-1].kernel == "token_select_half_out32"
+    assert not any(d.stem == "cast" for d in select.dispatches)
     text = format_plan(step)
     assert "precision fp16" in text and "self_k.0 [4,448,64] float16 written" in text
     assert "cross_k.1 [1,24,64] float16 read" in text
     assert_steps_replay(vb, np.random.default_rng(6).standard_normal((N_MELS, 2 * N_AUDIO)).astype(np.float32))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_greedy_on_the_gpu_select_path_equals_the_host_path(small, half, precision, monkeypatch):
+    """greedy() with suppress_tokens, suppress_blank and the timestamp rules picking its tokens on the GPU
+    (step1_select) against the host path (step1's logits back) on the same backend: the same tokens, the score to
+    float32 rounding; at fp16 too, whose kernel reads the float16 logits the host path's cast makes float32."""
+    from minirt.whisper import filters as F
+    from minirt.whisper.search import greedy
+    vb = (small if precision == "fp32" else half)[0]
+    eot, begin = 400, 450
+    filters = [F.SuppressTokens([1, 2, 3] + list(range(eot + 1, begin - 1))), F.SuppressBlank([220, eot]),
+               F.TimestampRules(eot, begin - 1, begin, VOCAB - 1, begin + 10)]
+    features = np.random.default_rng(7).standard_normal((N_MELS, 2 * N_AUDIO)).astype(np.float32)
+    vb.encode(features)
+    got = {}
+    for gpu in (True, False):
+        monkeypatch.setattr(vb, "gpu_select", gpu)
+        steps = []
+        monkeypatch.setattr(vb, "step_select", lambda *a, f=vb.step_select: steps.append("select") or f(*a))
+        monkeypatch.setattr(vb, "step", lambda *a, f=vb.step: steps.append("logits") or f(*a))
+        first = vb.start([7, 300, 12], [2])[0]
+        (got[gpu],) = greedy(vb, first, filters, eot, 40)
+        assert steps == ["select" if gpu else "logits"] * 39       # every step after the first, from the prompt's
+        monkeypatch.undo()
+    assert got[True].tokens == got[False].tokens and len(got[True].tokens) == 40
+    assert got[True].tokens[0] >= begin and any(t < begin for t in got[True].tokens)
+    assert got[True].score == pytest.approx(got[False].score, rel=1e-5)
 
 
 class _FirstFrames:

@@ -15,8 +15,12 @@ Figures, each a median over --runs windows after one untimed window:
 --batch N: files per second for N synthetic 30 s clips (N different log-mel windows), each an encoder run, the
 4-token prompt and --tokens greedy tokens (<|endoftext|> suppressed, so every clip decodes the same length), decoded
 one by one (encode, start, steps) and as one batch (encode_batch, the prompts and the steps of N rows: BatchDecoder),
-on the same VulkanBackend; the median of --runs after one untimed round each, and the ratio. With --e2e also the whole
-host path (features, filters, log-softmax, segments) through WhisperModel.transcribe and transcribe_batch.
+on the same VulkanBackend; the median of --runs after one untimed round each, and the ratio. Each step's tokens are
+picked on the GPU (step_select, step_rows_select: only the pick comes back); --host-select reads every step's logits
+back and picks on the host instead. With --e2e also the whole host path (features, filters, segments) through
+WhisperModel.transcribe and transcribe_batch, whose greedy steps pick on the GPU, or with --host-select run the
+filters, log-softmax and argmax on the host. --profile: GPU time per dispatch of a one-row step, a step of N rows
+(the select dispatch's line among them) and the batch's encoder.
 transformers peers (each where it runs): `loop`, a hand-written loop over the model with its key/value cache
 (greedy: argmax on the GPU); `generate` (greedy and beam search, min_new_tokens = max_new_tokens = --tokens), with
 the dynamic cache and with cache_implementation="static". fp32 peers run with TF32 off. --precision fp16: minirt's
@@ -81,14 +85,29 @@ def minirt_window(vb, feats, tokens, beams, times):
 
 def bench_batch(weights, cfg, args, precision):
     """{"one_by_one_fps", "batched_fps", "ratio", ...}: see the module doc (--batch)."""
+    from minirt.ops.token_select import control, suppress_bits
     from minirt.whisper.vulkan import VulkanBackend
     n, eot = args.batch, EOT
     feats = np.random.default_rng(1).standard_normal((n, cfg["num_mel_bins"], 3000)).astype(np.float32)
+    bits, ctl = suppress_bits([eot], cfg["vocab_size"]), control(n, cfg["vocab_size"])
 
     def pick(logits):
         logits = np.array(logits, np.float32)
         logits[:, eot] = -np.inf
         return logits.argmax(-1)
+
+    if args.host_select:
+        def step(vb, tok):
+            return pick(vb.step(tok))
+
+        def step_rows(vb, tok):
+            return pick(vb.step_rows(tok))
+    else:
+        def step(vb, tok):
+            return vb.step_select(tok, bits, ctl[:1])[:, 0].astype(np.int64)
+
+        def step_rows(vb, tok):
+            return vb.step_rows_select(tok, bits, ctl[:len(tok)])[:, 0].astype(np.int64)
 
     def one_by_one(vb):
         out = []
@@ -97,7 +116,7 @@ def bench_batch(weights, cfg, args, precision):
             tok = pick(vb.start(PROMPT, [len(PROMPT) - 1]))
             seq = [int(tok[0])]
             for _ in range(args.tokens):
-                tok = pick(vb.step(tok))
+                tok = step(vb, tok)
                 seq.append(int(tok[0]))
             out.append(seq)
         return out
@@ -106,17 +125,16 @@ def bench_batch(weights, cfg, args, precision):
         vb.encode_batch(feats)
         vb.start_rows(range(n))
         for t in PROMPT:
-            logits = vb.step_rows(np.full(n, t))
-        tok = pick(logits)
+            tok = step_rows(vb, np.full(n, t))
         seqs = [tok]
         for _ in range(args.tokens):
-            tok = pick(vb.step_rows(tok))
+            tok = step_rows(vb, tok)
             seqs.append(tok)
         return np.stack(seqs, 1).tolist()
 
-    res = {"clips": n, "tokens": args.tokens}
+    res = {"clips": n, "tokens": args.tokens, "select": "host" if args.host_select else "gpu"}
     with VulkanBackend(weights, cfg, precision=precision, max_batch=1, max_items=n, options=args.options,
-                       profile=args.profile) as vb:
+                       profile=args.profile, gpu_select=not args.host_select) as vb:
         for name, fn in (("one_by_one", one_by_one), ("batched", batched)):
             got = fn(vb)
             times = []
@@ -128,7 +146,8 @@ def bench_batch(weights, cfg, args, precision):
             res[f"{name}_tokens"] = got
         res["same_tokens"] = res.pop("one_by_one_tokens") == res.pop("batched_tokens")
         if args.profile:        # the last runs' GPU time per dispatch: a one-row step and a step of n rows
-            res["profile"] = {e: vb.program.dispatch_times(e) for e in ("step1", f"bstep{n}", "bencode")}
+            steps = ("step1", f"bstep{n}") if args.host_select else ("step1_select", f"bstep{n}_select")
+            res["profile"] = {e: vb.program.dispatch_times(e) for e in steps + ("bencode",)}
         res["dispatches"] = {k: len(p.dispatches) for k, p in vb.plans.items() if k.startswith("b")}
     if args.e2e:
         res.update(bench_batch_e2e(cfg, args, precision))
@@ -148,6 +167,7 @@ def bench_batch_e2e(cfg, args, precision):
              for i in range(args.batch)]
     with tempfile.TemporaryDirectory() as tmp:
         model = WhisperModel(write_folder(tmp, cfg, 0), precision=precision, max_batch_items=args.batch)
+        model.backend.gpu_select = not args.host_select
         tok = model.tokenizer
         opts = dict(beam_size=1, temperature=0.0, without_timestamps=True, condition_on_previous_text=False,
                     suppress_tokens=[tok.eot] + list(range(tok.timestamp_begin, cfg["vocab_size"])),
@@ -178,11 +198,13 @@ def bench_batch_e2e(cfg, args, precision):
 
 
 def print_profile(profile: dict, top: int) -> None:
-    """Each entry point's GPU time ({entry: [(node, kernel, us)]}) and its `top` slowest dispatches."""
+    """Each entry point's GPU time ({entry: [(node, kernel, us)]}), its `top` slowest dispatches and its token
+    selection's."""
     for entry, rows in profile.items():
         total = sum(t for _, _, t in rows)
         print(f"    {entry}: {total:.1f} us of GPU time in {len(rows)} dispatches; the most:")
-        for node, kernel, t in sorted(rows, key=lambda x: -x[2])[:top]:
+        slowest = sorted(rows, key=lambda x: -x[2])[:top]
+        for node, kernel, t in slowest + [r for r in rows if r[1].startswith("token_select") and r not in slowest]:
             print(f"      {t:8.1f} us  {kernel:32s} {node}")
 
 
@@ -191,7 +213,7 @@ def print_batch(size, precision, r):
     if "error" in r:
         print(f"{head}: failed: {r['error']}")
         return
-    print(f"{head}: {r['tokens']} tokens a 30 s clip: one by one {r['one_by_one_fps']:.2f} files/s, batched "
+    print(f"{head}: {r['tokens']} tokens a 30 s clip, tokens picked on the {r['select'].upper()}: one by one {r['one_by_one_fps']:.2f} files/s, batched "
           f"{r['batched_fps']:.2f} files/s: {r['ratio']:.2f}x (the same tokens: {r['same_tokens']}; "
           f"dispatches {r['dispatches']})")
     if "e2e_ratio" in r:
@@ -371,6 +393,9 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=0, metavar="N",
                     help="files per second: N synthetic 30 s clips as one batch vs one by one (see above)")
     ap.add_argument("--e2e", action="store_true", help="with --batch: also through WhisperModel, host work included")
+    ap.add_argument("--host-select", action="store_true",
+                    help="with --batch: every step's logits back and the tokens picked on the host (to compare with "
+                         "the default, the pick on the GPU)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
     from minirt.errors import MinirtError

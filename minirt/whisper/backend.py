@@ -1,8 +1,12 @@
 """The interface between the host-side decoding (decoding.py, search.py, transcribe.py) and a Whisper model that
-runs somewhere: the numpy reference (reference.py) today, a Vulkan decoder later.
+runs somewhere: the numpy reference (reference.py) or the Vulkan program (vulkan.py).
 
 The host never sees hidden states, only logits: it encodes one 30 s window, runs a prompt, then feeds one token
 per row and step, and tells the backend how rows of its key/value cache are reordered, replicated or dropped.
+A backend may also pick greedy decoding's tokens itself, from logits it keeps: with the attribute gpu_select true,
+step_select(tokens, suppress, control) (and, on a BatchDecoder, step_rows_select) return TokenSelect's [rows, 4]
+selection (minirt/ops/token_select.py; the logit filters as masks, filters.GpuMasks) instead of the logits
+(VulkanBackend: on the GPU). decoding.generate_batch and search.greedy use them where every filter is a mask.
 """
 from __future__ import annotations
 

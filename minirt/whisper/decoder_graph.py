@@ -16,9 +16,15 @@
            (one with previous text).
   reorder  rows [B] int32, parameter len -> nothing: new cache row i = old row rows[i], positions 0 .. len - 1
            (ReorderRows on every self_k / self_v).
+  step1_select
+           step1, then greedy decoding's pick of the next token from the logits on the GPU (TokenSelect,
+           minirt/ops/token_select.py): inputs tokens, suppress [ceil(n_vocab / 32)] int32 and select [1, 12] int32
+           (the logit filters as masks: minirt/whisper/filters.py GpuMasks) -> selection [1, 4] float32; the logits
+           stay on the GPU.
 
 B is the program's batch (the most rows a search uses); there is a step entry point for 1 row and for B (greedy
-decoding and the prompt run the first, beam search the second), and the Program shares their weights. Weights are
+decoding and a prompt of one token run the first, or step1_select where every logit filter is a mask; beam search and
+sampling the second), and the Program shares their weights. Weights are
 Hugging Face-named (model.encoder.*, model.decoder.*, proj_out.weight when not tied), as checkpoint.load_checkpoint
 gives them. The graphs are float32 (int32 token ids, rows and picks); plan_program (minirt/whisper/vulkan.py) plans
 them in buffer storage at fp32 or fp16.
@@ -34,7 +40,9 @@ own length, finishing on its own) has entry points of its own over state of its 
            own 0 .. pos.r, and its cross-attention reads the keys and values of item item.r (CachedAttention's
            items map). Rows of one item (beams, best_of) can share its encoder output through that map.
   breorder rows [M] int32, parameter len -> nothing: as reorder, on bself_k / bself_v (dropping finished rows
-           packs the live ones first, so a smaller bstepN runs them; a row's item and position move on the host)."""
+           packs the live ones first, so a smaller bstepN runs them; a row's item and position move on the host).
+  bstepN_select
+           bstepN, then TokenSelect on its N rows, as step1_select: selection [N, 4] float32 instead of the logits."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,6 +52,7 @@ import numpy as np
 from ..errors import ModelError
 from ..graph import Graph, Node, Tensor
 from ..loaders.safetensors_loader import LN_EPS, build_whisper_encoder_graph
+from ..ops.token_select import CONTROL
 
 
 @dataclass(frozen=True)
@@ -197,15 +206,27 @@ def _logits(g: Graph, b: _Builder, weights: dict, x: str) -> None:
     g.outputs.append("logits")
 
 
-def step_graph(weights: dict, dm: Dims, batch: int, cache_rows: int | None = None) -> Graph:
+def _select(g: Graph, dm: Dims, rows: int) -> None:
+    """The logits of a step's `rows` rows into TokenSelect, whose selection is the graph's only output."""
+    g.outputs.remove("logits")
+    for name, shape in (("suppress", ((dm.n_vocab + 31) // 32,)), ("select", (rows, CONTROL))):
+        g.inputs.append(name)
+        g.add_tensor(Tensor(name, shape, "int32"))
+    _Builder(g, {}).node("TokenSelect", ["logits", "suppress", "select"], "selection", "minirt")
+    g.outputs.append("selection")
+
+
+def step_graph(weights: dict, dm: Dims, batch: int, cache_rows: int | None = None, select: bool = False) -> Graph:
     """One token for each of `batch` rows, over a key/value cache of `cache_rows` rows (default: batch), of which
-    it reads and writes the first `batch`."""
+    it reads and writes the first `batch`; select: the selection of the next tokens instead of the logits (_select)."""
     rows = cache_rows or batch
     if rows < batch:
         raise ValueError(f"a step of {batch} rows over a cache of {rows}")
-    g = Graph(name=f"whisper step ({batch} rows)", source="whisper step")
+    g = Graph(name=f"whisper step ({batch} rows{', select' if select else ''})", source="whisper step")
     b = _Builder(g, weights)
     _logits(g, b, weights, _decoder_layers(g, b, dm, batch, 1, rows))
+    if select:
+        _select(g, dm, batch)
     return g
 
 
@@ -243,6 +264,11 @@ def step_entry(rows: int) -> str:
     return f"step{rows}"
 
 
+def select_entry(step: str) -> str:
+    """The entry point that runs step entry point `step` (step1, bstepN) and TokenSelect on its logits."""
+    return f"{step}_select"
+
+
 PROMPT_PICKS = 2     # logits a prompt run returns: the last position's and <|startoftranscript|>'s
 
 
@@ -271,13 +297,14 @@ def prompt_entry(tokens: int) -> str:
 
 def program_graphs(weights: dict, dm: Dims, batch: int, step_rows=None) -> dict:
     """{entry point: Graph}: encode, cross, prompt8 and prompt232 (prompt_entry()), a step for each row count in step_rows (default: 1 and batch; entry
-    points step1, step5, ..., step_entry()), reorder, over a cache of `batch` rows (see the module doc)."""
+    points step1, step5, ..., step_entry()), step1_select, reorder, over a cache of `batch` rows (see the module doc)."""
     sizes = sorted(set(step_rows or (1, batch)))
     if not sizes or sizes[0] < 1 or sizes[-1] > batch:
         raise ValueError(f"step row counts {sizes} must be in 1..{batch}")
     graphs = {"encode": encoder_graph(weights, dm), "cross": cross_graph(weights, dm)}
     graphs.update({prompt_entry(n): prompt_graph(weights, dm, n, PROMPT_PICKS, batch) for n in prompt_sizes(dm)})
     graphs.update({step_entry(n): step_graph(weights, dm, n, batch) for n in sizes})
+    graphs[select_entry(step_entry(1))] = step_graph(weights, dm, 1, batch, select=True)
     graphs["reorder"] = reorder_graph(dm, batch)
     return graphs
 
@@ -292,22 +319,27 @@ def batch_step_sizes(items: int) -> list:
     return sorted({1 << k for k in range(items.bit_length()) if 1 << k < items} | {items})
 
 
-def batch_step_graph(weights: dict, dm: Dims, rows: int, items: int) -> Graph:
-    """bstep`rows`: one token for each of `rows` independent sequences (the module doc), over caches of `items` rows."""
+def batch_step_graph(weights: dict, dm: Dims, rows: int, items: int, select: bool = False) -> Graph:
+    """bstep`rows`: one token for each of `rows` independent sequences (the module doc), over caches of `items` rows;
+    select: bstep`rows`_select."""
     if not 1 <= rows <= items:
         raise ValueError(f"a batched step of {rows} rows over {items} sequences")
-    g = Graph(name=f"whisper batched step ({rows} rows)", source="whisper bstep")
+    g = Graph(name=f"whisper batched step ({rows} rows{', select' if select else ''})", source="whisper bstep")
     b = _Builder(g, weights)
     _logits(g, b, weights, _decoder_layers(g, b, dm, rows, 1, items, items))
+    if select:
+        _select(g, dm, rows)
     return g
 
 
 def batch_graphs(weights: dict, dm: Dims, items: int) -> dict:
-    """{entry point: Graph} of a batch of up to `items` independent sequences: bencode, bstepN for N in
-    batch_step_sizes(items), breorder (the module doc)."""
+    """{entry point: Graph} of a batch of up to `items` independent sequences: bencode, bstepN and bstepN_select for N
+    in batch_step_sizes(items), breorder (the module doc)."""
     if not 1 <= items <= MAX_ITEMS:
         raise ValueError(f"a batch of 1 to {MAX_ITEMS} sequences, got {items}")
     graphs = {"bencode": encoder_graph(weights, dm, items, "b")}
-    graphs.update({f"bstep{n}": batch_step_graph(weights, dm, n, items) for n in batch_step_sizes(items)})
+    for n in batch_step_sizes(items):
+        graphs[f"bstep{n}"] = batch_step_graph(weights, dm, n, items)
+        graphs[select_entry(f"bstep{n}")] = batch_step_graph(weights, dm, n, items, select=True)
     graphs["breorder"] = reorder_graph(dm, items, "b")
     return graphs

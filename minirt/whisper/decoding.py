@@ -10,6 +10,7 @@ from typing import Iterable, List, Optional, Union
 
 import numpy as np
 
+from ..ops import token_select as ts_op
 from . import filters as F
 from .filters import log_softmax
 from .search import Hypothesis, _apply, _final_score, beam_search, greedy
@@ -142,7 +143,10 @@ def generate_batch(backend, tokenizer, prompts, options: TranscriptionOptions, s
     encoder outputs (encode_batch): [(Hypothesis, no_speech_prob)] a prompt, each what generate() gives for that
     window alone. A row a window: each step feeds every row its next prompt token or its last generated one (rows
     with shorter prompts start generating earlier), and a row that ends (<|endoftext|> or its length limit) is
-    dropped, the live rows packed first."""
+    dropped, the live rows packed first. Each step's tokens are picked on the GPU where the backend offers it
+    (gpu_select: step_rows_select) and every filter is a mask (_gpu_masks); else the logits come back and the host
+    filters them and picks (the same tokens; scores and no_speech_prob equal to float32 rounding: the GPU sums in
+    another order)."""
     n = len(prompts)
     prompts = [list(p) for p in prompts]
     limits = [_limits(tokenizer, p, options) for p in prompts]
@@ -152,42 +156,35 @@ def generate_batch(backend, tokenizer, prompts, options: TranscriptionOptions, s
         if ts not in filters:
             filters[ts] = make_filters(tokenizer, options, backend.n_vocab, ts, suppress_blank_ids)
     flt = [filters[p[-1] != tokenizer.no_timestamps] for p in prompts]
+    masks = _gpu_masks(backend, filters.values(), "step_rows_select")
     fed, tokens, totals, no_speech = [0] * n, [[] for _ in range(n)], [np.float32(0)] * n, [0.0] * n
     rows = list(range(n))               # the item of each row
     scratch = np.empty((2, 0, 0), np.float32)     # log_softmax's arrays, reused from step to step
     backend.start_rows(rows)
     while rows:
-        feed = [prompts[i][fed[i]] if fed[i] < len(prompts[i]) else tokens[i][-1] for i in rows]
-        logits = np.asarray(backend.step_rows(np.asarray(feed, np.int64)), np.float32)  # filtered in place
-        gen = []                        # rows past their prompt: (row, item, generation step)
+        feed = np.asarray([prompts[i][fed[i]] if fed[i] < len(prompts[i]) else tokens[i][-1] for i in rows],
+                          np.int64)
+        gen, sot = [], []               # rows past their prompt: (row, item, generation step); rows at their sot
         for r, i in enumerate(rows):
             at = fed[i]
             fed[i] += 1
             if at == limits[i][0]:
-                no_speech[i] = no_speech_probability(logits[r], tokenizer.no_speech)
+                sot.append((r, i))
             if at >= len(prompts[i]) - 1:
                 gen.append((r, i, at - (len(prompts[i]) - 1)))
         groups = {}
         for r, i, step in gen:          # rows with the same filters at the same step are filtered together
             groups.setdefault((id(flt[i]), step), []).append((r, i))
-        for (_, step), members in groups.items():
-            idx = [r for r, _ in members]
-            seq = np.array([tokens[i] for _, i in members], np.int64).reshape(len(members), step)
-            if idx == list(range(idx[0], idx[0] + len(idx))):      # consecutive rows: filtered in place
-                _apply(flt[members[0][1]], logits[idx[0]:idx[-1] + 1], step, seq)
-            else:
-                sub = logits[idx]
-                _apply(flt[members[0][1]], sub, step, seq)
-                logits[idx] = sub
+        groups = [(flt[members[0][1]], step, [r for r, _ in members],
+                   np.array([tokens[i] for _, i in members], np.int64).reshape(len(members), step))
+                  for (_, step), members in groups.items()]
+        if masks:
+            ids, scores, probs = _pick_gpu(backend, masks, feed, gen, groups, sot, tokenizer.no_speech)
+        else:
+            ids, scores, probs, scratch = _pick_host(backend, feed, gen, groups, sot, tokenizer.no_speech, scratch)
+        for (r, i), p in zip(sot, probs):
+            no_speech[i] = p
         done = set()
-        if gen:
-            idx = [r for r, _, _ in gen]
-            if scratch.shape[1] < len(idx):
-                scratch = np.empty((2, len(idx), logits.shape[1]), np.float32)
-            log_probs = log_softmax(logits[idx[0]:idx[-1] + 1] if idx == list(range(idx[0], idx[-1] + 1))
-                                    else logits[idx], scratch[0, :len(idx)], scratch[1, :len(idx)])
-            ids = log_probs.argmax(-1)
-            scores = log_probs[np.arange(len(ids)), ids]
         for k, (r, i, step) in enumerate(gen):
             t = int(ids[k])
             totals[i] = np.float32(totals[i] + scores[k])
@@ -202,6 +199,53 @@ def generate_batch(backend, tokenizer, prompts, options: TranscriptionOptions, s
                 backend.reorder_rows(np.asarray(keep, np.int64))
     return [(Hypothesis(tokens[i], _final_score(totals[i], len(tokens[i]), options.length_penalty)), no_speech[i])
             for i in range(n)]
+
+
+def _gpu_masks(backend, filter_lists, method: str):
+    """{id(filter list): filters.GpuMasks} where the backend picks tokens on the GPU (gpu_select and `method`) and
+    every list is masks sharing one suppressed id set (TokenSelect takes one a step), else None."""
+    if not getattr(backend, "gpu_select", False) or not hasattr(backend, method):
+        return None
+    masks = {id(f): F.GpuMasks.of(f, backend.n_vocab) for f in filter_lists}
+    ms = list(masks.values())
+    if any(m is None for m in ms) or any(not np.array_equal(m.bits, ms[0].bits) for m in ms):
+        return None
+    return masks
+
+
+def _pick_host(backend, feed, gen, groups, sot, no_speech_id, scratch):
+    """A step's logits back; (ids and scores of the generating rows, the no-speech probabilities of the rows at
+    their <|startoftranscript|>, the log-softmax scratch) picked on the host."""
+    logits = np.asarray(backend.step_rows(feed), np.float32)       # filtered in place
+    probs = [no_speech_probability(logits[r], no_speech_id) for r, _ in sot]
+    for flt, step, idx, seq in groups:
+        if idx == list(range(idx[0], idx[0] + len(idx))):          # consecutive rows: filtered in place
+            _apply(flt, logits[idx[0]:idx[-1] + 1], step, seq)
+        else:
+            sub = logits[idx]
+            _apply(flt, sub, step, seq)
+            logits[idx] = sub
+    if not gen:
+        return [], [], probs, scratch
+    idx = [r for r, _, _ in gen]
+    if scratch.shape[1] < len(idx):
+        scratch = np.empty((2, len(idx), logits.shape[1]), np.float32)
+    log_probs = log_softmax(logits[idx[0]:idx[-1] + 1] if idx == list(range(idx[0], idx[-1] + 1))
+                            else logits[idx], scratch[0, :len(idx)], scratch[1, :len(idx)])
+    ids = log_probs.argmax(-1)
+    return ids, log_probs[np.arange(len(ids)), ids], probs, scratch
+
+
+def _pick_gpu(backend, masks, feed, gen, groups, sot, no_speech_id):
+    """_pick_host's figures from the GPU's TokenSelect (step_rows_select): the filters as masks, 16 bytes a row back."""
+    control = ts_op.control(len(feed), backend.n_vocab)
+    for flt, step, idx, seq in groups:
+        control[idx] = masks[id(flt)].control(step, seq)
+    control[[r for r, _ in sot], ts_op.NO_SPEECH] = no_speech_id
+    sel = backend.step_rows_select(feed, next(iter(masks.values())).bits, control)
+    probs = [float(np.exp(sel[r, 2] - sel[r, 3])) for r, _ in sot]       # exp(log_softmax(logits)[no_speech])
+    idx = [r for r, _, _ in gen]
+    return sel[idx, 0].astype(np.int64), sel[idx, 1], probs
 
 
 def generate_with_fallback(backend, tokenizer, prompt, options: TranscriptionOptions, suppress_blank_ids,

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-NEG = np.finfo(np.float32).min        # a suppressed token's logit
+from ..ops import token_select as ts_op
+
+NEG = ts_op.NEG                       # a suppressed token's logit: float32's lowest
 
 
 def log_softmax(x: np.ndarray, out: np.ndarray | None = None, work: np.ndarray | None = None) -> np.ndarray:
@@ -103,30 +105,74 @@ class TimestampRules:
         self.begin, self.end = timestamp_begin, timestamp_end
         self.max_initial = max_initial_timestamp_id
 
+    def rules(self, step: int, row) -> tuple:
+        """(the [lo, hi) id ranges suppressed, whether the text-or-timestamp check applies) for a row whose tokens so
+        far are row[:step]; <|notimestamps|> is suppressed besides."""
+        begin, end = self.begin, self.end
+        if step == 0:
+            return [(0, begin), (self.max_initial + 1, end + 1)], False
+        last = int(row[step - 1])
+        if last >= begin:
+            penultimate = int(row[step - 2]) if step - 1 > 0 else last
+            if penultimate >= begin:              # a pair closed: text must follow
+                return [(begin, end + 1)], False
+            return [(0, self.eot), (begin, last)], True   # text then one timestamp: <|endoftext|> or a later one
+        ts = row[:step][row[:step] >= begin]      # no timestamp before (or equal to) the last one
+        return ([(begin, int(ts[-1]) + 1)] if len(ts) else []), True
+
     def __call__(self, logits, step, seq):
         begin, end = self.begin, self.end
         check = []
         for r in range(logits.shape[0]):
             logits[r, self.no_timestamps] = NEG
-            if step == 0:
-                logits[r, :begin] = NEG
-                logits[r, self.max_initial + 1:end + 1] = NEG
-                continue
-            last = int(seq[r, step - 1])
-            if last >= begin:
-                penultimate = int(seq[r, step - 2]) if step - 1 > 0 else last
-                if penultimate >= begin:          # a pair closed: text must follow
-                    logits[r, begin:end + 1] = NEG
-                else:                             # text then one timestamp: <|endoftext|> or a later timestamp
-                    logits[r, :self.eot] = NEG
-                    logits[r, begin:last] = NEG
-                    check.append(r)
-            else:
+            ranges, checked = self.rules(step, seq[r])
+            for lo, hi in ranges:
+                logits[r, lo:hi] = NEG
+            if checked:
                 check.append(r)
-                ts = seq[r, :step][seq[r, :step] >= begin]
-                if len(ts):                       # no timestamp before (or equal to) the last one
-                    logits[r, begin:int(ts[-1]) + 1] = NEG
         for r in check:
             lp = log_softmax(logits[r])
             if logsumexp(lp[begin:end + 1]) > lp[:begin].max():
                 logits[r, :begin] = NEG
+
+
+class GpuMasks:
+    """A decode's filters as the inputs of TokenSelect (minirt/ops/token_select.py), greedy decoding's pick on the GPU:
+    `bits`, SuppressTokens' ids (the same every step), and control(step, seq), each row's SuppressBlank ids (step 0),
+    TimestampRules' <|notimestamps|>, ranges and check (TimestampRules.rules) and the split of text from timestamps.
+    Only filters that set logits to NEG at a few ids and ranges decided from the tokens so far are masks: the
+    repetition penalty rescales logits and no_repeat_ngram bans any number of ids, so a decode with either keeps the
+    host path (of() gives None), as do sampling and beam search, which need every log-probability."""
+
+    def __init__(self, filters, vocab: int):
+        self.vocab = int(vocab)
+        self.rules = next((f for f in filters if isinstance(f, TimestampRules)), None)
+        self.blank = sorted({int(i) for f in filters if isinstance(f, SuppressBlank) for i in f.ids})
+        self.bits = ts_op.suppress_bits([int(i) for f in filters if isinstance(f, SuppressTokens) for i in f.ids],
+                                        self.vocab)
+
+    @classmethod
+    def of(cls, filters, vocab: int):
+        """GpuMasks of these filters, or None where one is not a mask or they need more ids than a row holds."""
+        if any(not isinstance(f, (SuppressTokens, SuppressBlank, TimestampRules)) for f in filters) or \
+                sum(isinstance(f, TimestampRules) for f in filters) > 1:
+            return None
+        m = cls(filters, vocab)
+        if len(m.blank) + (m.rules is not None) > ts_op.N_IDS or (m.rules and m.rules.end != m.vocab - 1):
+            return None
+        return m
+
+    def control(self, step: int, seq) -> np.ndarray:
+        """TokenSelect's control rows for rows at generation step `step` whose tokens so far are seq [rows, step]."""
+        c = ts_op.control(len(seq), self.vocab)
+        ids = self.blank if step == 0 else []
+        if self.rules is not None:
+            ids = ids + [self.rules.no_timestamps]
+            c[:, ts_op.BEGIN] = self.rules.begin
+            for r in range(len(seq)):
+                ranges, check = self.rules.rules(step, seq[r])
+                for k, (lo, hi) in enumerate(ranges):
+                    c[r, ts_op.RANGES + 2 * k:ts_op.RANGES + 2 * k + 2] = lo, hi
+                c[r, ts_op.CHECK] = check
+        c[:, ts_op.IDS:ts_op.IDS + len(ids)] = ids
+        return c

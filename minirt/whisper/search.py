@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .filters import log_softmax
+from .filters import GpuMasks, log_softmax
 
 
 @dataclass
@@ -45,8 +45,14 @@ def _sample(log_probs: np.ndarray, temperature: float, rng: np.random.Generator)
 def greedy(backend, first_logits, filters, eot: int, max_length: int, temperature: float = 0.0,
            num_hypotheses: int = 1, length_penalty: float = 1.0, rng=None) -> list:
     """Greedy decoding (temperature 0) or sampling (temperature > 0, num_hypotheses independent rows, best
-    first). Returns [Hypothesis]. The backend's cache holds the prompt as one row on entry."""
+    first). Returns [Hypothesis]. The backend's cache holds the prompt as one row on entry. Greedy decoding of one
+    row picks the tokens after the first on the GPU where the backend offers it (gpu_select: step_select) and every
+    filter is a mask (filters.GpuMasks): only the pick comes back, the same tokens as the host's, scores equal to
+    float32 rounding (the GPU sums in another order). Sampling needs every probability: the host path."""
     n = int(num_hypotheses)
+    masks = None
+    if temperature == 0 and n == 1 and getattr(backend, "gpu_select", False) and hasattr(backend, "step_select"):
+        masks = GpuMasks.of(filters, backend.n_vocab)
     if n > 1:
         backend.reorder(np.zeros(n, np.int64))
     if temperature > 0 and rng is None:
@@ -57,15 +63,19 @@ def greedy(backend, first_logits, filters, eot: int, max_length: int, temperatur
     tokens = [[] for _ in range(n)]
     totals = [np.float32(0)] * n
     for step in range(max_length):
-        if step > 0:
-            logits = np.array(backend.step(seq[:, -1]), np.float32)
-        _apply(filters, logits, step, seq)
-        log_probs = log_softmax(logits)
-        if temperature > 0:
-            ids = _sample(log_probs, temperature, rng)
+        if step > 0 and masks is not None:
+            sel = backend.step_select(seq[:, -1], masks.bits, masks.control(step, seq))
+            ids, scores = sel[:, 0].astype(np.int64), sel[:, 1]
         else:
-            ids = log_probs.argmax(-1)
-        scores = log_probs[np.arange(len(ids)), ids]
+            if step > 0:
+                logits = np.array(backend.step(seq[:, -1]), np.float32)
+            _apply(filters, logits, step, seq)
+            log_probs = log_softmax(logits)
+            if temperature > 0:
+                ids = _sample(log_probs, temperature, rng)
+            else:
+                ids = log_probs.argmax(-1)
+            scores = log_probs[np.arange(len(ids)), ids]
         seq = np.concatenate([seq, ids[:, None]], axis=1)
         keep = []
         for r, h in enumerate(alive):

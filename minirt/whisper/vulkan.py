@@ -1,5 +1,5 @@
-"""A DecoderBackend whose encoder and decoder run on Vulkan: a minirt Program (minirt/program.py) of three entry
-points over state tensors that stay on the GPU (minirt/whisper/decoder_graph.py):
+"""A DecoderBackend whose encoder and decoder run on Vulkan: a minirt Program (minirt/program.py) of entry points
+over state tensors that stay on the GPU (minirt/whisper/decoder_graph.py):
 
   encode(features)  the encode entry point: the encoder, then every decoder layer's cross-attention keys and values
                     into state; nothing comes back.
@@ -14,10 +14,15 @@ points over state tensors that stay on the GPU (minirt/whisper/decoder_graph.py)
                     positions, goes a token at a time through step1.
   reorder(rows)     the reorder entry point (a gather of cache rows on the GPU), or nothing where rows only drops
                     the last rows.
+  step_select(tokens, suppress, control)
+                    step1_select: a one-row step and greedy decoding's pick of the next token on the GPU
+                    (TokenSelect, the logit filters as masks: filters.GpuMasks); only the token id, its
+                    log-probability and the no-speech figures come back, 16 bytes instead of the logits.
 
 A batch of independent sequences (BatchDecoder in backend.py: many windows decoded together, each at its own
 position, finishing on its own) runs on entry points of its own (decoder_graph.batch_graphs: bencode, bstepN,
-breorder) over state of its own, planned at construction (max_items) or by add_batch() when first needed.
+bstepN_select for step_rows_select, breorder) over state of its own, planned at construction (max_items) or by
+add_batch() when first needed.
 
 The cache holds max_batch rows (the most a search uses: beam_size, or best_of when sampling; 5 by default). The step
 entry points share their weights on the GPU (minirt/program.py). At precision fp16 every plan runs its kernels' half
@@ -31,6 +36,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import UnsupportedError
+from ..ops import token_select as ts_op
 from . import decoder_graph
 
 
@@ -63,10 +69,12 @@ class VulkanBackend:
     fp32 arithmetic; it overrides options' precision); device: a Vulkan device index or UUID (None: the default
     one); max_batch: cache rows; max_items: sequences of a batch (BatchDecoder; 0: none until add_batch()); options:
     minirt Session options for planning (the storage is buffer); profile: GPU time per dispatch
-    (self.program.dispatch_times(entry))."""
+    (self.program.dispatch_times(entry)); gpu_select (an attribute too): greedy decoding at temperature 0
+    (decoding.generate_batch, search.greedy) picks each step's tokens on the GPU where its filters are masks
+    (step_select, step_rows_select); False: every step's logits come back and the host picks (to compare)."""
 
     def __init__(self, weights: dict, config: dict, precision: str = "fp32", device=None, max_batch: int = 5,
-                 options=None, profile=False, max_items: int = 0):
+                 options=None, profile=False, max_items: int = 0, gpu_select: bool = True):
         from ..options import Options
         from ..program import Program
         from ..session import get_device
@@ -78,6 +86,7 @@ class VulkanBackend:
         self.n_mels, self.n_vocab, self.n_text_ctx = dm.n_mels, dm.n_vocab, dm.n_text_ctx
         self.multilingual = self.n_vocab >= 51865
         self.max_batch = int(max_batch)
+        self.gpu_select = bool(gpu_select)
         # the step entry point (and its rows) for each row count 1 .. max_batch: the smallest that holds them
         sizes = sorted({1, self.max_batch})
         self._entries = [None] + [next((decoder_graph.step_entry(n), n) for n in sizes if n >= r)
@@ -138,6 +147,15 @@ class VulkanBackend:
         self._row_item, self._row_len = items, [0] * len(items)
 
     def step_rows(self, tokens: np.ndarray) -> np.ndarray:
+        return self._step_rows(tokens)[:, 0]
+
+    def step_rows_select(self, tokens: np.ndarray, suppress: np.ndarray, control: np.ndarray) -> np.ndarray:
+        """step_rows(), then greedy decoding's pick from each row's logits on the GPU (bstepN_select: TokenSelect,
+        minirt/ops/token_select.py), the logit filters as masks (suppress and control [rows, CONTROL] int32:
+        filters.GpuMasks): [rows, 4] float32, the token id, its log-probability and the no-speech figures."""
+        return self._step_rows(tokens, (suppress, control))
+
+    def _step_rows(self, tokens, select=None):
         tokens = np.asarray(tokens).reshape(-1)
         n = len(self._row_item)
         if not n or len(tokens) != n:
@@ -152,9 +170,9 @@ class VulkanBackend:
         params.update({f"item.{r}": 0 for r in range(rows)})
         for r in range(n):
             params[f"pos.{r}"], params[f"item.{r}"] = self._row_len[r], self._row_item[r]
-        logits = self.program.run(f"bstep{rows}", {"tokens": full}, params)["logits"]
+        out = self._run(f"bstep{rows}", {"tokens": full}, params, select, n)
         self._row_len = [k + 1 for k in self._row_len]
-        return logits[:n, 0]
+        return out[:n]
 
     def reorder_rows(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, np.int64).reshape(-1)
@@ -215,6 +233,14 @@ class VulkanBackend:
             raise ValueError(f"step() got {len(tokens)} tokens for a batch of {self._batch}")
         return self._step(tokens)
 
+    def step_select(self, tokens: np.ndarray, suppress: np.ndarray, control: np.ndarray) -> np.ndarray:
+        """step() of one row, then greedy decoding's pick from its logits on the GPU (step1_select), as
+        step_rows_select: [1, 4] float32."""
+        tokens = np.asarray(tokens).reshape(-1)
+        if self._batch != 1 or len(tokens) != 1:
+            raise ValueError(f"step_select() takes one token for a batch of 1, got {len(tokens)} for {self._batch}")
+        return self._step(tokens, (suppress, control))
+
     def reorder(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, np.int64).reshape(-1)
         n = len(rows)
@@ -230,16 +256,31 @@ class VulkanBackend:
         self._batch = n
 
     # -- the rest --------------------------------------------------------------------------------------------
-    def _step(self, tokens):
+    def _step(self, tokens, select=None):
         if self._len >= self.n_text_ctx:
             raise ValueError(f"the decoder has {self.n_text_ctx} positions; {self._len + 1} needed")
         self._check_tokens(min(tokens), max(tokens))
         entry, rows = self._entries[len(tokens)]
         full = np.zeros((rows, 1), np.int32)
         full[:len(tokens), 0] = tokens
-        logits = self.program.run(entry, {"tokens": full}, {"pos": self._len})["logits"]
+        out = self._run(entry, {"tokens": full}, {"pos": self._len}, select, len(tokens))
         self._len += 1
-        return logits[:len(tokens), 0]
+        return out[:len(tokens)] if select else out[:len(tokens), 0]
+
+    def _run(self, entry, feeds, params, select, n):
+        """Step entry point `entry`'s logits, or with select = (suppress, control rows of the n live rows) its
+        _select entry point's selection (the padding rows' control suppresses nothing)."""
+        if select is None:
+            return self.program.run(entry, feeds, params)["logits"]
+        suppress, control = select
+        control = np.asarray(control)
+        rows = self.plans[entry].tensors["tokens"].shape[0]
+        if control.shape != (n, ts_op.CONTROL):
+            raise ValueError(f"control must be [{n}, {ts_op.CONTROL}] for {n} rows, got {list(control.shape)}")
+        full = ts_op.control(rows, self.n_vocab)
+        full[:n] = control
+        feeds = dict(feeds, suppress=suppress, select=full)
+        return self.program.run(decoder_graph.select_entry(entry), feeds, params)["selection"]
 
     def _prompt(self, prompt, positions):
         self._check_tokens(min(prompt), max(prompt))

@@ -80,8 +80,8 @@ class Attention(Op):
     limits = (f"internal, made by the fuse_attention pass (Session option fuse_attention=False turns it off); "
               f"head dim a multiple of 4 up to {MAX_HEAD_DIM}; an additive float mask broadcasting to [B, H, Tq, Tk] "
               f"(masks are computed on the host, causal ones too); at fp16 on cooperative matrices where the device has them "
-              f"(with a mask only where the registers' layout is known: attention_cmr); at fp32 with fp32_precision=f16x3 "
-              f"attention_cmr's split variant where that kernel's conditions hold")
+              f"(with a mask only where the registers' layout is known: attention_cmr); at fp32 with "
+              f"fp32_precision=f16x3 attention_cmr's split variant where that kernel's conditions hold")
 
     def infer(self, node, ins):
         q, k, v = (t.shape for t in ins[:3])

@@ -26,8 +26,9 @@
 //
 // SPLIT3 (dtype=f16x3; Session option fp32_precision="f16x3"): fp32 attention from split operands. q, k, v, the mask
 // and out are float32; each operand x is taken as (hi + lo 2^-11) 2^-s, hi and lo fp16 (split3.glslh), and of the four
-// products hi hi + (hi lo + lo hi) 2^-11 are kept (lo lo lies below fp32's rounding), each sum in its own fresh
-// accumulators, combined in fp32 outside the matrix unit. The powers of two s, chosen where the values are staged:
+// products hi hi + (hi lo + lo hi) 2^-11 are kept (lo lo: at most 2^-22 of the product, mostly far less), each sum in
+// its own fresh accumulators, combined in fp32 outside the matrix unit. The powers of two s, chosen where the values
+// are staged:
 //   Q per query row and K per key (the largest |x| of the row's DH values, over the DH / 4 lanes that stage it, into
 //     [2^14, 2^15)): S = Q K^T is then scaled back element by element, 2^-(s_row + s_key), exact;
 //   V per key likewise; since a key's scale cannot be taken out of the sum over keys, it goes into P instead: P's

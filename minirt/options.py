@@ -153,10 +153,10 @@ class Options:
                           "fp32, or fp16: weights and activations in 16-bit storage, fp32 arithmetic; inputs and "
                           "outputs stay float32", "any with 16-bit storage buffers")
     fp32_precision: str = _opt("ieee", _choice(FP32_PRECISIONS),
-                               "how fp32 GEMMs (Linear layers, im2col convs) multiply: ieee (fp32 arithmetic), or "
-                               "f16x3 (each operand split into fp16 hi + lo parts, three products on the tensor "
-                               "cores, fp32 accumulation: fp32's accuracy, docs/usage.md); where it cannot run, "
-                               "ieee, with a plan note; precision fp32 only",
+                               "how fp32 GEMMs (Linear layers, im2col convs) and attention multiply: ieee (fp32 "
+                               "arithmetic), or f16x3 (each operand split into fp16 hi + lo parts, three products on "
+                               "the tensor cores, fp32 accumulation and softmax: about fp32's accuracy, "
+                               "docs/usage.md); where it cannot run, ieee, with a plan note; precision fp32 only",
                                "devices with VK_KHR_cooperative_matrix in NVIDIA's 'mma' layout (coopmat=emulate: any)")
     storage: str = _opt("auto", _choice(STORAGES),
                         "where activations live: auto (textures on Adreno, Mali and PowerVR, buffers elsewhere), "

@@ -94,7 +94,8 @@ def test_split_pack_places_hi_then_lo_per_slice_and_column_block():
 
 def test_whisper_gemms_take_the_split_kernel_on_h200():
     """Every GEMM of the encoder (its linears and both convs) on linear_cmreg*_f16x3 at fp32, with float16 split
-    weights and float32 column scales in the plan and a note each; nothing else changes kernel."""
+    weights and float32 column scales in the plan and a note each, and its attention on attention_cmr_khr_f16x3
+    (tests/test_attention_f16x3.py); nothing else changes kernel."""
     model = we.build_whisper_encoder("tiny", layers=1, seed=2)
     plan, ieee = _plan(model), _plan(model, fp32_precision="ieee")
     gemms = _gemms(plan)
@@ -110,9 +111,10 @@ def test_whisper_gemms_take_the_split_kernel_on_h200():
     assert [d.kernel for d in ieee.dispatches if d.kernel.startswith("linear_t")]    # the ieee path is SIMT
     default = _plan(model, fp32_precision="ieee", coopmat="auto")
     assert [d.kernel for d in default.dispatches] == [d.kernel for d in ieee.dispatches]
-    # everything but the GEMMs (and the weights they read) is the ieee plan's
-    rest = [d.kernel for d in plan.dispatches if d not in gemms]
-    assert rest == [d.kernel for d in ieee.dispatches if not d.kernel.startswith("linear_t")]
+    assert [d.kernel for d in plan.dispatches if d.op == "Attention"] == ["attention_cmr_khr_f16x3"]
+    # everything but the GEMMs (and the weights they read) and the attention is the ieee plan's
+    rest = [d.kernel for d in plan.dispatches if d not in gemms and d.op != "Attention"]
+    assert rest == [d.kernel for d in ieee.dispatches if not d.kernel.startswith("linear_t") and d.op != "Attention"]
 
 
 def test_where_it_does_not_apply_the_ieee_kernel_with_a_note():
@@ -260,8 +262,9 @@ def test_gelu_epilogue_and_determinism():
 @pytest.mark.unoptimized
 @pytest.mark.parametrize("mode", MODES)
 def test_whisper_encoder_against_onnxruntime(mode):
-    """A small Whisper encoder (its convs and linears all on the split kernel) against onnxruntime's fp32: cosine
-    >= 0.99999 and max |error| <= 1e-3 max |reference|; the same output in every run."""
+    """A small Whisper encoder (its convs and linears all on the split kernel, its attention on attention_cmr's split
+    variant) against onnxruntime's fp32: cosine >= 0.99999 and max |error| <= 1e-3 max |reference|; the same output
+    in every run."""
     p = _device_or_skip(mode)
     # on a CPU device (the emulation: seconds) a narrower encoder, d_model 64 in one head, its convs routed to the GEMM
     # as the full-width ones are
@@ -274,6 +277,8 @@ def test_whisper_encoder_against_onnxruntime(mode):
     with Session(model, storage="buffer", options=options) as s:
         gemms = _gemms(s.plan)
         assert len(gemms) == 2 + 4 * layers and all(d.kernel.endswith("_f16x3") for d in gemms)
+        attn = [d.kernel for d in s.plan.dispatches if d.op == "Attention"]
+        assert attn == [f"attention_cmr_{'emu' if mode == 'emulated' else 'khr'}_f16x3"] * layers, attn
         outs = [s.run(x) for _ in range(3)]
     assert len({o.tobytes() for o in outs}) == 1
     y = outs[0].astype(np.float64).ravel()

@@ -11,8 +11,9 @@ Prints a table with ratios and writes JSON.
 
 fp16 accuracy is reported against minirt's own fp32 result (relative L2 error and cosine).
 --fp32-precision SCHEME[,SCHEME]: minirt at fp32 again with the Session option fp32_precision=SCHEME (the fp32 GEMMs on
-tensor cores from split operands), after the ieee run in the same process: its GPU time and the ratio to ieee's, its
-accuracy against ieee and onnxruntime, its GEMMs.
+tensor cores from split operands, and with f16x3 the attention too), after the ieee run in the same process: its GPU
+time and the ratio to ieee's, its accuracy against ieee and onnxruntime, its attention's GPU time a layer beside ieee's
+(per-dispatch stamps), its GEMMs.
 
 Below each table, the encoder's GEMMs from the run with a stamp after every dispatch: each role's time a layer (the
 GEMM dispatch alone, then with the pass that adds its K splits, which also does the next LayerNorm where one follows)
@@ -149,6 +150,17 @@ def gemm_figures(dispatches, d_model, frames=1500):
                 e["flops"].append(rec["flops"])
                 last = e
     return roles, front
+
+
+def attention_us(dispatches):
+    """{node: (GPU us, kernels)} of the attention dispatches (the kernel and any combine pass after a key split), per
+    Attention node in dispatch order, from the per-dispatch medians."""
+    out = {}
+    for rec in dispatches:
+        if rec["kernel"].startswith("attention"):
+            us, kernels = out.get(rec["node"], (0.0, []))
+            out[rec["node"]] = (us + rec["gpu_us"], kernels + [rec["kernel"]])
+    return out
 
 
 def cublas_times(roles, precision, runs):
@@ -455,6 +467,13 @@ def print_split(r, scheme):
                      f"(ieee {ieee['cosine_vs_onnxruntime']:.9f}), max |diff| {m['max_abs_diff_vs_onnxruntime']:.3g} "
                      f"(ieee {ieee['max_abs_diff_vs_onnxruntime']:.3g}) of max |y| {m['max_abs_onnxruntime']:.3g}")
     print("; ".join(extra))
+    mine, theirs = attention_us(m.get("dispatch_us", [])), attention_us(ieee.get("dispatch_us", []))
+    if mine and theirs:
+        kernels = sorted({k for _, ks in mine.values() for k in ks})
+        print(f"attention (per-dispatch stamps), us a layer: {scheme} "
+              f"{' / '.join(f'{us:.1f}' for us, _ in mine.values())} ({'+'.join(kernels)}); ieee "
+              f"{' / '.join(f'{us:.1f}' for us, _ in theirs.values())} "
+              f"({'+'.join(sorted({k for _, ks in theirs.values() for k in ks}))})")
     if m.get("gemms"):
         print_gemms(m)
 

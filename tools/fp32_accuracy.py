@@ -8,8 +8,8 @@ runs. By default the model is the Whisper tiny encoder with seeded random weight
   python tools/fp32_accuracy.py --layers 1 --frames 200 --option coopmat=emulate      # any device (slow)
 
 Per scheme: max |y - ref| / max |ref|, relative L2 error and cosine against float64, the same against onnxruntime
-where it runs the model, the kernels that did the GEMMs, and the distinct outputs over --runs runs. The float64
-run computes every op in float64 from the same float32 weights and input."""
+where it runs the model, the kernels that did the GEMMs and the attention, and the distinct outputs over --runs runs.
+The float64 run computes every op in float64 from the same float32 weights and input."""
 from __future__ import annotations
 
 import argparse
@@ -82,14 +82,15 @@ def main(argv=None):
         print(f"  {'onnxruntime fp32':<16} vs float64: {errors(ort, ref)}")
     for scheme in a.schemes.split(","):
         with Session(model, storage="buffer", options={**options, "fp32_precision": scheme, "poison": True}) as s:
-            kernels = sorted({d.kernel for d in s.plan.dispatches if d.kernel.startswith(("linear", "gemm"))})
+            kernels = sorted({d.kernel for d in s.plan.dispatches
+                              if d.kernel.startswith(("linear", "gemm", "attention"))})
             outs = [s.run(x) for _ in range(a.runs)]
         y = outs[0]
         print(f"  {scheme:<16} vs float64: {errors(y, ref)}")
         if ort is not None:
             print(f"  {'':<16} vs onnxruntime: {errors(y, ort)}")
-        print(f"  {'':<16} {len({o.tobytes() for o in outs})} distinct output(s) in {a.runs} runs; GEMM kernels: "
-              f"{', '.join(kernels)}")
+        print(f"  {'':<16} {len({o.tobytes() for o in outs})} distinct output(s) in {a.runs} runs; GEMM and attention "
+              f"kernels: {', '.join(kernels)}")
     return 0
 
 

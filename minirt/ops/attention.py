@@ -80,7 +80,8 @@ class Attention(Op):
     limits = (f"internal, made by the fuse_attention pass (Session option fuse_attention=False turns it off); "
               f"head dim a multiple of 4 up to {MAX_HEAD_DIM}; an additive float mask broadcasting to [B, H, Tq, Tk] "
               f"(masks are computed on the host, causal ones too); at fp16 on cooperative matrices where the device has them "
-              f"(with a mask only where the registers' layout is known: attention_cmr)")
+              f"(with a mask only where the registers' layout is known: attention_cmr); at fp32 with "
+              f"fp32_precision=f16x3 attention_cmr's split variant where that kernel's conditions hold")
 
     def infer(self, node, ins):
         q, k, v = (t.shape for t in ins[:3])
@@ -129,6 +130,12 @@ class Attention(Op):
     def lower(self, node, ctx):
         dh = ctx.t(node.inputs[0]).shape[-1] // attr(node, "heads", 1)
         masked = len(node.inputs) > 3
+        scheme = ctx.options.fp32_precision
+        if scheme != "ieee" and not ctx.half:     # fp32 from split operands on tensor cores (attention_cmr f16x3)
+            why = attention_cmr.split_problem(ctx, dh)
+            if why is None:
+                return attention_cmr.lower(node, ctx, split=True)
+            ctx.note(f"fp32_precision {scheme} not applied to attention ({why}): the fp32 SIMT kernel")
         if attention_cmr.usable(ctx, dh):      # the softmax in registers, where the element layout allows
             return attention_cmr.lower(node, ctx)
         if masked and attention_cm.usable(ctx, dh):

@@ -137,11 +137,12 @@ def lower(node, ctx):
          SUBGROUP * nr * ks, qblocks, S)
 
 
-def emit(ctx, stem, emulate, node, consts, local, qblocks, S, mask_binding=False):
+def emit(ctx, stem, emulate, node, consts, local, qblocks, S, mask_binding=False, dtype=None):
     """The attention dispatch of a cooperative-matrix kernel (attention_cm.comp, attention_cmr.comp: the same bindings
     and push constants; impl=emu where `emulate`) with `local` invocations a work group, and where S > 1 its split
     partials and the combine pass. consts(split) gives the kernel's specialization constants. mask_binding: the kernel
-    has attention_cmr.comp's binding 4 and push constants for a mask (q stands in where the node has none)."""
+    has attention_cmr.comp's binding 4 and push constants for a mask (q stands in where the node has none). dtype: the
+    kernel's dtype variant at fp32 (attention_cmr's f16x3)."""
     out, q, k, v = ctx.t(node.outputs[0]), *(ctx.t(i) for i in node.inputs[:3])
     heads, scale = attr(node, "heads", 1), float(attr(node, "scale", 1.0))
     B, Tq, D = q.shape
@@ -149,7 +150,7 @@ def emit(ctx, stem, emulate, node, consts, local, qblocks, S, mask_binding=False
     dh = D // heads
     push = Push().ivec4(Tq, Tk, heads, D // 4).vec4(scale * math.log2(math.e))
     flops = 4 * B * heads * Tq * Tk * dh
-    axes = {"impl": "emu" if emulate else "khr"}
+    axes = {"impl": "emu" if emulate else "khr", **({"dtype": dtype} if dtype else {})}
     masked = len(node.inputs) > 3
     extra, tail = [], Push()
     if mask_binding:

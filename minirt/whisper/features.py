@@ -45,14 +45,34 @@ def mel_filters(n_mels: int, sample_rate: int = SAMPLE_RATE, n_fft: int = N_FFT)
 _WINDOW = np.hanning(N_FFT + 1)[:-1].astype(np.float32)
 
 
+_RFFT_OUT = np.lib.NumpyVersion(np.__version__) >= "2.0.0"      # rfft(out=) and float32 transforms
+_BLOCK = 256                         # frames a block of the STFT: its temporaries stay in cache
+
+
 def _mel(padded: np.ndarray, filters: np.ndarray) -> np.ndarray:
     """[n_mels, n_frames] mel power of the frames of an already padded float32 signal (every frame, the caller
-    drops what it does not want)."""
+    drops what it does not want).
+
+    The STFT runs a block of frames at a time into one power array: the same values as one whole-signal rfft (each
+    frame's transform is its own), but whole-signal temporaries are fresh memory, and faulting it in costs more
+    than the FFT on a VM and serialises threads that compute several files at once. The matmul sees the layout the
+    whole-signal form gave it, so its sums are the same too."""
     n_frames = 1 + (len(padded) - N_FFT) // HOP_LENGTH
     frames = np.lib.stride_tricks.as_strided(padded, (n_frames, N_FFT),
                                              (padded.strides[0] * HOP_LENGTH, padded.strides[0]))
-    spec = np.fft.rfft(frames * _WINDOW, n=N_FFT, axis=-1).astype(np.complex64).T
-    return filters @ (np.abs(spec) ** 2)
+    power = np.empty((n_frames, N_FFT // 2 + 1), np.float32)
+    windowed = np.empty((min(_BLOCK, n_frames), N_FFT), np.float32)
+    spec = np.empty((len(windowed), N_FFT // 2 + 1), np.complex64)
+    for f in range(0, n_frames, _BLOCK):
+        n = min(_BLOCK, n_frames - f)
+        np.multiply(frames[f:f + n], _WINDOW, out=windowed[:n])
+        if _RFFT_OUT:
+            np.fft.rfft(windowed[:n], n=N_FFT, axis=-1, out=spec[:n])
+        else:           # numpy 1.x transforms in float64, as faster-whisper's call does there
+            spec[:n] = np.fft.rfft(windowed[:n], n=N_FFT, axis=-1)
+        np.abs(spec[:n], out=power[f:f + n])
+        np.square(power[f:f + n], out=power[f:f + n])
+    return filters @ power.T
 
 
 class ArraySamples:
@@ -132,7 +152,7 @@ class LogMel:
         else:               # the last chunk of long audio: reflect the end (chunks after the first are >= 1 window)
             padded = np.pad(self._ext(s0, self._n_ext), (0, s1 - self._n_ext), mode="reflect")
         mel = _mel(np.ascontiguousarray(padded, np.float32), self.filters)[:, :f1 - f0]
-        return np.log10(np.maximum(mel, np.float32(1e-10)))
+        return np.log10(np.maximum(mel, np.float32(1e-10), out=mel), out=mel)
 
     def frames(self, start: int, count: int) -> np.ndarray:
         """[n_mels, count] normalised log-mel frames from `start`."""

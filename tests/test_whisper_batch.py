@@ -199,6 +199,24 @@ def test_transcribe_batch_errors(model):
         pipe.transcribe(audio[0], batch_size=8, beam_size=1)
 
 
+def test_transcribe_batch_features_in_threads(model, tmp_path):
+    """The log-mels run in the feature threads with BLAS held to one thread: a file that cannot be read fails the
+    call with its name, the BLAS limit is given back, and the next call transcribes."""
+    from minirt.errors import InputError
+    from minirt.whisper.reference import _blas_controller
+    audio = clips(3)
+    missing = str(tmp_path / "missing.wav")
+    ctl = _blas_controller()
+    before = [m["num_threads"] for m in ctl.select(user_api="blas").info()] if ctl else None
+    with pytest.raises((InputError, OSError), match="missing.wav"):
+        model.transcribe_batch([audio[0], missing, audio[2]], beam_size=1, max_new_tokens=5)
+    if ctl:
+        assert [m["num_threads"] for m in ctl.select(user_api="blas").info()] == before
+    got = model.transcribe_batch(audio, beam_size=1, temperature=0.0, max_new_tokens=5)
+    want = [[s.tokens for s in model.transcribe(a, beam_size=1, temperature=0.0, max_new_tokens=5)[0]] for a in audio]
+    assert [[s.tokens for s in segs] for segs, _ in got] == want
+
+
 def test_the_pipeline_cuts_long_audio_into_30s_chunks(model):
     from minirt.whisper import BatchedInferencePipeline
     audio = np.concatenate(clips(5)[2:])                  # 67 s: chunks of 30, 30 and 7 s

@@ -29,7 +29,8 @@ TILES = ((4, 32), (4, 16), (2, 32), (2, 16), (1, 32), (1, 16))
 # allow 5; taken for every tile (16 / NR groups). Measured: tiny's 144 (query block, head) groups split 3 ways (432 in
 # one wave of 528) 36.0 us, 4 ways (576) 38.6; base's 192 split 2 ways 40.3, 3 ways (576) 50.5.
 REGISTERS_PER_INVOCATION = 128
-# The f16x3 variant: not measured yet. Taken as the most NVIDIA's driver gives an invocation (it holds Q's two parts, the
+# The f16x3 variant (H100: 133.9 us at tiny's shape against the fp32 kernel's 135.6, docs/benchmarks.md), its register
+# count taken as the most NVIDIA's driver gives an invocation (it holds Q's two parts, the
 # block's S and its corrections, P's two parts, O and the block's two P V sums), so that key splits never count on
 # more resident groups than the registers may hold; tools/dev/occupancy.py on an H200 gives the real figure.
 SPLIT_REGISTERS_PER_INVOCATION = 255

@@ -8,24 +8,13 @@ from __future__ import annotations
 
 import mmap
 import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..pools import pool
+
 PARALLEL_BYTES = 4 << 20        # at and above this, copies and page faulting are split over the threads
 THREADS = max(1, min(4, os.cpu_count() or 1))
-
-_pool = None
-_pool_lock = threading.Lock()
-
-
-def _threads() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(THREADS, thread_name_prefix="minirt-copy")
-        return _pool
 
 
 def _chunks(nbytes: int, itemsize: int):
@@ -40,7 +29,7 @@ def copy(dst: np.ndarray, src: np.ndarray) -> None:
     if dst.nbytes < PARALLEL_BYTES or THREADS == 1:
         np.copyto(dst, src, casting="no")
         return
-    list(_threads().map(lambda r: np.copyto(dst[r[0]:r[1]], src[r[0]:r[1]], casting="no"),
+    list(pool("minirt-copy", THREADS).map(lambda r: np.copyto(dst[r[0]:r[1]], src[r[0]:r[1]], casting="no"),
                         _chunks(dst.nbytes, dst.itemsize)))
 
 
@@ -52,6 +41,6 @@ def touch(b: np.ndarray) -> None:
     if b.nbytes < PARALLEL_BYTES or THREADS == 1:
         one((0, b.size))
     else:
-        list(_threads().map(one, _chunks(b.nbytes, 1)))
+        list(pool("minirt-copy", THREADS).map(one, _chunks(b.nbytes, 1)))
     if b.size:
         b[-1] = 0

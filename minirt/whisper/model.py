@@ -12,12 +12,11 @@ import inspect
 import logging
 import os
 import sys
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 
+from ..pools import pool
 from .audio_input import SAMPLE_RATE, audio_samples
 from .checkpoint import load_checkpoint
 from .decoding import TranscriptionOptions
@@ -166,9 +165,9 @@ class WhisperModel:
         # held to one thread meanwhile (process-wide, through threadpoolctl where installed): OpenBLAS's own
         # threads, called from several threads at once, spin against each other and took the parallel run back to
         # the serial time on a 16-core host. Its sums do not depend on its thread count at these shapes.
-        pool = _feature_pool()
+        threads = pool("minirt-mel", min(_FEATURE_THREADS, os.cpu_count() or 1))
         with blas_threads(1 if len(audio) > 1 else None):
-            mels = [pool.submit(lambda a: LogMel(audio_samples(a), self.n_mels), a) for a in audio]
+            mels = [threads.submit(lambda a: LogMel(audio_samples(a), self.n_mels), a) for a in audio]
             try:
                 setups = [self._setup(a, dict(kw), mel.result) for a, mel in zip(audio, mels)]
             finally:
@@ -270,16 +269,6 @@ class WhisperModel:
 
 
 _FEATURE_THREADS = 8        # 16 log-mels of 30 s on a 16-core host, BLAS at one thread: 8 threads 3.4x one, 16 slower
-_pool, _pool_lock = None, threading.Lock()
-
-
-def _feature_pool() -> ThreadPoolExecutor:
-    """The process's threads for log-mel features, made once: fresh threads start with cold allocator arenas."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(min(_FEATURE_THREADS, os.cpu_count() or 1), thread_name_prefix="minirt-mel")
-        return _pool
 
 
 def _at_16k(item, index: int) -> np.ndarray:

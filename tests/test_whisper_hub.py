@@ -211,6 +211,14 @@ def test_models_command(offline):
     assert "models" in CliRunner().invoke(main, ["--help"]).output
 
 
+def test_plan_takes_a_name(offline):
+    """`minirt plan tiny.en` plans the cached snapshot's Vulkan program, as `minirt plan FOLDER` does."""
+    by_name = CliRunner().invoke(main, ["plan", "tiny.en", "--entry", "step1"], catch_exceptions=False)
+    by_path = CliRunner().invoke(main, ["plan", folder_of(offline, TINY_EN, MAIN), "--entry", "step1"])
+    assert by_name.exit_code == 0 and "entry point step1" in by_name.output
+    assert by_name.output == by_path.output
+
+
 def write_wav(path, seconds, seed):
     rng = np.random.default_rng(seed)
     t = np.arange(int(16000 * seconds)) / 16000

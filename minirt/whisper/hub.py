@@ -97,7 +97,7 @@ def model_folder(name_or_path, download_root=None, local_files_only: bool = Fals
                  progress: bool = False) -> str:
     """The checkpoint folder of `name_or_path`, as faster-whisper's WhisperModel finds it: the path itself when it
     exists; else a size name (MODELS) or a Hugging Face repo id, looked up in the Hugging Face cache (download_root,
-    else HF_HUB_CACHE) and downloaded there when missing: only CHECKPOINT_FILES, at `revision` (a branch, tag or
+    else HF_HUB_CACHE) and downloaded there when missing: only ALLOW_PATTERNS, at `revision` (a branch, tag or
     commit; default main). local_files_only=True (or HF_HUB_OFFLINE=1) never goes to the network. progress: show
     huggingface_hub's download bars on stderr (faster-whisper shows none).
 

@@ -76,7 +76,7 @@ def folder_of(cache, repo, commit):
     return os.path.realpath(cache / f"models--{repo.replace('/', '--')}" / "snapshots" / commit)
 
 
-def test_names_ids_and_revisions_resolve_as_faster_whisper_resolves_them(offline, tmp_path):
+def test_names_ids_and_revisions_resolve_as_faster_whisper_resolves_them(offline, monkeypatch, tmp_path):
     """A size name, its repo id, a tag and a commit give the snapshot folder faster-whisper's download_model gives
     on the same cache; download_root wins over HF_HUB_CACHE; a path that exists is used as it is."""
     from faster_whisper.utils import download_model
@@ -92,7 +92,7 @@ def test_names_ids_and_revisions_resolve_as_faster_whisper_resolves_them(offline
         assert os.path.realpath(model_folder(name, download_root=cache, local_files_only=True,
                                              revision=revision)) == want
     # download_root names the cache (HF_HUB_CACHE is another, empty one)
-    hub.constants.HF_HUB_CACHE = str(tmp_path / "empty")
+    monkeypatch.setattr(hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty"))
     assert os.path.realpath(model_folder("tiny.en", download_root=str(cache))) == main_folder
     with pytest.raises(ModelError, match="not in the Hugging Face cache"):
         model_folder("tiny.en")

@@ -662,9 +662,9 @@ def plan(model, storage, device, shapes, entry, batch, precision, fp32_precision
     and local sizes), then the planner's notes (conv1d rewrite, conv routing and why).
 
     MODEL may also be a Whisper model folder or name (as `minirt transcribe --model` takes them): then the plans of
-    its Vulkan program, one per entry point (encode, cross, two prompt sizes, a step of 1 row and one of --batch rows, the step
-    of 1 row with the pick of its next token on the GPU, reorder), with their int32 inputs, state tensors and
-    run-time parameters.
+    its Vulkan program, one per entry point (encode, cross, two prompt sizes, a step of 1 row and one of --batch
+    rows, the step of 1 row with the pick of its next token on the GPU, reorder), with their int32 inputs, state
+    tensors and run-time parameters.
 
     Nothing runs and no weights are uploaded: the model is loaded, checked and planned for the device.
 

@@ -82,10 +82,10 @@ def test_names_ids_and_revisions_resolve_as_faster_whisper_resolves_them(offline
     from faster_whisper.utils import download_model
     cache = offline
     main_folder, v1_folder = folder_of(cache, TINY_EN, MAIN), folder_of(cache, TINY_EN, V1)
+    tuned = "someone/whisper-small-finetune"
     for name, revision, want in [("tiny.en", None, main_folder), (TINY_EN, None, main_folder),
                                  ("tiny.en", "main", main_folder), ("tiny.en", "v1", v1_folder),
-                                 (TINY_EN, V1, v1_folder), ("someone/whisper-small-finetune", None,
-                                                            folder_of(cache, "someone/whisper-small-finetune", "c" * 40))]:
+                                 (TINY_EN, V1, v1_folder), (tuned, None, folder_of(cache, tuned, "c" * 40))]:
         got = model_folder(name, revision=revision)
         assert os.path.realpath(got) == want, (name, revision)
         assert os.path.realpath(download_model(name, revision=revision)) == want
@@ -114,8 +114,8 @@ def test_what_cannot_be_found(offline, monkeypatch, tmp_path):
     for name, revision, words in [("base.en", None, ["Systran/faster-whisper-base.en", "'base.en'", "HF_HUB_OFFLINE",
                                                      str(cache)]),
                                   ("tiny.en", "v2", [TINY_EN, "revision 'v2'", "HF_HUB_OFFLINE"]),
-                                  ("org/nothing", None, ["org/nothing (a Hugging Face repo id; no such model folder either)",
-                                                          "HF_HUB_OFFLINE"])]:
+                                  ("org/nothing", None, ["org/nothing (a Hugging Face repo id; no such model "
+                                                          "folder either)", "HF_HUB_OFFLINE"])]:
         with pytest.raises(ModelError) as e:
             model_folder(name, revision=revision)
         assert all(w in str(e.value) for w in words), str(e.value)
@@ -205,7 +205,8 @@ def test_models_command(offline):
     assert "no: no model.safetensors" in cached["someone/whisper-pytorch"][0]
     assert "someone/not-a-model" not in cached
     assert "(1 other model repo(s), not Whisper checkpoints)" in r.output
-    assert "no models cached" in CliRunner().invoke(main, ["models", "--cache-dir", str(offline / "none")]).output.lower()
+    empty = CliRunner().invoke(main, ["models", "--cache-dir", str(offline / "none")])
+    assert f"No models cached in {offline / 'none'}." in empty.output
     h = CliRunner().invoke(main, ["models", "--help"])
     assert h.exit_code == 0 and "Examples" in h.output and "minirt models" in h.output
     assert "models" in CliRunner().invoke(main, ["--help"]).output

@@ -167,7 +167,8 @@ def main():
       minirt run models/whisper-tiny-encoder.onnx models/whisper-tiny-input.npy
       minirt plan models/whisper-tiny-encoder.onnx
       minirt profile models/whisper-tiny-encoder.onnx --runs 10
-      minirt transcribe speech.wav --model whisper-tiny.en
+      minirt transcribe speech.wav --model tiny.en
+      minirt models
     `minirt COMMAND --help` shows each command's options and examples.
 
     \b
@@ -594,6 +595,52 @@ def options_cmd(markdown):
 
 
 @main.command()
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+              help="The Hugging Face cache to list (default: HF_HUB_CACHE, else $HF_HOME/hub, else "
+                   "~/.cache/huggingface/hub).")
+def models(cache_dir):
+    """List the Whisper model names that `transcribe --model` and WhisperModel(...) take (faster-whisper's), with the
+    Hugging Face repo each downloads, then the models in the local Hugging Face cache and whether minirt loads them.
+
+    A name or a repo id (ORG/NAME, a CTranslate2 or Transformers Whisper checkpoint) is downloaded once into the
+    cache (only the files minirt reads); later runs use the cached copy, also offline (HF_HUB_OFFLINE=1). Whether
+    minirt loads a cached model is judged by its files, its config.json and its model.bin's header (an int8
+    CTranslate2 model is refused only when loaded).
+
+    \b
+    Examples:
+      minirt models
+      minirt transcribe speech.wav --model tiny.en       # downloaded into the cache the first time
+      HF_HUB_OFFLINE=1 minirt transcribe speech.wav --model tiny.en    # the cached copy, no network
+      HF_HUB_CACHE=/data/hf minirt models                # another cache (also --cache-dir /data/hf)
+    """
+    from .whisper.hub import MODELS, cached_models
+    try:
+        cache, rows = cached_models(cache_dir)
+    except (MinirtError, OSError) as e:
+        _fail(e if isinstance(e, MinirtError) else ModelError(f"cannot read the Hugging Face cache: {e}"))
+    loads = {repo for repo, _, _, _, _, kind, _ in rows if kind}
+    click.echo("Names (--model NAME, WhisperModel(NAME)) and the Hugging Face repos they download:")
+    nw, rw = max(map(len, MODELS)), max(map(len, MODELS.values()))
+    for name, repo in MODELS.items():
+        click.echo((f"  {name:<{nw}}  {repo:<{rw}}" + ("  cached" if repo in loads else "")).rstrip())
+    click.echo("Any other repo id (ORG/NAME) of a CTranslate2 or Transformers Whisper checkpoint works too.")
+    if not rows:
+        click.echo(f"\nNo models cached in {cache}.")
+        return
+    whisper = [r for r in rows if r[5] or r[0] in MODELS.values() or "whisper" in r[0].lower()]
+    click.echo(f"\nCached in {cache}:")
+    iw = max(len(r[0]) for r in whisper) if whisper else 0
+    for repo, refs, commit, size, folder, kind, why in whisper:
+        rev = f"{','.join(refs)} ({commit[:8]})" if refs else commit[:12]
+        status = f"loads ({'CTranslate2' if kind == 'ctranslate2' else 'Transformers'})" if kind else f"no: {why}"
+        click.echo(f"  {repo:<{iw}}  {rev}  {size / 1e6:.1f} MB  {status}")
+    others = len({r[0] for r in rows} - {r[0] for r in whisper})
+    if others:
+        click.echo(f"  ({others} other model repo(s), not Whisper checkpoints)")
+
+
+@main.command()
 @click.argument("model", type=click.Path())
 @storage_opt
 @device_opt
@@ -614,10 +661,10 @@ def plan(model, storage, device, shapes, entry, batch, precision, fp32_precision
     """Print the plan: per node its op, input and output shapes, the kernels it dispatches (with global
     and local sizes), then the planner's notes (conv1d rewrite, conv routing and why).
 
-    MODEL may also be a Whisper model folder (as `minirt transcribe` takes): then the plans of its Vulkan
-    program, one per entry point (encode, cross, two prompt sizes, a step of 1 row and one of --batch rows, the step
-    of 1 row with the pick of its next token on the GPU, reorder), with their int32 inputs, state tensors and
-    run-time parameters.
+    MODEL may also be a Whisper model folder or name (as `minirt transcribe --model` takes them): then the plans of
+    its Vulkan program, one per entry point (encode, cross, two prompt sizes, a step of 1 row and one of --batch
+    rows, the step of 1 row with the pick of its next token on the GPU, reorder), with their int32 inputs, state
+    tensors and run-time parameters.
 
     Nothing runs and no weights are uploaded: the model is loaded, checked and planned for the device.
 
@@ -627,6 +674,7 @@ def plan(model, storage, device, shapes, entry, batch, precision, fp32_precision
       minirt plan models/whisper-tiny-encoder.onnx --storage texture --no-conv1d-rewrite
       minirt plan dynamic.onnx --shape input_features=1,80,3000
       minirt plan whisper-tiny.en --entry step1
+      minirt plan tiny.en --entry step1      # a model by name (`minirt models`)
       minirt plan models/whisper-tiny-encoder.onnx --fp32-precision f16x3 --option coopmat=emulate
     """
     from .infer import bind_inputs, prepare
@@ -638,8 +686,10 @@ def plan(model, storage, device, shapes, entry, batch, precision, fp32_precision
     try:
         _check_device(device)
         _check_local_size(local_size, device, options)
-        if os.path.isdir(model):
-            return _plan_whisper_program(model, entry, batch, device, options, precision, storage, local_size)
+        from .whisper.hub import is_model_name, model_folder
+        if os.path.isdir(model) or is_model_name(model):
+            return _plan_whisper_program(model_folder(model, progress=sys.stderr.isatty()), entry, batch, device,
+                                         options, precision, storage, local_size)
         given = dict(shapes)
         max_load = Options.make(options).max_load_bytes
         g = load(model, max_load_bytes=max_load)
@@ -787,7 +837,10 @@ def _param(ctx, name):
 @click.argument("audio", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--model", "model_path", required=True, type=click.Path(),
               help="A Whisper model folder: Hugging Face (model.safetensors, config.json, tokenizer.json) or "
-                   "CTranslate2 / faster-whisper (model.bin, config.json, tokenizer.json).")
+                   "CTranslate2 / faster-whisper (model.bin, config.json, tokenizer.json); or a name as faster-whisper "
+                   "takes it (tiny.en, base, small, large-v3, turbo, ...: `minirt models`) or a Hugging Face repo id "
+                   "(ORG/NAME), downloaded once into the Hugging Face cache (HF_HUB_CACHE; HF_HUB_OFFLINE=1: the "
+                   "cache only).")
 @click.option("--beam-size", type=click.IntRange(min=1), default=5, show_default=True,
               help="Beam search width; 1 is greedy decoding.")
 @click.option("--language", default=None, metavar="CODE",
@@ -831,8 +884,9 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
 
     \b
     Examples:
-      minirt transcribe speech.wav --model whisper-tiny.en
-      minirt transcribe talk.flac --model faster-whisper-small --format srt -o talk.srt
+      minirt transcribe speech.wav --model tiny.en      # Systran/faster-whisper-tiny.en, downloaded once
+      minirt transcribe speech.wav --model whisper-tiny.en      # a model folder
+      minirt transcribe talk.flac --model openai/whisper-small --format srt -o talk.srt
       minirt transcribe a.wav b.wav --model whisper-base --format json -o transcripts/
       minirt transcribe clips/*.wav --model whisper-base --beam-size 1 --batch-size 16 -o transcripts/
       minirt transcribe meeting.wav --model whisper-tiny.en --progress 2>progress.log
@@ -844,6 +898,7 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
     if backend == "vulkan" and beam_size > 5:
         raise click.BadParameter(f"{beam_size}: the vulkan backend holds 5 rows (beams) at most", ctx=ctx,
                                  param=_param(ctx, "beam_size"))
+    from .whisper.hub import model_folder
     from .whisper.model import WhisperModel
     from .whisper.output import render
     try:
@@ -852,6 +907,7 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
                 raise InputError(f"{a}: no such file")
         if backend == "vulkan":
             _check_device(device)
+        model_path = model_folder(model_path, progress=not quiet and sys.stderr.isatty())
         with _Status(quiet) as status:
             status("loading the model")
             model = WhisperModel(model_path, precision=precision, device=device, backend=backend,

@@ -165,11 +165,13 @@ def _rows(arrays: list) -> np.ndarray:
 class Transcriber:
     """A callable class for map_batches: speech to text with minirt.whisper.WhisperModel, one model per actor.
 
-    Constructor (fn_constructor_args / fn_constructor_kwargs): `model`, a Whisper model folder (WhisperModel's path,
-    readable on every node; in one process a WhisperModel will do, used as it is); `precision`, `device` and
-    `backend`: WhisperModel's, for the model (device None: the GPU Ray assigned the actor, found by UUID:
-    assigned_device); every other keyword is an option of WhisperModel.transcribe (beam_size, language, temperature,
-    without_timestamps, ...), applied to every row.
+    Constructor (fn_constructor_args / fn_constructor_kwargs): `model`, a Whisper model folder readable on every
+    node, or a name or Hugging Face repo id (tiny.en, openai/whisper-small: each node finds it in its Hugging Face
+    cache or downloads it there), as WhisperModel takes them (in one process a WhisperModel will do, used as it is);
+    `precision`, `device`, `backend`, `download_root`, `local_files_only` and `revision`: WhisperModel's, for the
+    model (device None: the GPU Ray assigned the actor, found by UUID: assigned_device); every other keyword is an
+    option of WhisperModel.transcribe (beam_size, language, temperature, without_timestamps, ...), applied to every
+    row.
 
     Batch in (batch_format "numpy" or "pandas"): a column `audio`, each row a file path, float32 16 kHz mono samples,
     or an audio file's bytes (read_binary_files' `bytes` column renamed; written to a temporary file to be read).
@@ -181,14 +183,16 @@ class Transcriber:
     its files are decoded together on the GPU, each row's result the one it gets alone. A subclass that overrides
     transcribe() is called a row at a time."""
 
-    def __init__(self, model, *, precision: str = "fp32", device=None, backend=None, **transcribe_options):
+    def __init__(self, model, *, precision: str = "fp32", device=None, backend=None, download_root=None,
+                 local_files_only: bool = False, revision=None, **transcribe_options):
         from .whisper.model import WhisperModel
         self.options = dict(transcribe_options)
         if isinstance(model, WhisperModel):       # in one process, a model already made
             self.device, self.model = model.device, model
             return
         self.device = resolve_device(device)
-        self.model = WhisperModel(model, precision=precision, device=self.device, backend=backend)
+        self.model = WhisperModel(model, precision=precision, device=self.device, backend=backend,
+                                  download_root=download_root, local_files_only=local_files_only, revision=revision)
 
     def transcribe(self, audio) -> dict:
         """One row's result: {"text", "language", "duration", "segments"}."""

@@ -1,7 +1,7 @@
 """Whisper speech-to-text with faster-whisper's API:
 
     from minirt.whisper import WhisperModel
-    model = WhisperModel("whisper-tiny.en")        # a Hugging Face or CTranslate2 (faster-whisper) folder
+    model = WhisperModel("tiny.en")        # faster-whisper's name, a Hugging Face repo id, or a model folder
     segments, info = model.transcribe("speech.wav", beam_size=5)
     for s in segments:
         print(f"[{s.start:.2f} -> {s.end:.2f}] {s.text}")

@@ -46,30 +46,43 @@ def _folder(path) -> str:
     return path
 
 
-def load_checkpoint(path) -> Checkpoint:
-    """Read the checkpoint in folder `path` (or the folder of a model.safetensors / model.bin given directly).
-    Raises ModelError naming what is missing or malformed."""
-    folder = _folder(path)
+# Every file load_checkpoint may read; minirt.whisper.hub downloads these and nothing else of a repo
+CHECKPOINT_FILES = ("model.safetensors", "model.bin", "config.json", "generation_config.json", "tokenizer.json",
+                    "vocabulary.json", "vocabulary.txt")
+
+
+def checkpoint_files(folder) -> tuple[str, str, str]:
+    """(kind, weights file, tokenizer file) of checkpoint folder `folder`, found by name as load_checkpoint finds
+    them, reading nothing: kind "huggingface" (model.safetensors) or "ctranslate2" (model.bin); the tokenizer is
+    tokenizer.json, else a CTranslate2 vocabulary.json / vocabulary.txt. ModelError naming what is missing."""
     st, ct = os.path.join(folder, "model.safetensors"), os.path.join(folder, "model.bin")
-    tok = os.path.join(folder, "tokenizer.json")
     if os.path.isfile(st):
-        weights, config, kind = _read_hf(folder, st)
+        kind, weights = "huggingface", st
     elif os.path.isfile(ct):
-        weights, config, kind = _read_ct2(ct)
+        kind, weights = "ctranslate2", ct
     else:
         others = sorted(f for f in os.listdir(folder) if f.endswith((".bin", ".safetensors", ".pt", ".onnx")))
         raise ModelError(f"{folder}: no model.safetensors (Hugging Face) or model.bin (CTranslate2) found"
                          + (f"; found {', '.join(others)}" if others else ""))
+    # a CTranslate2 vocabulary file will do (vocabulary.py rebuilds the merges)
+    tok = next((os.path.join(folder, f) for f in ("tokenizer.json", "vocabulary.json", "vocabulary.txt")
+                if os.path.isfile(os.path.join(folder, f))), None)
+    if tok is None:
+        raise ModelError(f"{folder}: no tokenizer.json (nor a CTranslate2 vocabulary.txt / vocabulary.json); "
+                         f"copy the tokenizer.json of the matching Hugging Face Whisper model (e.g. "
+                         f"openai/whisper-tiny.en) into the folder")
+    return kind, weights, tok
+
+
+def load_checkpoint(path) -> Checkpoint:
+    """Read the checkpoint in folder `path` (or the folder of a model.safetensors / model.bin given directly).
+    Raises ModelError naming what is missing or malformed."""
+    folder = _folder(path)
+    kind, path, tok = checkpoint_files(folder)
+    weights, config, kind = _read_hf(folder, path) if kind == "huggingface" else _read_ct2(path)
     if "decoder_layers" not in config or "model.decoder.embed_tokens.weight" not in weights:
         raise ModelError(f"{folder}: the checkpoint has no decoder (an encoder-only conversion?); transcription "
                          f"needs the whole model")
-    if not os.path.isfile(tok):      # a CTranslate2 vocabulary file will do (vocabulary.py rebuilds the merges)
-        tok = next((os.path.join(folder, f) for f in ("vocabulary.json", "vocabulary.txt")
-                    if os.path.isfile(os.path.join(folder, f))), None)
-        if tok is None:
-            raise ModelError(f"{folder}: no tokenizer.json (nor a CTranslate2 vocabulary.txt / vocabulary.json); "
-                             f"copy the tokenizer.json of the matching Hugging Face Whisper model (e.g. "
-                             f"openai/whisper-tiny.en) into the folder")
     begin = []
     if kind == "ctranslate2":
         cfg = _read_json(os.path.join(folder, "config.json")) if os.path.isfile(os.path.join(folder, "config.json")) \

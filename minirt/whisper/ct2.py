@@ -95,6 +95,25 @@ def read_ct2(path):
     return spec, variables, aliases
 
 
+def read_ct2_spec(path) -> str:
+    """The spec name in a model.bin's header ("WhisperSpec" for Whisper; "" before version 2), reading only the
+    header's first bytes."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+            if len(head) < 4:
+                raise CT2FormatError(f"{path}: truncated: {len(head)} bytes")
+            version = struct.unpack("<I", head[:4])[0]
+            if not 1 <= version <= 6:
+                raise CT2FormatError(f"{path}: not a CTranslate2 model.bin (version {version}; known 1 to 6)")
+            if version < 2:
+                return ""
+            n = struct.unpack("<H", head[4:6])[0] if len(head) == 6 else 0
+            return f.read(n).rstrip(b"\0").decode("utf-8", "replace")
+    except OSError as e:
+        raise CT2FormatError(f"{path}: not readable ({e.strerror or e})") from None
+
+
 def ct2_to_hf(variables: dict, aliases: dict | None = None, encoder_only=False, source="model.bin"):
     """({HF name: array}, HF config dict) from read_ct2's variables. Every variable must be mapped
     (or be a known scalar flag); anything else is a CT2FormatError naming it."""

@@ -21,6 +21,7 @@ from .audio_input import SAMPLE_RATE, audio_samples
 from .checkpoint import load_checkpoint
 from .decoding import TranscriptionOptions
 from .features import LogMel
+from .hub import model_folder
 from .reference import blas_threads
 from .tokenizer import TASKS, WhisperTokenizer
 from .transcribe import TranscriptionInfo, detect_language, generate_segments, generate_segments_batch
@@ -34,7 +35,12 @@ class WhisperModel:
     """A Whisper checkpoint ready to transcribe.
 
     path: a Hugging Face Whisper folder (model.safetensors, config.json, tokenizer.json, generation_config.json
-    when present) or a CTranslate2 / faster-whisper folder (model.bin, config.json, tokenizer.json).
+    when present) or a CTranslate2 / faster-whisper folder (model.bin, config.json, tokenizer.json); or, as
+    faster-whisper takes them, a size name (tiny.en, base, large-v3, turbo, ...: minirt.whisper.hub.MODELS) or a
+    Hugging Face repo id (ORG/NAME) of such a checkpoint, found in the Hugging Face cache or downloaded into it
+    (minirt.whisper.hub.model_folder).
+    download_root, local_files_only, revision: faster-whisper's, for a name or repo id: the cache folder (default
+    HF_HUB_CACHE), never to download (HF_HUB_OFFLINE=1 does the same), the repo's branch, tag or commit.
     precision: "fp32" or "fp16" (on the GPU: weights, activations and the key/value cache in 16-bit storage, fp32
     arithmetic; in the reference: weights rounded to float16, arithmetic in float32).
     device: the Vulkan device for the GPU decoder, an index or a UUID as Session takes it (the numpy reference runs on
@@ -45,10 +51,11 @@ class WhisperModel:
     max_batch_items: the most windows transcribe_batch and BatchedInferencePipeline decode together (batch_size at
     most this; on the GPU, the batch's entry points and state are made for this many when first used)."""
 
-    def __init__(self, path, precision: str = "fp32", device=None, backend=None, max_batch_items: int = 16):
+    def __init__(self, path, precision: str = "fp32", device=None, backend=None, max_batch_items: int = 16,
+                 download_root=None, local_files_only: bool = False, revision=None):
         if precision not in ("fp32", "fp16"):
             raise ValueError(f"precision must be 'fp32' or 'fp16', got {precision!r}")
-        ckpt = load_checkpoint(path)
+        ckpt = load_checkpoint(model_folder(path, download_root, local_files_only, revision))
         self.path = ckpt.folder
         self.precision, self.device = precision, device
         self.config = ckpt.config

@@ -784,7 +784,7 @@ def _param(ctx, name):
 
 
 @main.command()
-@click.argument("audio", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("audio", nargs=-1, required=True, type=click.Path())
 @click.option("--model", "model_path", required=True, type=click.Path(),
               help="A Whisper model folder: Hugging Face (model.safetensors, config.json, tokenizer.json) or "
                    "CTranslate2 / faster-whisper (model.bin, config.json, tokenizer.json).")
@@ -841,13 +841,16 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
     targets = _output_targets(ctx, audio, output, fmt)
     if backend == "auto":
         backend = "vulkan"
-    if backend == "vulkan" and beam_size > 5:
-        raise click.BadParameter(f"{beam_size}: the vulkan backend holds 5 rows (beams) at most", ctx=ctx,
-                                 param=_param(ctx, "beam_size"))
+    from .whisper.vulkan import DEFAULT_MAX_BATCH
+    if backend == "vulkan" and beam_size > DEFAULT_MAX_BATCH:
+        raise click.BadParameter(f"{beam_size}: the vulkan backend holds {DEFAULT_MAX_BATCH} rows (beams) at most",
+                                 ctx=ctx, param=_param(ctx, "beam_size"))
     from .whisper.model import WhisperModel
     from .whisper.output import render
     try:
         for a in audio:
+            if os.path.isdir(a):
+                raise InputError(f"{a}: is a folder, not an audio file")
             if not os.path.isfile(a):
                 raise InputError(f"{a}: no such file")
         if backend == "vulkan":

@@ -17,7 +17,7 @@ from typing import Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 
-from ..errors import OptionError
+from ..errors import InputError, OptionError
 from ..pools import pool
 from .audio_input import SAMPLE_RATE, audio_samples
 from .checkpoint import load_checkpoint
@@ -182,7 +182,7 @@ class WhisperModel:
         # the serial time on a 16-core host. Its sums do not depend on its thread count at these shapes.
         threads = pool("minirt-mel", min(_FEATURE_THREADS, os.cpu_count() or 1))
         with blas_threads(1 if len(audio) > 1 else None):
-            mels = [threads.submit(lambda a: LogMel(audio_samples(a), self.n_mels), a) for a in audio]
+            mels = [threads.submit(self._item_mel, i, a) for i, a in enumerate(audio)]
             try:
                 setups = [self._setup(a, dict(kw), mel.result) for a, mel in zip(audio, mels)]
             finally:
@@ -194,6 +194,13 @@ class WhisperModel:
             segments = generate_segments_batch(self.backend, self.tokenizer, files, options,
                                                self.suppress_blank_ids, batch_size)
         return [(segs, info) for segs, (_, _, info, _) in zip(segments, setups)]
+
+    def _item_mel(self, index: int, audio) -> LogMel:
+        """The LogMel of transcribe_batch's audio[index]; an InputError says which item it is about."""
+        try:
+            return LogMel(audio_samples(audio), self.n_mels)
+        except InputError as e:
+            raise InputError(f"audio[{index}]: {e}") from None
 
     def batch_backend(self, batch_size: int):
         """The backend, able to decode batches of batch_size windows (BatchDecoder): on the GPU, the batch's entry
@@ -287,12 +294,15 @@ _FEATURE_THREADS = 8        # 16 log-mels of 30 s on a 16-core host, BLAS at one
 
 def _at_16k(item, index: int) -> np.ndarray:
     """The samples of a (samples, sample rate) pair at 16 kHz; InputError naming the item where it is not one."""
-    from ..errors import InputError
     from .audio_input import check_array, resample
     if len(item) != 2 or not isinstance(item[1], (int, np.integer)) or isinstance(item[1], bool) or item[1] <= 0:
         raise InputError(f"audio[{index}]: a pair must be (samples, sample rate in Hz, a positive int), got a "
                          f"{len(item)}-tuple" + (f" with rate {item[1]!r}" if len(item) == 2 else ""))
-    return resample(check_array(item[0]), int(item[1]), SAMPLE_RATE)
+    try:
+        samples = check_array(item[0])
+    except InputError as e:
+        raise InputError(f"audio[{index}]: {e}") from None
+    return resample(samples, int(item[1]), SAMPLE_RATE)
 
 
 _OPTION_NAMES = (

@@ -78,7 +78,9 @@ class BatchedInferencePipeline:
         kw = {k: v for k, v in locals().items() if k not in ("self", "audio", "ignored", "batch_size",
                                                               "log_progress")}
         kw.update({k: v for k, v in ignored.items() if k.startswith("language_detection_")})
-        kw["language"] = language or self.preset_language
+        # the pipeline decodes every chunk without previous text: the longest prompt has none
+        kw.update(language=language or self.preset_language, task=task or "transcribe",
+                  condition_on_previous_text=False)
         model, tok = self.model, self.model.tokenizer
         kw = model.check_options(kw, sampling_allowed=False)
         beam_size, temperatures, initial_prompt = kw["beam_size"], kw["temperature"], kw["initial_prompt"]

@@ -9,9 +9,11 @@ import numbers
 
 from ..errors import OptionError
 from .decoding import MAX_LENGTH
+from .search import max_candidates
 from .tokenizer import TASKS
 
 _FLAGS = ("condition_on_previous_text", "suppress_blank", "without_timestamps", "multilingual")
+_MAX_LENGTH_PENALTY = 100
 _OPTIONAL_REALS = ("compression_ratio_threshold", "log_prob_threshold", "no_speech_threshold",
                    "language_detection_threshold")
 
@@ -63,7 +65,7 @@ def check_options(kw: dict, tokenizer, n_vocab: int, max_rows=None, sampling_all
     n_vocab: the model's vocabulary; max_rows: the rows (beams, or best_of samples) the backend's search holds, None
     for no limit."""
     kw = dict(kw)
-    language, task = kw.get("language"), kw.get("task") or "transcribe"
+    language, task = kw.get("language"), kw.get("task", "transcribe")
     if language is not None:
         if not isinstance(language, str):
             raise OptionError(f"language must be a language code (a str such as 'en') or None, got {language!r}")
@@ -89,7 +91,13 @@ def check_options(kw: dict, tokenizer, n_vocab: int, max_rows=None, sampling_all
     samples = any(t > 0 for t in kw["temperature"]) and sampling_allowed
     kw["best_of"] = check_int("best_of", kw["best_of"], 1, max_rows if samples else None, limit)
     kw["patience"] = _real(kw, "patience", 0, strict=True)
+    if kw["beam_size"] > 1 and max_candidates(kw["beam_size"], kw["patience"]) < 1:
+        raise OptionError(f"patience {kw['patience']} with beam_size {kw['beam_size']}: the search ends after "
+                          f"round(beam_size * patience) finished hypotheses, which must be at least 1")
     kw["length_penalty"] = _real(kw, "length_penalty")
+    if abs(kw["length_penalty"]) > _MAX_LENGTH_PENALTY:     # a length to this power is beyond float range
+        raise OptionError(f"length_penalty must be from -{_MAX_LENGTH_PENALTY} to {_MAX_LENGTH_PENALTY}, got "
+                          f"{kw['length_penalty']}")
     kw["repetition_penalty"] = _real(kw, "repetition_penalty", 0, strict=True)
     kw["no_repeat_ngram_size"] = check_int("no_repeat_ngram_size", kw["no_repeat_ngram_size"], 0)
     kw["prompt_reset_on_temperature"] = _real(kw, "prompt_reset_on_temperature")

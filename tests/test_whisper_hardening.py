@@ -11,7 +11,6 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from minirt.errors import InputError, MinirtError, ModelError, OptionError
 
@@ -365,13 +364,6 @@ def test_subtitle_cues_survive_any_text():
     assert len(cues) == 3
     assert cues[1].split("\n")[1] == "a --&gt; b &amp; &lt;i&gt;c&lt;/i&gt;"
     assert vtt.count("-->") == 3                       # the timing lines only
-
-
-def test_the_command_line_refuses_a_folder_as_audio(folder, tmp_path):
-    from minirt.cli import main
-    r = CliRunner().invoke(main, ["transcribe", str(tmp_path), "--model", str(folder), "--backend", "reference"])
-    assert r.exit_code == 3, r.output
-    assert f"{tmp_path}: is a folder, not an audio file" in r.stderr and "Traceback" not in r.output
 
 
 def test_a_memory_limit_is_named_as_the_cause(monkeypatch):

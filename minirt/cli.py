@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
 import stat
 import sys
@@ -799,7 +800,8 @@ def _param(ctx, name):
                    "arithmetic (a device with 16-bit storage buffers); in the numpy reference, the weights rounded "
                    "to float16.")
 @click.option("--backend", type=click.Choice(["auto", "vulkan", "reference"]), default="auto", show_default=True,
-              help="vulkan: encoder and decoder on the GPU (fp32 or fp16, beams up to 5); reference: the numpy "
+              help="vulkan: encoder and decoder on the GPU (fp32 or fp16; beams up to 5, or up to the batch's 16 rows "
+                   "(--batch-size N: N) planned when first needed); reference: the numpy "
                    "decoder on the CPU; auto: vulkan.")
 @device_opt
 @click.option("--format", "fmt", type=click.Choice(["txt", "json", "srt", "vtt"]), default="txt", show_default=True,
@@ -841,11 +843,14 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
     targets = _output_targets(ctx, audio, output, fmt)
     if backend == "auto":
         backend = "vulkan"
-    from .whisper.vulkan import DEFAULT_MAX_BATCH
-    if backend == "vulkan" and beam_size > DEFAULT_MAX_BATCH:
-        raise click.BadParameter(f"{beam_size}: the vulkan backend holds {DEFAULT_MAX_BATCH} rows (beams) at most",
-                                 ctx=ctx, param=_param(ctx, "beam_size"))
     from .whisper.model import WhisperModel
+    from .whisper.vulkan import DEFAULT_MAX_BATCH
+    # beams past the one-sequence cache run on the batch's rows (minirt/whisper/beam_rows.py): as many as it holds
+    items = batch_size if batch_size > 1 else inspect.signature(WhisperModel).parameters["max_batch_items"].default
+    if backend == "vulkan" and beam_size > max(DEFAULT_MAX_BATCH, items):
+        raise click.BadParameter(f"{beam_size}: the vulkan backend holds {max(DEFAULT_MAX_BATCH, items)} rows "
+                                 f"(beams) at most{' with --batch-size ' + str(batch_size) if batch_size > 1 else ''}",
+                                 ctx=ctx, param=_param(ctx, "beam_size"))
     from .whisper.output import render
     try:
         for a in audio:

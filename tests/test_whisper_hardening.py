@@ -31,7 +31,7 @@ def folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def model(folder):
     from minirt.whisper import WhisperModel
-    return WhisperModel(folder, max_batch_items=4)
+    return WhisperModel(folder, max_batch_items=6)
 
 
 def clip(seconds, seed):
@@ -116,21 +116,33 @@ def test_a_failed_window_releases_the_lock(model, monkeypatch):
 
 # -- beams and options ------------------------------------------------------------------------------------------
 
-def test_beams_past_the_backend_rows_are_refused_at_the_call(model):
-    from minirt.whisper import BatchedInferencePipeline
-    audio = clip(1, 0)
-    assert model.backend.max_batch == 5
-    with pytest.raises(OptionError, match=r"beam_size must be 1 to 5 \(the backend's search holds 5 rows\), got 6"):
-        model.transcribe(audio, beam_size=6)
-    with pytest.raises(OptionError, match=r"best_of must be 1 to 5 .*got 6"):
-        model.transcribe(audio, beam_size=1, best_of=6)           # sampling when a window falls back
-    with pytest.raises(OptionError, match="beam_size must be 1 to 5"):
-        model.transcribe_batch([audio], beam_size=7)
-    with pytest.raises(OptionError, match="beam_size must be 1 to 5"):
-        BatchedInferencePipeline(model).transcribe(audio, beam_size=8)
-    # best_of counts only where there is sampling
-    segments, _ = model.transcribe(audio, beam_size=1, best_of=6, temperature=0.0, max_new_tokens=4)
-    list(segments)
+def test_beams_past_the_one_sequence_cache_run_on_the_batch_rows(model, folder):
+    """beam_size 6 and best_of 6 (5 rows in the one-sequence cache) run on the batch entry points' rows (BeamRows,
+    max_batch_items 6): the numpy reference's tokens, for transcribe() and transcribe_batch(); past the batch's rows
+    they are refused at the call naming the option."""
+    from minirt.whisper import BatchedInferencePipeline, WhisperModel
+    ref = WhisperModel(folder, backend="reference")
+    audio = [clip(2, 7), clip(3, 8)]
+    assert model.backend.max_batch == 5 and model.max_rows() == 6
+    with pytest.raises(OptionError, match=r"beam_size must be 1 to 6 \(the backend's search holds 6 rows\), got 7"):
+        model.transcribe(audio[0], beam_size=7)
+    with pytest.raises(OptionError, match=r"best_of must be 1 to 6 .*got 7"):
+        model.transcribe(audio[0], beam_size=1, best_of=7)           # sampling when a window falls back
+    with pytest.raises(OptionError, match="beam_size must be 1 to 6"):
+        model.transcribe_batch(audio, beam_size=7)
+    with pytest.raises(OptionError, match="beam_size must be 1 to 6"):
+        BatchedInferencePipeline(model).transcribe(audio[0], beam_size=8)
+    list(model.transcribe(audio[0], beam_size=1, best_of=7, temperature=0.0, max_new_tokens=4)[0])  # no sampling
+
+    opts = dict(beam_size=6, temperature=0.0, max_new_tokens=10, condition_on_previous_text=False)
+    want = [key(ref.transcribe(a, **opts)[0]) for a in audio]
+    assert key(model.transcribe(audio[0], **opts)[0]) == want[0]
+    assert [key(s) for s, _ in model.transcribe_batch(audio, **opts)] == want
+    # sampling with best_of 6 (the first temperature above 0) runs; the one-sequence entry points still give
+    # beam 5 the reference's tokens afterwards
+    assert list(model.transcribe(audio[0], beam_size=1, best_of=6, temperature=0.5, max_new_tokens=6)[0])
+    opts5 = dict(opts, beam_size=5)
+    assert key(model.transcribe(audio[0], **opts5)[0]) == key(ref.transcribe(audio[0], **opts5)[0])
 
 
 BAD_OPTIONS = [
@@ -332,6 +344,28 @@ def test_tokenizer_and_suppress_lists_against_the_model(folder, tmp_path):
         assert str(gen) in str(e.value) and words in str(e.value)
     gen.write_text(json.dumps({"begin_suppress_tokens": [220, 1764]}))
     assert WhisperModel(bad, backend="reference").suppress_blank_ids == [220, 1764]
+
+
+def test_ctranslate2_suppress_ids_begin_is_checked(tmp_path):
+    """faster-whisper's config.json beside tiny.en's model.bin: a suppress_ids_begin of the wrong type or beyond the
+    vocabulary is a ModelError naming the file and the key, at load."""
+    import os
+
+    import real_whisper
+    from minirt.whisper import WhisperModel
+    try:
+        src = real_whisper.tiny_en_ct2_dir()
+    except real_whisper.Unavailable as e:
+        pytest.skip(f"Whisper tiny.en weights unavailable: {e}")
+    for f in ("model.bin", "tokenizer.json"):
+        os.symlink(src / f, tmp_path / f)
+    config = json.loads((src / "config.json").read_text())
+    for value, words in ((220, "220, not a list"), ([220, 51864], "[1] is 51864, not a token id of the model's 51864"),
+                         ([None], "[0] is None")):
+        (tmp_path / "config.json").write_text(json.dumps(dict(config, suppress_ids_begin=value)))
+        with pytest.raises(ModelError, match="suppress_ids_begin") as e:
+            WhisperModel(tmp_path, backend="reference")
+        assert str(tmp_path / "config.json") in str(e.value) and words in str(e.value), str(e.value)
 
 
 def test_head_dim_the_gpu_cannot_run_is_named_at_load(tmp_path):

@@ -136,7 +136,7 @@ class BatchedInferencePipeline:
 
     def _segments(self, samples, chunks, prompt, options, batch_size):
         model, tok = self.model, self.model.tokenizer
-        backend, idx = model.backend, 0
+        backend, idx = model.search_backend(options), 0
         for at in range(0, len(chunks), batch_size):
             part = chunks[at:at + batch_size]
             windows = [LogMel(samples.read(s, e), model.n_mels) for s, e in part]

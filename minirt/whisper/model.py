@@ -146,8 +146,8 @@ class WhisperModel:
         mel, options, info, rng = self._setup(audio, dict(kw, **ignored))
         if progress is None and log_progress:
             progress = _stderr_progress
-        segments = generate_segments(self.backend, self.tokenizer, mel, options, info.language, kw["task"],
-                                     self.suppress_blank_ids, rng, progress, lock=self.lock)
+        segments = generate_segments(self.search_backend(options), self.tokenizer, mel, options, info.language,
+                                     kw["task"], self.suppress_blank_ids, rng, progress, lock=self.lock)
         return segments, info
 
     def transcribe_batch(self, audio: list, batch_size: Optional[int] = None, **options) -> list:
@@ -191,7 +191,7 @@ class WhisperModel:
         options = setups[0][1]
         files = [(mel, info.language, kw["task"], rng) for mel, _, info, rng in setups]
         with self.lock:
-            segments = generate_segments_batch(self.backend, self.tokenizer, files, options,
+            segments = generate_segments_batch(self.search_backend(options), self.tokenizer, files, options,
                                                self.suppress_blank_ids, batch_size)
         return [(segs, info) for segs, (_, _, info, _) in zip(segments, setups)]
 
@@ -223,8 +223,28 @@ class WhisperModel:
     def check_options(self, kw: dict, sampling_allowed: bool = True) -> dict:
         """transcribe()'s options `kw` checked and normalised (option_checks.check_options): an OptionError naming
         the first bad one, before any audio is read."""
-        return check_options(kw, self.tokenizer, int(self.backend.n_vocab), getattr(self.backend, "max_batch", None),
-                             sampling_allowed)
+        return check_options(kw, self.tokenizer, int(self.backend.n_vocab), self.max_rows(), sampling_allowed)
+
+    def max_rows(self):
+        """The most rows (beams, or best_of samples) a search may have: the backend's one-sequence cache
+        (max_batch), or on a backend with batch entry points, its batch's rows (max_batch_items: BeamRows); None
+        for no limit."""
+        b = self.backend
+        rows = getattr(b, "max_batch", None)
+        if rows is None:
+            return None
+        batch = getattr(b, "max_items", 0) or (self.max_batch_items if hasattr(b, "add_batch") else 0)
+        return max(rows, batch)
+
+    def search_backend(self, options: TranscriptionOptions):
+        """The backend for options' searches: the model's, or where they need more rows than its one-sequence
+        cache holds, BeamRows over its batch entry points (made now if they are not yet)."""
+        rows = max([options.beam_size] + [options.best_of for t in options.temperatures if t > 0])
+        b = self.backend
+        if rows <= getattr(b, "max_batch", rows):
+            return b
+        from .beam_rows import BeamRows
+        return BeamRows(self.batch_backend(min(rows, self.max_batch_items)))
 
     def _setup(self, audio, kw: dict, features=None):
         """(LogMel, TranscriptionOptions, TranscriptionInfo, rng) of one file for transcribe()'s options `kw`;

@@ -52,9 +52,9 @@ def _options(i):
 
 @pytest.mark.parametrize("threads", [2, 8])
 def test_threads_sharing_a_model_get_their_own_transcripts(model, threads):
-    """Each thread transcribes its own clip (two windows: 33 s) with greedy or beam search, all started together:
+    """Each thread transcribes its own clip (a window: 12 s) with greedy or beam search, all started together:
     every transcript is the one the clip gets alone."""
-    clips = [clip(33, seed) for seed in range(threads)]
+    clips = [clip(12, seed) for seed in range(threads)]
     want = [key(model.transcribe(c, **_options(i))[0]) for i, c in enumerate(clips)]
     got, errors = [None] * threads, []
     start = threading.Barrier(threads)
@@ -72,7 +72,7 @@ def test_threads_sharing_a_model_get_their_own_transcripts(model, threads):
         t.join(timeout=300)
     assert not errors and not any(t.is_alive() for t in ts), errors
     assert got == want
-    assert sum(len(w) for w in want) > threads          # the transcripts are not all empty
+    assert all(want)                                    # no transcript is empty
 
 
 def test_an_unfinished_generator_blocks_no_one(model):

@@ -5,6 +5,7 @@ so a malformed folder never reaches the decoder as an internal error or a silent
 """
 from __future__ import annotations
 
+import os
 import re
 
 import numpy as np
@@ -108,7 +109,7 @@ def check_checkpoint(weights: dict, config: dict, config_file: str, weights_file
                              f"{side} layer {extra[0]}")
         for i in range(layers):
             p = f"model.{side}.layers.{i}."
-            why = f" (config.json's '{side}_layers' is {layers})"
+            why = f" ({os.path.basename(config_file)}'s '{side}_layers' is {layers})"
             ffn = tensor(p + "fc1.weight", 2, why).shape[0]
             expected.update({p + k: s for k, s in layer_shapes(side, d, ffn).items()})
     for name, shape in expected.items():

@@ -24,7 +24,7 @@ from .checkpoint import load_checkpoint
 from .checkpoint_checks import check_tokenizer
 from .decoding import TranscriptionOptions
 from .features import LogMel
-from .option_checks import is_int, check_options
+from .option_checks import check_options, is_int
 from .reference import blas_threads
 from .tokenizer import WhisperTokenizer
 from .transcribe import TranscriptionInfo, detect_language, generate_segments, generate_segments_batch

@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
+
 from ..errors import OptionError
 from .decoding import MAX_LENGTH
 from .search import max_candidates
@@ -76,7 +78,7 @@ def check_options(kw: dict, tokenizer, n_vocab: int, max_rows=None, sampling_all
         raise OptionError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
     for name in _FLAGS:
         v = kw.get(name, False)
-        if not (isinstance(v, bool) or type(v).__name__ == "bool_" or (is_int(v) and v in (0, 1))):
+        if not (isinstance(v, (bool, np.bool_)) or (is_int(v) and v in (0, 1))):
             raise OptionError(f"{name} must be True or False, got {v!r}")
         kw[name] = bool(v)
 
@@ -106,7 +108,8 @@ def check_options(kw: dict, tokenizer, n_vocab: int, max_rows=None, sampling_all
         if kw.get(name) is not None:
             kw[name] = _real(kw, name)
     if "language_detection_segments" in kw:
-        kw["language_detection_segments"] = check_int("language_detection_segments", kw["language_detection_segments"], 1)
+        kw["language_detection_segments"] = check_int("language_detection_segments",
+                                                      kw["language_detection_segments"], 1)
 
     prompt = kw.get("initial_prompt")
     if prompt is not None and not isinstance(prompt, str):
@@ -121,8 +124,8 @@ def check_options(kw: dict, tokenizer, n_vocab: int, max_rows=None, sampling_all
         longest = (MAX_LENGTH // 2 if previous else 0) + (3 if tokenizer.multilingual else 1) \
             + kw["without_timestamps"]
         kw["max_new_tokens"] = check_int("max_new_tokens", kw["max_new_tokens"], 1, MAX_LENGTH - longest,
-                                    f" (a window's prompt may have {longest} tokens, and Whisper's {MAX_LENGTH} "
-                                    f"positions hold the prompt and the new tokens)")
+                                         f" (a window's prompt may have {longest} tokens, and Whisper's "
+                                         f"{MAX_LENGTH} positions hold the prompt and the new tokens)")
     seed = kw.get("seed")
     if seed is not None and (not is_int(seed) or seed < 0):
         raise OptionError(f"seed must be an int >= 0 or None, got {seed!r}")

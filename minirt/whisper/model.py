@@ -164,17 +164,17 @@ class WhisperModel:
                 raise TypeError(f"transcribe_batch() does not take {bad}")
         if isinstance(audio, (str, np.ndarray)):
             raise TypeError("transcribe_batch() takes a list of files or sample arrays; transcribe() takes one")
-        audio = [_at_16k(a, i) if isinstance(a, tuple) else a for i, a in enumerate(audio)]
-        batch_size = self.max_batch_items if batch_size is None else batch_size
-        if not audio:
-            return []
-        self.batch_backend(batch_size)
         bound = inspect.signature(WhisperModel.transcribe).bind(self, None, **options)
         bound.apply_defaults()
         kw = {k: v for k, v in bound.arguments.items() if k not in ("self", "audio", "log_progress", "progress",
                                                                      "ignored")}
         kw.update(bound.arguments.get("ignored", {}))
         self.check_options({k: v for k, v in kw.items() if k in _OPTION_NAMES})
+        audio = [_at_16k(a, i) if isinstance(a, tuple) else a for i, a in enumerate(audio)]
+        batch_size = self.max_batch_items if batch_size is None else batch_size
+        if not audio:
+            return []
+        self.batch_backend(batch_size)
         # The files' log-mels are host work, most of it in numpy's FFT and BLAS, which release the GIL: computed
         # side by side they cost a fraction of their serial time before the first window reaches the GPU. BLAS is
         # held to one thread meanwhile (process-wide, through threadpoolctl where installed): OpenBLAS's own

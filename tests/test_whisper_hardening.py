@@ -406,15 +406,24 @@ def test_a_memory_limit_is_named_as_the_cause(monkeypatch):
     from minirt.errors import DeviceError
     from minirt.vk import device
 
+    error = [vulkan.VkErrorInitializationFailed]
+
     def fail(instance):
-        raise vulkan.VkErrorInitializationFailed()
+        raise error[0]()
     monkeypatch.setattr(vulkan, "vkEnumeratePhysicalDevices", fail)
     monkeypatch.setattr(device, "_memory_limit", lambda: 300 << 20)
-    with pytest.raises(DeviceError, match=r"VkErrorInitializationFailed.*limited to 300 MiB \(ulimit -v or -d\)") \
-            as e:
+    with pytest.raises(DeviceError, match=r"no physical device \(VkErrorInitializationFailed\)\. The process's memory "
+                                          r"is limited to 300 MiB \(ulimit -v or -d\).*raise or remove the limit\. "
+                                          r"If that is not it: Install"):
+        device.physical_devices()
+    error[0] = vulkan.VkErrorOutOfHostMemory
+    with pytest.raises(DeviceError, match="limited to 300 MiB") as e:
         device.physical_devices()
     assert "Install" not in str(e.value)
     monkeypatch.setattr(device, "_memory_limit", lambda: None)
+    with pytest.raises(DeviceError, match=r"\(VkErrorOutOfHostMemory\)\. The host or the device is out of memory"):
+        device.physical_devices()
+    error[0] = vulkan.VkErrorInitializationFailed
     with pytest.raises(DeviceError, match="Install a Vulkan loader and driver"):
         device.physical_devices()
 

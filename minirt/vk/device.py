@@ -166,10 +166,12 @@ def _failure_cause(error: str | None, otherwise: str) -> str:
     MiB as they start: lavapipe's LLVM, a GPU driver's heaps, and report it as out of memory or a failed
     initialisation), an out-of-memory error, else `otherwise` (a missing driver)."""
     limit = _memory_limit()
+    oom = error in ("VkErrorOutOfHostMemory", "VkErrorOutOfDeviceMemory")
     if limit is not None and error != "VkErrorIncompatibleDriver":
-        return (f"The process's memory is limited to {limit / 2 ** 20:.0f} MiB (ulimit -v or -d), less than the "
-                f"Vulkan driver needs to start: raise or remove the limit.")
-    if error in ("VkErrorOutOfHostMemory", "VkErrorOutOfDeviceMemory"):
+        cause = (f"The process's memory is limited to {limit / 2 ** 20:.0f} MiB (ulimit -v or -d), and Vulkan drivers "
+                 f"reserve large regions as they start: raise or remove the limit")
+        return cause + ("." if oom else f". If that is not it: {otherwise}")
+    if oom:
         return "The host or the device is out of memory."
     return otherwise
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import inspect
 import os
 import stat
 import sys
@@ -843,10 +842,10 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
     targets = _output_targets(ctx, audio, output, fmt)
     if backend == "auto":
         backend = "vulkan"
-    from .whisper.model import WhisperModel
+    from .whisper.model import MAX_BATCH_ITEMS, WhisperModel
     from .whisper.vulkan import DEFAULT_MAX_BATCH
     # beams past the one-sequence cache run on the batch's rows (minirt/whisper/beam_rows.py): as many as it holds
-    items = batch_size if batch_size > 1 else inspect.signature(WhisperModel).parameters["max_batch_items"].default
+    items = batch_size if batch_size > 1 else MAX_BATCH_ITEMS
     if backend == "vulkan" and beam_size > max(DEFAULT_MAX_BATCH, items):
         raise click.BadParameter(f"{beam_size}: the vulkan backend holds {max(DEFAULT_MAX_BATCH, items)} rows "
                                  f"(beams) at most{' with --batch-size ' + str(batch_size) if batch_size > 1 else ''}",

@@ -32,6 +32,7 @@ from .transcribe import TranscriptionInfo, detect_language, generate_segments, g
 log = logging.getLogger("minirt.whisper")
 
 DEFAULT_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+MAX_BATCH_ITEMS = 16        # WhisperModel's default max_batch_items
 
 
 class WhisperModel:
@@ -49,7 +50,7 @@ class WhisperModel:
     max_batch_items: the most windows transcribe_batch and BatchedInferencePipeline decode together (batch_size at
     most this; on the GPU, the batch's entry points and state are made for this many when first used)."""
 
-    def __init__(self, path, precision: str = "fp32", device=None, backend=None, max_batch_items: int = 16):
+    def __init__(self, path, precision: str = "fp32", device=None, backend=None, max_batch_items: int = MAX_BATCH_ITEMS):
         if precision not in ("fp32", "fp16"):
             raise ValueError(f"precision must be 'fp32' or 'fp16', got {precision!r}")
         ckpt = load_checkpoint(path)

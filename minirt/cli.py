@@ -834,7 +834,7 @@ def _param(ctx, name):
 
 
 @main.command()
-@click.argument("audio", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("audio", nargs=-1, required=True, type=click.Path())
 @click.option("--model", "model_path", required=True, type=click.Path(),
               help="A Whisper model folder: Hugging Face (model.safetensors, config.json, tokenizer.json) or "
                    "CTranslate2 / faster-whisper (model.bin, config.json, tokenizer.json); or a name as faster-whisper "
@@ -852,7 +852,8 @@ def _param(ctx, name):
                    "arithmetic (a device with 16-bit storage buffers); in the numpy reference, the weights rounded "
                    "to float16.")
 @click.option("--backend", type=click.Choice(["auto", "vulkan", "reference"]), default="auto", show_default=True,
-              help="vulkan: encoder and decoder on the GPU (fp32 or fp16, beams up to 5); reference: the numpy "
+              help="vulkan: encoder and decoder on the GPU (fp32 or fp16; beams up to 5, or up to the batch's 16 rows "
+                   "(--batch-size N: N) planned when first needed); reference: the numpy "
                    "decoder on the CPU; auto: vulkan.")
 @device_opt
 @click.option("--format", "fmt", type=click.Choice(["txt", "json", "srt", "vtt"]), default="txt", show_default=True,
@@ -895,14 +896,20 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
     targets = _output_targets(ctx, audio, output, fmt)
     if backend == "auto":
         backend = "vulkan"
-    if backend == "vulkan" and beam_size > 5:
-        raise click.BadParameter(f"{beam_size}: the vulkan backend holds 5 rows (beams) at most", ctx=ctx,
-                                 param=_param(ctx, "beam_size"))
     from .whisper.hub import model_folder
-    from .whisper.model import WhisperModel
+    from .whisper.model import MAX_BATCH_ITEMS, WhisperModel
+    from .whisper.vulkan import DEFAULT_MAX_BATCH
+    # beams past the one-sequence cache run on the batch's rows (minirt/whisper/beam_rows.py): as many as it holds
+    items = batch_size if batch_size > 1 else MAX_BATCH_ITEMS
+    if backend == "vulkan" and beam_size > max(DEFAULT_MAX_BATCH, items):
+        raise click.BadParameter(f"{beam_size}: the vulkan backend holds {max(DEFAULT_MAX_BATCH, items)} rows "
+                                 f"(beams) at most{' with --batch-size ' + str(batch_size) if batch_size > 1 else ''}",
+                                 ctx=ctx, param=_param(ctx, "beam_size"))
     from .whisper.output import render
     try:
         for a in audio:
+            if os.path.isdir(a):
+                raise InputError(f"{a}: is a folder, not an audio file")
             if not os.path.isfile(a):
                 raise InputError(f"{a}: no such file")
         if backend == "vulkan":

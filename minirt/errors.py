@@ -27,3 +27,8 @@ class DeviceError(MinirtError):
 
 class NondeterminismError(MinirtError):
     """Repeated runs of the same input gave different outputs."""
+
+
+class OptionError(InputError, ValueError):
+    """An option of a call has the wrong type or value (the message names the option). A ValueError too, as
+    Python's own checks of an argument's value are."""

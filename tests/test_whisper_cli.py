@@ -81,6 +81,11 @@ def test_output_paths_checked_before_the_model_loads(tmp_path):
     assert r.exit_code == 2 and "would both be written" in r.output
     r = run(SPEECH, "--model", "m", "--beam-size", "0")
     assert r.exit_code == 2
+    # beams past the batch's rows (16; with --batch-size 8, 8): a usage error naming the option, before any work
+    r = run(SPEECH, "--model", "m", "--beam-size", "17", "--backend", "vulkan")
+    assert r.exit_code == 2 and "--beam-size" in r.output and "holds 16 rows (beams) at most" in r.output
+    r = run(SPEECH, "--model", "m", "--beam-size", "9", "--batch-size", "8", "--backend", "vulkan")
+    assert r.exit_code == 2 and "holds 8 rows (beams) at most with --batch-size 8" in r.output
 
 
 def test_bad_models_and_audio_exit_3(ct2_dir, tmp_path):

@@ -21,10 +21,14 @@ _RANK = {"discrete": 0, "integrated": 1, "virtual": 2, "cpu": 3, "other": 4}
 def import_vulkan():
     try:
         import vulkan
-    except ImportError as e:
-        raise DeviceError(f"the Python package 'vulkan' is missing ({e}); `pip install vulkan`. "
-                          + INSTALL_HINT) from None
     except Exception as e:  # cffi raises OSError when libvulkan.so.1 cannot be opened
+        if _memory_limit() is not None and ("map" in str(e) or "memory" in str(e)):
+            # the dynamic loader could not map a library under a memory limit: not a missing package
+            raise DeviceError(f"could not load the Vulkan bindings ({e}). "
+                              + _failure_cause(None, INSTALL_HINT)) from None
+        if isinstance(e, ImportError):
+            raise DeviceError(f"the Python package 'vulkan' is missing ({e}); `pip install vulkan`. "
+                              + INSTALL_HINT) from None
         raise DeviceError(f"could not load the Vulkan loader libvulkan.so.1 ({e}). " + INSTALL_HINT) from None
     return vulkan
 
@@ -86,8 +90,9 @@ class _Instance:
         try:
             inst = vk.vkCreateInstance(info, None)
         except vk.VkError as e:
-            raise DeviceError(f"vkCreateInstance failed ({type(e).__name__}): no usable Vulkan driver. "
-                              + INSTALL_HINT) from None
+            raise DeviceError(f"vkCreateInstance failed ({type(e).__name__}): "
+                              + _failure_cause(type(e).__name__, "no usable Vulkan driver. " + INSTALL_HINT)) \
+                from None
         if messenger_info is not None:
             try:
                 create = vk.vkGetInstanceProcAddr(inst, "vkCreateDebugUtilsMessengerEXT")
@@ -144,16 +149,45 @@ def _instance_extensions(vk, layer) -> set:
         return set()
 
 
+def _memory_limit() -> int | None:
+    """The process's address-space or data limit in bytes (ulimit -v / -d), None where there is none."""
+    try:
+        import resource
+    except ImportError:         # not on POSIX
+        return None
+    limits = [resource.getrlimit(r)[0] for r in (resource.RLIMIT_AS, getattr(resource, "RLIMIT_DATA", None))
+              if r is not None]
+    limits = [x for x in limits if x != resource.RLIM_INFINITY and x > 0]
+    return min(limits) if limits else None
+
+
+def _failure_cause(error: str | None, otherwise: str) -> str:
+    """Why the driver failed to start, as far as can be told: a memory limit on the process (drivers map hundreds of
+    MiB as they start: lavapipe's LLVM, a GPU driver's heaps, and report it as out of memory or a failed
+    initialisation), an out-of-memory error, else `otherwise` (a missing driver)."""
+    limit = _memory_limit()
+    oom = error in ("VkErrorOutOfHostMemory", "VkErrorOutOfDeviceMemory")
+    if limit is not None and error != "VkErrorIncompatibleDriver":
+        cause = (f"The process's memory is limited to {limit / 2 ** 20:.0f} MiB (ulimit -v or -d), and Vulkan drivers "
+                 f"reserve large regions as they start: raise or remove the limit")
+        return cause + ("." if oom else f". If that is not it: {otherwise}")
+    if oom:
+        return "The host or the device is out of memory."
+    return otherwise
+
+
 def physical_devices():
     """[(index, VkPhysicalDevice, DeviceProfile)] in the loader's order."""
     vk = import_vulkan()
     inst = _Instance.get()
+    error = None
     try:
         pds = vk.vkEnumeratePhysicalDevices(inst)
-    except vk.VkError:
-        pds = []
+    except vk.VkError as e:
+        pds, error = [], type(e).__name__
     if not pds:
-        raise DeviceError("Vulkan found no physical device. " + INSTALL_HINT)
+        raise DeviceError("Vulkan found no physical device" + (f" ({error})" if error else "") + ". "
+                          + _failure_cause(error, INSTALL_HINT))
     return [(i, pd, read_profile(vk, pd)) for i, pd in enumerate(pds)]
 
 

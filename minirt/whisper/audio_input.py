@@ -27,8 +27,8 @@ _PCM, _FLOAT, _EXTENSIBLE = 1, 3, 0xFFFE
 
 def load_audio(audio, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
     """float32 mono samples at `sample_rate` from a path (str or os.PathLike) or an array of samples already at
-    that rate (1-D; float32 is used as is, other dtypes are converted; a 2-D [samples, channels] array is mixed
-    down). Raises InputError for an unreadable or unsupported file."""
+    that rate (1-D; float32 is used as is, other dtypes are converted; a 2-D [samples, channels] array, with more
+    samples than channels, is mixed down). Raises InputError for an unreadable or unsupported file."""
     if isinstance(audio, (str, os.PathLike)):
         samples, rate = read_audio_file(os.fspath(audio))
         return resample(samples, rate, sample_rate)
@@ -46,10 +46,20 @@ def check_array(audio) -> np.ndarray:
     """An array of samples as float32 mono (see load_audio); InputError for anything else."""
     if isinstance(audio, (bytes, bytearray)) or hasattr(audio, "read"):
         raise InputError("audio must be a file path or an array of samples; file objects and bytes are not read")
-    a = np.asarray(audio)
+    if isinstance(audio, tuple):
+        raise InputError(f"audio is a {len(audio)}-tuple; give one array of 16 kHz samples (or a path). "
+                         f"(samples, sample rate) pairs are for transcribe_batch(); resample to 16 kHz first")
+    try:
+        a = np.asarray(audio)
+    except (ValueError, TypeError) as e:       # a ragged list, an object numpy cannot make an array of
+        raise InputError(f"audio is not an array of samples ({e})") from None
     if a.dtype.kind not in "fiu":
         raise InputError(f"audio array has dtype {a.dtype}; give float samples in [-1, 1]")
     if a.ndim == 2:
+        if a.shape[1] >= a.shape[0]:
+            raise InputError(f"audio array of shape {list(a.shape)}: a 2-D array is read as [samples, channels] "
+                             f"(more samples than channels) and mixed down; for [channels, samples] give "
+                             f"audio.T or audio.mean(axis=0)")
         a = a.astype(np.float32).mean(axis=1, dtype=np.float32)
     elif a.ndim != 1:
         raise InputError(f"audio array must be 1-D samples (or [samples, channels]), got shape {list(a.shape)}")

@@ -15,9 +15,10 @@ from typing import List, Optional, Union
 
 import numpy as np
 
-from .audio_input import SAMPLE_RATE, load_audio
+from .audio_input import SAMPLE_RATE, audio_samples
 from .decoding import TranscriptionOptions, compression_ratio, generate, generate_batch, get_prompt
-from .features import N_FRAMES, LogMel
+from .features import N_FRAMES, ArraySamples, LogMel
+from .option_checks import check_int
 from .transcribe import Segment, TranscriptionInfo, detect_language, split_segments
 
 FRAMES_PER_SECOND = 100
@@ -74,7 +75,15 @@ class BatchedInferencePipeline:
         vad_parameters, hallucination_silence_threshold and the language detection ones. Segment.seek is its
         chunk's first frame, Segment.temperature the first temperature, as faster-whisper's. batch_size: None is
         the model's max_batch_items (16 by default)."""
-        temperatures = list(temperature) if isinstance(temperature, (list, tuple)) else [temperature]
+        kw = {k: v for k, v in locals().items() if k not in ("self", "audio", "ignored", "batch_size",
+                                                              "log_progress")}
+        kw.update({k: v for k, v in ignored.items() if k.startswith("language_detection_")})
+        # the pipeline decodes every chunk without previous text: the longest prompt has none
+        kw.update(language=language or self.preset_language, task=task or "transcribe",
+                  condition_on_previous_text=False)
+        model, tok = self.model, self.model.tokenizer
+        kw = model.check_options(kw, sampling_allowed=False)
+        beam_size, temperatures, initial_prompt = kw["beam_size"], kw["temperature"], kw["initial_prompt"]
         unsupported = [name for name, on in (("word_timestamps", word_timestamps), ("prefix", prefix),
                                              ("hotwords", hotwords), ("vad_filter", vad_filter),
                                              ("multilingual", multilingual and self.model.is_multilingual),
@@ -87,15 +96,12 @@ class BatchedInferencePipeline:
                                          "language_detection_segments"})
         if unknown:
             raise TypeError(f"transcribe() got unexpected keyword argument(s) {', '.join(unknown)}")
-        if beam_size < 1:
-            raise ValueError(f"beam_size must be >= 1, got {beam_size}")
-        model, tok = self.model, self.model.tokenizer
-        batch_size = model.max_batch_items if batch_size is None else batch_size
+        batch_size = model.max_batch_items if batch_size is None else check_int("batch_size", batch_size, 1)
         if beam_size == 1:
             model.batch_backend(batch_size)
-        elif not 1 <= batch_size:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        samples = load_audio(audio)
+        samples = audio_samples(audio)          # a file is read a chunk at a time, never whole
+        samples = samples if hasattr(samples, "read") else ArraySamples(samples)
+        samples.settle()
         duration = len(samples) / SAMPLE_RATE
         chunks = _chunks(clip_timestamps, len(samples))
         language = language or self.preset_language
@@ -104,10 +110,9 @@ class BatchedInferencePipeline:
         if not model.is_multilingual:
             language = "en"
         elif language is None:
-            language, language_probability, all_language_probs = detect_language(
-                model.backend, tok, LogMel(samples, model.n_mels))
-        else:
-            tok.language_token(language)
+            mel = LogMel(samples, model.n_mels)
+            with model.lock:
+                language, language_probability, all_language_probs = detect_language(model.backend, tok, mel)
         previous = []
         if initial_prompt is not None:
             previous = (tok.encode(" " + initial_prompt.strip()) if isinstance(initial_prompt, str)
@@ -131,19 +136,20 @@ class BatchedInferencePipeline:
 
     def _segments(self, samples, chunks, prompt, options, batch_size):
         model, tok = self.model, self.model.tokenizer
-        backend, idx = model.backend, 0
+        backend, idx = model.search_backend(options), 0
         for at in range(0, len(chunks), batch_size):
             part = chunks[at:at + batch_size]
-            windows = [LogMel(samples[s:e], model.n_mels) for s, e in part]
+            windows = [LogMel(samples.read(s, e), model.n_mels) for s, e in part]
             windows = [m.window(0, min(N_FRAMES, m.content_frames)) for m in windows]
-            if options.beam_size == 1:
-                backend.encode_batch(np.stack(windows))
-                results = generate_batch(backend, tok, [prompt] * len(part), options, model.suppress_blank_ids)
-            else:
-                results = []
-                for w in windows:
-                    backend.encode(w)
-                    results.append(generate(backend, tok, prompt, options, 0.0, model.suppress_blank_ids))
+            with model.lock:        # the backend's state is this batch's until its tokens are out
+                if options.beam_size == 1:
+                    backend.encode_batch(np.stack(windows))
+                    results = generate_batch(backend, tok, [prompt] * len(part), options, model.suppress_blank_ids)
+                else:
+                    results = []
+                    for w in windows:
+                        backend.encode(w)
+                        results.append(generate(backend, tok, prompt, options, 0.0, model.suppress_blank_ids))
             for (s, e), (hyp, no_speech_prob) in zip(part, results):
                 n = len(hyp.tokens)
                 avg_logprob = hyp.score * (n ** options.length_penalty) / (n + 1)
@@ -165,7 +171,7 @@ def _chunks(clip_timestamps, n: int) -> list:
     consecutive 30 s."""
     limit = N_FRAMES * SAMPLE_RATE // FRAMES_PER_SECOND
     if not clip_timestamps:
-        return [(s, min(s + limit, n)) for s in range(0, n, limit)] or [(0, 0)]
+        return [(s, min(s + limit, n)) for s in range(0, n, limit)]
     out = []
     for i, c in enumerate(clip_timestamps):
         try:

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..errors import ModelError
+from .checkpoint_checks import check_begin_suppress, check_checkpoint
 
 
 @dataclass
@@ -26,12 +27,15 @@ class Checkpoint:
         return int(self.config["vocab_size"]) >= 51865
 
 
-def _read_json(path):
+def _read_json(path) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            doc = json.load(f)
     except (OSError, ValueError) as e:
         raise ModelError(f"{path}: not a readable JSON file ({e})") from None
+    if not isinstance(doc, dict):
+        raise ModelError(f"{path}: a JSON {type(doc).__name__}, not an object of keys")
+    return doc
 
 
 def _folder(path) -> str:
@@ -83,15 +87,18 @@ def load_checkpoint(path) -> Checkpoint:
     if "decoder_layers" not in config or "model.decoder.embed_tokens.weight" not in weights:
         raise ModelError(f"{folder}: the checkpoint has no decoder (an encoder-only conversion?); transcription "
                          f"needs the whole model")
-    begin = []
+    check_checkpoint(weights, config, os.path.join(folder, "config.json") if kind == "huggingface" else path, path)
+    begin, vocab = [], int(config["vocab_size"])
     if kind == "ctranslate2":
-        cfg = _read_json(os.path.join(folder, "config.json")) if os.path.isfile(os.path.join(folder, "config.json")) \
-            else {}
-        begin = list(cfg.get("suppress_ids_begin") or [])
+        path = os.path.join(folder, "config.json")
+        if os.path.isfile(path):
+            begin = check_begin_suppress(_read_json(path).get("suppress_ids_begin"), vocab,
+                                         f"{path}: 'suppress_ids_begin'")
     else:
         gen = os.path.join(folder, "generation_config.json")
         if os.path.isfile(gen):
-            begin = list(_read_json(gen).get("begin_suppress_tokens") or [])
+            begin = check_begin_suppress(_read_json(gen).get("begin_suppress_tokens"), vocab,
+                                         f"{gen}: 'begin_suppress_tokens'")
     return Checkpoint(folder, kind, weights, config, tok, begin)
 
 

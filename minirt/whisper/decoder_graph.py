@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ModelError
+from ..errors import ModelError, UnsupportedError
 from ..graph import Graph, Node, Tensor
 from ..loaders.safetensors_loader import LN_EPS, build_whisper_encoder_graph
 from ..ops.token_select import CONTROL
@@ -82,6 +82,15 @@ def dims_of(weights: dict, config: dict) -> Dims:
     vocab, d_dec = shape("model.decoder.embed_tokens.weight")
     if d_dec != d:
         raise ModelError(f"the decoder's d_model {d_dec} is not the encoder's {d}")
+    for side in ("encoder", "decoder"):
+        heads = int(config[f"{side}_attention_heads"])
+        if heads < 1 or d % heads:
+            raise ModelError(f"{side}_attention_heads {heads} does not divide d_model {d}")
+        if (d // heads) % 4:
+            raise UnsupportedError(
+                f"'model.{side}.layers.0.self_attn.q_proj.weight' [{d}, {d}] in {heads} heads "
+                f"({side}_attention_heads): head dim {d // heads}; the Vulkan attention kernels read heads as "
+                f"vec4, so the head dim must be a multiple of 4 (the reference backend runs any)")
     return Dims(d, int(config["encoder_attention_heads"]), int(config["decoder_attention_heads"]),
                 int(config["encoder_layers"]), int(config["decoder_layers"]), n_mels,
                 shape("model.encoder.embed_positions.weight")[0], shape("model.decoder.embed_positions.weight")[0],

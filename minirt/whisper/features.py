@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import InputError
+
 SAMPLE_RATE = 16000
 N_FFT = 400
 HOP_LENGTH = 160
@@ -120,13 +122,21 @@ class LogMel:
         self._n_ext = n + HOP_LENGTH
         self.n_frames = (self._n_ext + 2 * (N_FFT // 2) - N_FFT) // HOP_LENGTH + 1 - 1      # last STFT frame dropped
         self._whole = None
-        if self.n_frames <= 2 * _CHUNK:       # short audio: all of it at once, exactly as faster-whisper
-            self._whole = self._mel_frames(0, self.n_frames)
-            self.max = self._whole.max()
-        else:
-            self.max = max(self._mel_frames(f, min(f + _CHUNK, self.n_frames)).max()
-                           for f in range(0, self.n_frames, _CHUNK))
+        with np.errstate(over="ignore", invalid="ignore"):      # an overflow is reported below
+            if self.n_frames <= 2 * _CHUNK:       # short audio: all of it at once, exactly as faster-whisper
+                self._whole = self._mel_frames(0, self.n_frames)
+                self.max = self._whole.max()
+            else:
+                self.max = max(self._mel_frames(f, min(f + _CHUNK, self.n_frames)).max()
+                               for f in range(0, self.n_frames, _CHUNK))
         self.max = np.float32(self.max)
+        if not np.isfinite(self.max):
+            # float32 power spectra overflow for samples beyond about 1e16: every frame would be inf or NaN
+            # after the normalisation by the maximum, and the transcript garbage
+            peak = f" (they reach {float(np.abs(self.samples.audio).max()):.3g})" \
+                if isinstance(self.samples, ArraySamples) else ""
+            raise InputError(f"the audio's samples are too large for a log-mel in float32{peak}; give samples in "
+                             f"[-1, 1] (e.g. divide int16 samples by 32768)")
 
     @property
     def content_frames(self) -> int:

@@ -12,23 +12,28 @@ import inspect
 import logging
 import os
 import sys
+import threading
 from typing import Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 
+from ..errors import InputError, OptionError
 from ..pools import pool
 from .audio_input import SAMPLE_RATE, audio_samples
 from .checkpoint import load_checkpoint
+from .checkpoint_checks import check_tokenizer
 from .decoding import TranscriptionOptions
 from .features import LogMel
 from .hub import model_folder
+from .option_checks import check_options, is_int
 from .reference import blas_threads
-from .tokenizer import TASKS, WhisperTokenizer
+from .tokenizer import WhisperTokenizer
 from .transcribe import TranscriptionInfo, detect_language, generate_segments, generate_segments_batch
 
 log = logging.getLogger("minirt.whisper")
 
 DEFAULT_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+MAX_BATCH_ITEMS = 16        # WhisperModel's default max_batch_items
 
 
 class WhisperModel:
@@ -51,8 +56,9 @@ class WhisperModel:
     max_batch_items: the most windows transcribe_batch and BatchedInferencePipeline decode together (batch_size at
     most this; on the GPU, the batch's entry points and state are made for this many when first used)."""
 
-    def __init__(self, path, precision: str = "fp32", device=None, backend=None, max_batch_items: int = 16,
-                 download_root=None, local_files_only: bool = False, revision=None):
+    def __init__(self, path, precision: str = "fp32", device=None, backend=None,
+                 max_batch_items: int = MAX_BATCH_ITEMS, download_root=None, local_files_only: bool = False,
+                 revision=None):
         if precision not in ("fp32", "fp16"):
             raise ValueError(f"precision must be 'fp32' or 'fp16', got {precision!r}")
         ckpt = load_checkpoint(model_folder(path, download_root, local_files_only, revision))
@@ -60,6 +66,8 @@ class WhisperModel:
         self.precision, self.device = precision, device
         self.config = ckpt.config
         self.tokenizer = WhisperTokenizer.from_file(ckpt.tokenizer_path, ckpt.multilingual)
+        check_tokenizer(self.tokenizer, int(self.config["vocab_size"]), ckpt.tokenizer_path,
+                        os.path.join(ckpt.folder, "config.json" if ckpt.kind == "huggingface" else "model.bin"))
         if backend is None:
             backend = "vulkan"
         if backend == "reference":
@@ -78,6 +86,14 @@ class WhisperModel:
         self.n_mels = int(self.config.get("num_mel_bins", backend.n_mels))
         tok = self.tokenizer
         self.suppress_blank_ids = list(ckpt.begin_suppress) or tok.encode(" ") + [tok.eot]
+
+    @property
+    def lock(self) -> threading.RLock:
+        """Held while the backend decodes a window (or a batch of windows, or detects a language): the backend's
+        state on the GPU (the encoder output, the key/value cache) is one window's at a time, so threads sharing
+        the model take turns a window at a time. A transcription's generator holds it only inside its own
+        next() while a window decodes, never between segments: one left unfinished blocks no one."""
+        return self.__dict__.setdefault("_lock", threading.RLock())
 
     @property
     def is_multilingual(self) -> bool:
@@ -139,8 +155,8 @@ class WhisperModel:
         mel, options, info, rng = self._setup(audio, dict(kw, **ignored))
         if progress is None and log_progress:
             progress = _stderr_progress
-        segments = generate_segments(self.backend, self.tokenizer, mel, options, info.language, kw["task"],
-                                     self.suppress_blank_ids, rng, progress)
+        segments = generate_segments(self.search_backend(options), self.tokenizer, mel, options, info.language,
+                                     kw["task"], self.suppress_blank_ids, rng, progress, lock=self.lock)
         return segments, info
 
     def transcribe_batch(self, audio: list, batch_size: Optional[int] = None, **options) -> list:
@@ -157,16 +173,17 @@ class WhisperModel:
                 raise TypeError(f"transcribe_batch() does not take {bad}")
         if isinstance(audio, (str, np.ndarray)):
             raise TypeError("transcribe_batch() takes a list of files or sample arrays; transcribe() takes one")
-        audio = [_at_16k(a, i) if isinstance(a, tuple) else a for i, a in enumerate(audio)]
-        batch_size = self.max_batch_items if batch_size is None else batch_size
-        if not audio:
-            return []
-        self.batch_backend(batch_size)
         bound = inspect.signature(WhisperModel.transcribe).bind(self, None, **options)
         bound.apply_defaults()
         kw = {k: v for k, v in bound.arguments.items() if k not in ("self", "audio", "log_progress", "progress",
                                                                      "ignored")}
         kw.update(bound.arguments.get("ignored", {}))
+        self.check_options({k: v for k, v in kw.items() if k in _OPTION_NAMES})
+        audio = [_at_16k(a, i) if isinstance(a, tuple) else a for i, a in enumerate(audio)]
+        batch_size = self.max_batch_items if batch_size is None else batch_size
+        if not audio:
+            return []
+        self.batch_backend(batch_size)
         # The files' log-mels are host work, most of it in numpy's FFT and BLAS, which release the GIL: computed
         # side by side they cost a fraction of their serial time before the first window reaches the GPU. BLAS is
         # held to one thread meanwhile (process-wide, through threadpoolctl where installed): OpenBLAS's own
@@ -174,7 +191,7 @@ class WhisperModel:
         # the serial time on a 16-core host. Its sums do not depend on its thread count at these shapes.
         threads = pool("minirt-mel", min(_FEATURE_THREADS, os.cpu_count() or 1))
         with blas_threads(1 if len(audio) > 1 else None):
-            mels = [threads.submit(lambda a: LogMel(audio_samples(a), self.n_mels), a) for a in audio]
+            mels = [threads.submit(self._item_mel, i, a) for i, a in enumerate(audio)]
             try:
                 setups = [self._setup(a, dict(kw), mel.result) for a, mel in zip(audio, mels)]
             finally:
@@ -182,33 +199,69 @@ class WhisperModel:
                     mel.cancel()
         options = setups[0][1]
         files = [(mel, info.language, kw["task"], rng) for mel, _, info, rng in setups]
-        segments = generate_segments_batch(self.backend, self.tokenizer, files, options, self.suppress_blank_ids,
-                                           batch_size)
+        with self.lock:
+            segments = generate_segments_batch(self.search_backend(options), self.tokenizer, files, options,
+                                               self.suppress_blank_ids, batch_size)
         return [(segs, info) for segs, (_, _, info, _) in zip(segments, setups)]
+
+    def _item_mel(self, index: int, audio) -> LogMel:
+        """The LogMel of transcribe_batch's audio[index]; an InputError says which item it is about."""
+        try:
+            return LogMel(audio_samples(audio), self.n_mels)
+        except InputError as e:
+            raise InputError(f"audio[{index}]: {e}") from None
 
     def batch_backend(self, batch_size: int):
         """The backend, able to decode batches of batch_size windows (BatchDecoder): on the GPU, the batch's entry
         points are made the first time (for max_batch_items windows, from the checkpoint read again)."""
         b = self.backend
-        if not 1 <= batch_size <= self.max_batch_items:
-            raise ValueError(f"batch_size must be 1 to {self.max_batch_items} (WhisperModel(max_batch_items=...)), "
+        if not is_int(batch_size) or not 1 <= batch_size <= self.max_batch_items:
+            raise OptionError(f"batch_size must be 1 to {self.max_batch_items} (WhisperModel(max_batch_items=...)), "
                              f"got {batch_size}")
         if not all(hasattr(b, m) for m in ("encode_batch", "start_rows", "step_rows", "reorder_rows")):
             raise TypeError(f"the backend {getattr(b, 'name', type(b).__name__)} does not decode batches "
                             f"(minirt.whisper.BatchDecoder)")
-        if not getattr(b, "max_items", 0) and hasattr(b, "add_batch"):
-            ckpt = load_checkpoint(self.path)
-            b.add_batch(ckpt.weights, ckpt.config, self.max_batch_items)
+        with self.lock:
+            if not getattr(b, "max_items", 0) and hasattr(b, "add_batch"):
+                ckpt = load_checkpoint(self.path)
+                b.add_batch(ckpt.weights, ckpt.config, self.max_batch_items)
         if batch_size > b.max_items:
-            raise ValueError(f"batch_size {batch_size} is more than the backend's batch of {b.max_items}")
+            raise OptionError(f"batch_size {batch_size} is more than the backend's batch of {b.max_items}")
         return b
+
+    def check_options(self, kw: dict, sampling_allowed: bool = True) -> dict:
+        """transcribe()'s options `kw` checked and normalised (option_checks.check_options): an OptionError naming
+        the first bad one, before any audio is read."""
+        return check_options(kw, self.tokenizer, int(self.backend.n_vocab), self.max_rows(), sampling_allowed)
+
+    def max_rows(self):
+        """The most rows (beams, or best_of samples) a search may have: the backend's one-sequence cache
+        (max_batch), or on a backend with batch entry points, its batch's rows (max_batch_items: BeamRows); None
+        for no limit."""
+        b = self.backend
+        rows = getattr(b, "max_batch", None)
+        if rows is None:
+            return None
+        batch = getattr(b, "max_items", 0) or (self.max_batch_items if hasattr(b, "add_batch") else 0)
+        return max(rows, batch)
+
+    def search_backend(self, options: TranscriptionOptions):
+        """The backend for options' searches: the model's, or where they need more rows than its one-sequence
+        cache holds, BeamRows over its batch entry points (made now if they are not yet)."""
+        rows = max([options.beam_size] + [options.best_of for t in options.temperatures if t > 0])
+        b = self.backend
+        if rows <= getattr(b, "max_batch", rows):
+            return b
+        from .beam_rows import BeamRows
+        return BeamRows(self.batch_backend(min(rows, self.max_batch_items)))
 
     def _setup(self, audio, kw: dict, features=None):
         """(LogMel, TranscriptionOptions, TranscriptionInfo, rng) of one file for transcribe()'s options `kw`;
         features(), where given, returns the file's LogMel (computed elsewhere), after the options are checked."""
         ignored = {k: kw.pop(k) for k in list(kw) if k not in _OPTION_NAMES}
+        kw = self.check_options(kw)
         (language, task, beam_size, best_of, patience, length_penalty, repetition_penalty, no_repeat_ngram_size,
-         temperature, compression_ratio_threshold, log_prob_threshold, no_speech_threshold,
+         temperatures, compression_ratio_threshold, log_prob_threshold, no_speech_threshold,
          condition_on_previous_text, prompt_reset_on_temperature, initial_prompt, prefix, suppress_blank,
          suppress_tokens, without_timestamps, max_initial_timestamp, word_timestamps, multilingual, vad_filter,
          max_new_tokens, chunk_length, clip_timestamps, hotwords, language_detection_threshold,
@@ -225,15 +278,6 @@ class WhisperModel:
         unknown = sorted(set(ignored) - known_extra)
         if unknown:
             raise TypeError(f"transcribe() got unexpected keyword argument(s) {', '.join(unknown)}")
-        temperatures = list(temperature) if isinstance(temperature, (list, tuple)) else [temperature]
-        if not temperatures or any(t < 0 for t in temperatures):
-            raise ValueError(f"temperature must be >= 0 (one value or a list), got {temperature!r}")
-        if beam_size < 1 or best_of < 1:
-            raise ValueError(f"beam_size and best_of must be >= 1, got {beam_size} and {best_of}")
-        if patience <= 0:
-            raise ValueError(f"patience must be > 0, got {patience}")
-        if task not in TASKS:
-            raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
         tok = self.tokenizer
 
         # a file is read a block at a time, never whole
@@ -248,14 +292,13 @@ class WhisperModel:
             if not self.is_multilingual:
                 language, language_probability = "en", 1
             else:
-                language, language_probability, all_language_probs = detect_language(
-                    self.backend, tok, mel, language_detection_segments, language_detection_threshold)
+                with self.lock:
+                    language, language_probability, all_language_probs = detect_language(
+                        self.backend, tok, mel, language_detection_segments, language_detection_threshold)
         else:
             if not self.is_multilingual and language != "en":
                 log.warning("the model is English-only; language %r is ignored ('en' is used)", language)
                 language = "en"
-            elif self.is_multilingual:
-                tok.language_token(language)        # a ValueError naming the known codes
             language_probability = 1
 
         options = TranscriptionOptions(
@@ -280,12 +323,15 @@ _FEATURE_THREADS = 8        # 16 log-mels of 30 s on a 16-core host, BLAS at one
 
 def _at_16k(item, index: int) -> np.ndarray:
     """The samples of a (samples, sample rate) pair at 16 kHz; InputError naming the item where it is not one."""
-    from ..errors import InputError
     from .audio_input import check_array, resample
     if len(item) != 2 or not isinstance(item[1], (int, np.integer)) or isinstance(item[1], bool) or item[1] <= 0:
         raise InputError(f"audio[{index}]: a pair must be (samples, sample rate in Hz, a positive int), got a "
                          f"{len(item)}-tuple" + (f" with rate {item[1]!r}" if len(item) == 2 else ""))
-    return resample(check_array(item[0]), int(item[1]), SAMPLE_RATE)
+    try:
+        samples = check_array(item[0])
+    except InputError as e:
+        raise InputError(f"audio[{index}]: {e}") from None
+    return resample(samples, int(item[1]), SAMPLE_RATE)
 
 
 _OPTION_NAMES = (

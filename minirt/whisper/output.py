@@ -37,13 +37,25 @@ def to_json(segments, info) -> str:
     return json.dumps(doc, ensure_ascii=False, indent=2) + "\n"
 
 
+def cue_text(text: str) -> str:
+    """A segment's text as subtitle lines: each line stripped, the empty ones dropped (in SRT and WebVTT a blank
+    line ends the cue, so a blank line inside the text would cut it and make the rest a malformed cue)."""
+    return "\n".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def vtt_text(text: str) -> str:
+    """cue_text with what WebVTT cue text must escape: "&", "<" and ">" as character references (a "<" starts a
+    tag, and "-->" may not appear in cue text)."""
+    return cue_text(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def to_srt(segments, info=None) -> str:
-    return "".join(f"{i}\n{_timestamp(s.start, ',')} --> {_timestamp(s.end, ',')}\n{s.text.strip()}\n\n"
+    return "".join(f"{i}\n{_timestamp(s.start, ',')} --> {_timestamp(s.end, ',')}\n{cue_text(s.text)}\n\n"
                    for i, s in enumerate(segments, 1))
 
 
 def to_vtt(segments, info=None) -> str:
-    return "WEBVTT\n\n" + "".join(f"{_timestamp(s.start, '.')} --> {_timestamp(s.end, '.')}\n{s.text.strip()}\n\n"
+    return "WEBVTT\n\n" + "".join(f"{_timestamp(s.start, '.')} --> {_timestamp(s.end, '.')}\n{vtt_text(s.text)}\n\n"
                                   for s in segments)
 
 

@@ -93,6 +93,7 @@ class ReferenceBackend:
 
     name = "numpy reference (float32, CPU)"
     max_items = 32        # BatchDecoder: sequences of a batch (the Vulkan program's limit; here only a check)
+    max_batch = 64        # beams or best_of samples: a bound, so that beam_size=10**6 is refused at the call
 
     def __init__(self, weights: dict, config: dict, precision: str = "fp32", threads: int | None = 1):
         """threads: BLAS threads while the backend computes (None: BLAS's default). One is the default: the

@@ -29,12 +29,12 @@ class WhisperTokenizer:
     """Token ids and text for one Whisper vocabulary. `multilingual` follows the model (vocabulary size >= 51865),
     not the tokenizer file: English-only models ship the language tokens too."""
 
-    def __init__(self, tokenizer, multilingual: bool):
+    def __init__(self, tokenizer, multilingual: bool, source: str = "the tokenizer"):
         self.tokenizer = tokenizer
         self.multilingual = multilingual
         for name in ("eot", "sot", "no_timestamps", "sot_prev"):
             if getattr(self, name) is None:
-                raise ModelError(f"the tokenizer has no {name} token; is it a Whisper tokenizer.json?")
+                raise ModelError(f"{source}: no {name} token; is it a Whisper tokenizer.json?")
 
     @classmethod
     def from_file(cls, path, multilingual: bool) -> "WhisperTokenizer":
@@ -42,8 +42,8 @@ class WhisperTokenizer:
         name = os.path.basename(os.fspath(path))
         if name.startswith("vocabulary.") and not name.endswith("tokenizer.json"):
             from .vocabulary import tokenizer_from_vocabulary
-            return cls(tokenizer_from_vocabulary(path), multilingual)
-        return cls(load_tokenizers_json(path), multilingual)
+            return cls(tokenizer_from_vocabulary(path), multilingual, os.fspath(path))
+        return cls(load_tokenizers_json(path), multilingual, os.fspath(path))
 
     def _id(self, token: str):
         return self.tokenizer.token_to_id(token)

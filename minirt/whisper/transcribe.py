@@ -8,6 +8,7 @@ together, a window of each in a batch (generate_segments_batch), with the same r
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
@@ -145,9 +146,11 @@ def decode_window(backend, tokenizer, request: WindowRequest, options: Transcrip
 
 
 def generate_segments(backend, tokenizer, mel: LogMel, options: TranscriptionOptions, language: str,
-                      task: str = "transcribe", suppress_blank_ids=(), rng=None, progress=None):
+                      task: str = "transcribe", suppress_blank_ids=(), rng=None, progress=None, lock=None):
     """Yield Segments for the whole audio (see the module doc). `progress(seconds done, seconds in all)` is
-    called after each window."""
+    called after each window. lock: held while each window decodes (the backend's state is one window's), released
+    before its segments are yielded."""
+    lock = lock or contextlib.nullcontext()
     loop = seek_loop(tokenizer, mel, options, language, task, progress)
     reply = None
     while True:
@@ -159,7 +162,8 @@ def generate_segments(backend, tokenizer, mel: LogMel, options: TranscriptionOpt
             reply = None
             yield msg
         else:
-            reply = decode_window(backend, tokenizer, msg, options, suppress_blank_ids, rng)
+            with lock:
+                reply = decode_window(backend, tokenizer, msg, options, suppress_blank_ids, rng)
 
 
 def generate_segments_batch(backend, tokenizer, files, options: TranscriptionOptions, suppress_blank_ids=(),

@@ -40,7 +40,10 @@ from ..ops import token_select as ts_op
 from . import decoder_graph
 
 
-def plan_program(weights: dict, config: dict, profile, max_batch: int = 5, options=None) -> dict:
+DEFAULT_MAX_BATCH = 5      # cache rows: beam_size and best_of up to this (faster-whisper's defaults)
+
+
+def plan_program(weights: dict, config: dict, profile, max_batch: int = DEFAULT_MAX_BATCH, options=None) -> dict:
     """{entry point: Plan} of the Whisper program (decoder_graph.py) for a device profile, in buffer storage at the
     precision of options (fp32 by default, or fp16; options: Session options for planning)."""
     graphs = decoder_graph.program_graphs(weights, decoder_graph.dims_of(weights, config), int(max_batch))
@@ -73,7 +76,8 @@ class VulkanBackend:
     (decoding.generate_batch, search.greedy) picks each step's tokens on the GPU where its filters are masks
     (step_select, step_rows_select); False: every step's logits come back and the host picks (to compare)."""
 
-    def __init__(self, weights: dict, config: dict, precision: str = "fp32", device=None, max_batch: int = 5,
+    def __init__(self, weights: dict, config: dict, precision: str = "fp32", device=None,
+                 max_batch: int = DEFAULT_MAX_BATCH,
                  options=None, profile=False, max_items: int = 0, gpu_select: bool = True):
         from ..options import Options
         from ..program import Program

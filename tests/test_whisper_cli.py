@@ -123,10 +123,8 @@ def test_encoder_only_checkpoint_is_refused(tmp_path):
 def test_transcribe_refuses_what_it_does_not_do(ct2_dir):
     from minirt.whisper import WhisperModel
     m = WhisperModel(ct2_dir, backend="reference")
-    for kw in (dict(word_timestamps=True), dict(vad_filter=True), dict(prefix="Hello"), dict(hotwords="x"),
-               dict(clip_timestamps="1,2")):
-        with pytest.raises(NotImplementedError, match=next(iter(kw))):
-            m.transcribe(np.zeros(16000, np.float32), **kw)
+    with pytest.raises(NotImplementedError, match="vad_filter"):
+        m.transcribe(np.zeros(16000, np.float32), vad_filter=True)
     with pytest.raises(TypeError, match="no_such_option"):
         m.transcribe(np.zeros(16000, np.float32), no_such_option=1)
     with pytest.raises(InputError):

@@ -20,6 +20,7 @@ class Checkpoint:
     config: dict                  # Hugging Face WhisperConfig keys
     tokenizer_path: str           # tokenizer.json, or a CTranslate2 vocabulary.txt / vocabulary.json
     begin_suppress: list = field(default_factory=list)     # suppress_blank's tokens; [] = the tokenizer's default
+    alignment_heads: list = None  # [(layer, head)] for word timestamps, where the checkpoint lists them
 
     @property
     def multilingual(self) -> bool:
@@ -70,16 +71,20 @@ def load_checkpoint(path) -> Checkpoint:
             raise ModelError(f"{folder}: no tokenizer.json (nor a CTranslate2 vocabulary.txt / vocabulary.json); "
                              f"copy the tokenizer.json of the matching Hugging Face Whisper model (e.g. "
                              f"openai/whisper-tiny.en) into the folder")
-    begin = []
+    begin, heads, extra = [], None, None
     if kind == "ctranslate2":
-        cfg = _read_json(os.path.join(folder, "config.json")) if os.path.isfile(os.path.join(folder, "config.json")) \
-            else {}
+        extra = os.path.join(folder, "config.json")
+        cfg = _read_json(extra) if os.path.isfile(extra) else {}
         begin = list(cfg.get("suppress_ids_begin") or [])
     else:
-        gen = os.path.join(folder, "generation_config.json")
-        if os.path.isfile(gen):
-            begin = list(_read_json(gen).get("begin_suppress_tokens") or [])
-    return Checkpoint(folder, kind, weights, config, tok, begin)
+        extra = os.path.join(folder, "generation_config.json")
+        cfg = _read_json(extra) if os.path.isfile(extra) else {}
+        begin = list(cfg.get("begin_suppress_tokens") or [])
+    if cfg.get("alignment_heads"):
+        from .words import check_alignment_heads
+        heads = check_alignment_heads(cfg["alignment_heads"], int(config["decoder_layers"]),
+                                      int(config["decoder_attention_heads"]), extra)
+    return Checkpoint(folder, kind, weights, config, tok, begin, heads)
 
 
 def _read_hf(folder, st):

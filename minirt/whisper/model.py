@@ -43,9 +43,13 @@ class WhisperModel:
     beams and best_of up to 5), "reference" (the numpy reference on the CPU), None (the default: vulkan), or a
     DecoderBackend to use as it is.
     max_batch_items: the most windows transcribe_batch and BatchedInferencePipeline decode together (batch_size at
-    most this; on the GPU, the batch's entry points and state are made for this many when first used)."""
+    most this; on the GPU, the batch's entry points and state are made for this many when first used).
+    compute_type: faster-whisper's argument, "default" (precision decides), "float32" (fp32) or "float16" (fp16);
+    the int8, int16 and bfloat16 types are refused (minirt has no quantized or bfloat16 Whisper yet)."""
 
-    def __init__(self, path, precision: str = "fp32", device=None, backend=None, max_batch_items: int = 16):
+    def __init__(self, path, precision: str = "fp32", device=None, backend=None, max_batch_items: int = 16,
+                 compute_type: str = "default"):
+        precision = precision_of(compute_type, precision)
         if precision not in ("fp32", "fp16"):
             raise ValueError(f"precision must be 'fp32' or 'fp16', got {precision!r}")
         ckpt = load_checkpoint(path)
@@ -71,6 +75,7 @@ class WhisperModel:
         self.n_mels = int(self.config.get("num_mel_bins", backend.n_mels))
         tok = self.tokenizer
         self.suppress_blank_ids = list(ckpt.begin_suppress) or tok.encode(" ") + [tok.eot]
+        self.alignment_heads = ckpt.alignment_heads     # None: words.default_alignment_heads
 
     @property
     def is_multilingual(self) -> bool:
@@ -124,10 +129,12 @@ class WhisperModel:
         30 s window. A file is read in blocks (twice, or three times with language detection), so memory follows
         the 30 s window, not the length of the file.
 
-        Not supported, refused with NotImplementedError: word_timestamps, prefix, hotwords, vad_filter,
-        clip_timestamps other than "0", chunk_length other than 30. Options of faster-whisper that only matter
-        with those (prepend_punctuations, append_punctuations, hallucination_silence_threshold, vad_parameters)
-        are accepted and have no effect."""
+        prefix, hotwords, clip_timestamps ("start,end,..." seconds or a list of seconds; an odd count ends at the
+        end of the audio), word_timestamps (Segment.words: words.Word(start, end, word, probability), from the
+        cross-attention of the model's alignment heads: minirt.whisper.words), prepend_punctuations,
+        append_punctuations and hallucination_silence_threshold (only with word_timestamps) are faster-whisper's
+        and give its tokens and words. Not supported, refused with NotImplementedError: vad_filter, chunk_length
+        other than 30 (vad_parameters is accepted and has no effect)."""
         kw = {k: v for k, v in locals().items() if k not in ("self", "audio", "ignored", "log_progress", "progress")}
         mel, options, info, rng = self._setup(audio, dict(kw, **ignored))
         if progress is None and log_progress:
@@ -196,6 +203,21 @@ class WhisperModel:
             raise ValueError(f"batch_size {batch_size} is more than the backend's batch of {b.max_items}")
         return b
 
+    def word_backend(self):
+        """The backend, able to align tokens for word timestamps (DecoderBackend.align): the alignment heads are the
+        checkpoint's, else words.default_alignment_heads; on the GPU the align entry points are made the first time
+        (from the checkpoint read again)."""
+        from .words import default_alignment_heads
+        b = self.backend
+        if not all(hasattr(b, m) for m in ("align", "add_align")):
+            raise TypeError(f"the backend {getattr(b, 'name', type(b).__name__)} does not align tokens (word "
+                            f"timestamps need DecoderBackend.align)")
+        if getattr(b, "align_heads", None) is None:
+            heads = self.alignment_heads or default_alignment_heads(int(self.config["decoder_layers"]),
+                                                                    int(self.config["decoder_attention_heads"]))
+            b.add_align(heads, self.tokenizer.eot, lambda: load_checkpoint(self.path).weights)
+        return b
+
     def _setup(self, audio, kw: dict, features=None):
         """(LogMel, TranscriptionOptions, TranscriptionInfo, rng) of one file for transcribe()'s options `kw`;
         features(), where given, returns the file's LogMel (computed elsewhere), after the options are checked."""
@@ -207,10 +229,7 @@ class WhisperModel:
          max_new_tokens, chunk_length, clip_timestamps, hotwords, language_detection_threshold,
          language_detection_segments, seed) = (kw[k] for k in _OPTION_NAMES)
         unsupported = [name for name, on in (
-            ("word_timestamps", word_timestamps), ("prefix", prefix), ("hotwords", hotwords),
-            ("vad_filter", vad_filter),
-            ("clip_timestamps", clip_timestamps not in ("0", "", [0], [0.0], (0,), None)),
-            ("chunk_length", chunk_length not in (None, 30))) if on]
+            ("vad_filter", vad_filter), ("chunk_length", chunk_length not in (None, 30))) if on]
         if unsupported:
             raise NotImplementedError(f"minirt's WhisperModel does not support {', '.join(unsupported)}")
         known_extra = {"prepend_punctuations", "append_punctuations", "hallucination_silence_threshold",
@@ -218,6 +237,10 @@ class WhisperModel:
         unknown = sorted(set(ignored) - known_extra)
         if unknown:
             raise TypeError(f"transcribe() got unexpected keyword argument(s) {', '.join(unknown)}")
+        parity = parity_options(prefix=prefix, hotwords=hotwords, clip_timestamps=clip_timestamps,
+                                word_timestamps=word_timestamps, max_new_tokens=max_new_tokens,
+                                language_detection_segments=language_detection_segments,
+                                language_detection_threshold=language_detection_threshold, **ignored)
         temperatures = list(temperature) if isinstance(temperature, (list, tuple)) else [temperature]
         if not temperatures or any(t < 0 for t in temperatures):
             raise ValueError(f"temperature must be >= 0 (one value or a list), got {temperature!r}")
@@ -242,7 +265,8 @@ class WhisperModel:
                 language, language_probability = "en", 1
             else:
                 language, language_probability, all_language_probs = detect_language(
-                    self.backend, tok, mel, language_detection_segments, language_detection_threshold)
+                    self.backend, tok, mel, language_detection_segments, language_detection_threshold,
+                    start=detection_start(parity["clip_timestamps"], mel.content_frames))
         else:
             if not self.is_multilingual and language != "en":
                 log.warning("the model is English-only; language %r is ignored ('en' is used)", language)
@@ -261,11 +285,68 @@ class WhisperModel:
             initial_prompt=initial_prompt, suppress_blank=suppress_blank,
             suppress_tokens=list(tok.suppressed_tokens(suppress_tokens)) if suppress_tokens else suppress_tokens,
             without_timestamps=without_timestamps, max_initial_timestamp=max_initial_timestamp,
-            multilingual=multilingual, max_new_tokens=max_new_tokens, word_timestamps=False)
+            multilingual=multilingual, max_new_tokens=max_new_tokens, **parity)
+        if word_timestamps:
+            self.word_backend()
         info = TranscriptionInfo(language=language, language_probability=language_probability, duration=duration,
                                  duration_after_vad=duration, all_language_probs=all_language_probs,
                                  transcription_options=options)
         return mel, options, info, np.random.default_rng(seed)
+
+
+def precision_of(compute_type: str, precision: str) -> str:
+    """The precision for faster-whisper's compute_type ("default": `precision` as given)."""
+    from ..errors import UnsupportedError
+    types = {"default": precision, "float32": "fp32", "float16": "fp16", "auto": precision}
+    if compute_type in types:
+        chosen = types[compute_type]
+        if compute_type not in ("default", "auto") and precision not in ("fp32", chosen):
+            raise ValueError(f"compute_type {compute_type!r} and precision {precision!r} disagree; give one")
+        return chosen
+    if isinstance(compute_type, str) and compute_type.startswith(("int8", "int16", "bfloat16")):
+        raise UnsupportedError(f"compute_type {compute_type!r}: minirt's Whisper runs in float32 or float16 "
+                               f"(compute_type 'float32' or 'float16'); int8, int16 and bfloat16 are not supported "
+                               f"yet")
+    raise ValueError(f"compute_type must be 'default', 'float32' or 'float16', got {compute_type!r}")
+
+
+def parity_options(prefix=None, hotwords=None, clip_timestamps="0", word_timestamps=False, max_new_tokens=None,
+                   language_detection_segments=1, language_detection_threshold=0.5,
+                   hallucination_silence_threshold=None, prepend_punctuations=None, append_punctuations=None,
+                   vad_parameters=None) -> dict:
+    """The TranscriptionOptions fields of transcribe()'s prefix, hotwords, clip_timestamps, word timestamps and
+    hallucination options, checked (ValueError naming the option)."""
+    from .transcribe import parse_clip_timestamps
+    for name, v in (("prefix", prefix), ("hotwords", hotwords)):
+        if v is not None and not isinstance(v, str):
+            raise ValueError(f"{name} must be a string or None, got {type(v).__name__}")
+    clips = parse_clip_timestamps(clip_timestamps)
+    if max_new_tokens is not None and (not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1):
+        raise ValueError(f"max_new_tokens must be a positive int or None, got {max_new_tokens!r}")
+    if not isinstance(language_detection_segments, (int, np.integer)) or language_detection_segments < 1:
+        raise ValueError(f"language_detection_segments must be an int >= 1, got {language_detection_segments!r}")
+    if hallucination_silence_threshold is not None:
+        if not word_timestamps:
+            raise ValueError("hallucination_silence_threshold needs word_timestamps=True (it reads the words' "
+                             "times, as in faster-whisper)")
+        if not float(hallucination_silence_threshold) > 0:
+            raise ValueError(f"hallucination_silence_threshold must be > 0 seconds, got "
+                             f"{hallucination_silence_threshold!r}")
+    out = dict(prefix=prefix, hotwords=hotwords, clip_timestamps=clips, word_timestamps=bool(word_timestamps),
+               hallucination_silence_threshold=hallucination_silence_threshold)
+    for name, v in (("prepend_punctuations", prepend_punctuations), ("append_punctuations", append_punctuations)):
+        if v is not None:
+            if not isinstance(v, str):
+                raise ValueError(f"{name} must be a string, got {type(v).__name__}")
+            out[name] = v
+    return out
+
+
+def detection_start(clip_timestamps: list, content_frames: int) -> int:
+    """The frame language detection starts at: the first clip's start where it is inside the audio, as in
+    faster-whisper."""
+    start = int(clip_timestamps[0] * 100) if clip_timestamps else 0
+    return start if start < content_frames else 0
 
 
 _FEATURE_THREADS = 8        # 16 log-mels of 30 s on a 16-core host, BLAS at one thread: 8 threads 3.4x one, 16 slower

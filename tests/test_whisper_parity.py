@@ -1,0 +1,140 @@
+"""faster-whisper's prefix, hotwords, clip_timestamps, word timestamps and hallucination_silence_threshold against
+faster-whisper itself (the oracle: CTranslate2 on the CPU in float32, one thread) with the same tiny.en CTranslate2
+folder (tests/real_whisper.py) on clips spoken by espeak-ng (tests/speech_clips.py): the same segments and tokens;
+word lists equal, word times within 0.02 s in the median and 0.2 s at worst. minirt runs its numpy reference
+backend here (tests/test_whisper_words_vulkan.py checks the GPU's alignment against it). And the option checks."""
+import numpy as np
+import pytest
+
+import speech_clips
+
+faster_whisper = pytest.importorskip("faster_whisper", reason="faster-whisper (the oracle) is not installed")
+from test_whisper_decode import ct2_dir, model, oracle  # noqa: E402,F401  (the same fixtures)
+
+needs_espeak = pytest.mark.skipif(not speech_clips.espeak_available(),
+                                  reason="espeak-ng is not installed (tools/setup.sh installs it)")
+
+GREEDY = dict(beam_size=1, temperature=0.0)
+
+
+def gappy_clip():
+    """Three sentences with 2.5 s of low noise between them (and before the first)."""
+    rng = np.random.default_rng(5)
+    parts = []
+    for text in speech_clips.sentences(4, 3):
+        parts += [(rng.standard_normal(40000) * 2e-3).astype(np.float32), speech_clips.speak(text)]
+    return np.concatenate(parts)
+
+
+def both(oracle, model, audio, **options):
+    fs, _ = oracle.transcribe(audio, **options)
+    ms, _ = model.transcribe(audio, **options)
+    return list(fs), list(ms)
+
+
+def assert_same_segments(fs, ms):
+    def key(s):
+        return s.id, s.seek, round(s.start, 6), round(s.end, 6), s.tokens, s.text, s.temperature
+
+    assert [key(s) for s in ms] == [key(s) for s in fs]
+    for f, m in zip(fs, ms):
+        assert m.avg_logprob == pytest.approx(f.avg_logprob, abs=1e-3)
+
+
+def assert_same_words(fs, ms):
+    """Word lists equal; start and end within 0.02 s in the median, 0.2 s at worst; probabilities to 1e-3."""
+    fw = [w for s in fs for w in s.words]
+    mw = [w for s in ms for w in s.words]
+    assert [w.word for w in mw] == [w.word for w in fw]
+    assert fw
+    err = np.abs([[a.start - b.start, a.end - b.end] for a, b in zip(mw, fw)])
+    assert np.median(err) <= 0.02 and err.max() <= 0.2
+    assert np.abs([a.probability - b.probability for a, b in zip(mw, fw)]).max() <= 1e-3
+    for s in ms:
+        assert all(isinstance(w.start, float) and w.start <= w.end for w in s.words)
+
+
+@needs_espeak
+@pytest.mark.parametrize("options", [
+    dict(prefix="The quick", beam_size=3, temperature=0.0), dict(prefix="Hello", without_timestamps=True, **GREEDY),
+    dict(hotwords="Stella container", initial_prompt="Hello there.", beam_size=2, temperature=0.0)],
+    ids=["prefix-beam", "prefix-no-timestamps", "hotwords-prompt-beam"])
+def test_prefix_and_hotwords(oracle, model, options):
+    """A prefix forced after the start sequence (scored 0, within the length limit; after <|0.00|> with timestamps),
+    hotwords as previous text: the same tokens as faster-whisper's."""
+    audio = speech_clips.clip(speech_clips.sentences(3, 2), pause=1.0)
+    fs, ms = both(oracle, model, audio, **options)
+    assert ms
+    assert_same_segments(fs, ms)
+    if "prefix" in options and "hotwords" not in options:
+        assert ms[0].text.strip().startswith(options["prefix"])
+
+
+@needs_espeak
+def test_clip_timestamps(oracle, model):
+    """A string of clips whose last one runs to the end; a list whose second clip starts past the end."""
+    audio = speech_clips.clip(speech_clips.sentences(0, 2), pause=1.5)
+    for clips in ("1.0,4.5,5", [2.0, 3.0, 30.0, 31.0]):
+        fs, ms = both(oracle, model, audio, clip_timestamps=clips, **GREEDY)
+        assert ms
+        assert_same_segments(fs, ms)
+
+
+@needs_espeak
+def test_word_timestamps(oracle, model):
+    """Greedy, on two sentences with pauses, and on a gappy clip with hallucination_silence_threshold."""
+    audio = speech_clips.clip(speech_clips.sentences(0, 2), pause=1.5)
+    fs, ms = both(oracle, model, audio, word_timestamps=True, **GREEDY)
+    assert_same_segments(fs, ms)
+    assert_same_words(fs, ms)
+    fs, ms = both(oracle, model, gappy_clip(), word_timestamps=True, hallucination_silence_threshold=1.0,
+                  prepend_punctuations="\"'(", append_punctuations="\".,!?)", **GREEDY)
+    assert_same_segments(fs, ms)
+    assert_same_words(fs, ms)
+
+
+def test_alignment_pieces():
+    """The DTW against a plain dynamic program (float64, the same tie order), the median filter against a direct
+    window median with reflection."""
+    from minirt.whisper.words import median_filter, negative_dtw
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((7, 19)).astype(np.float32)
+    n, m = x.shape
+    cost = np.full((n + 1, m + 1), np.inf)
+    cost[0, 0] = 0
+    trace = np.zeros((n + 1, m + 1), int)
+    for j in range(1, m + 1):
+        for i in range(1, n + 1):
+            c = [cost[i - 1, j - 1], cost[i - 1, j], cost[i, j - 1]]
+            t = 0 if c[0] < c[1] and c[0] < c[2] else 1 if c[1] < c[0] and c[1] < c[2] else 2
+            cost[i, j], trace[i, j] = -x[i - 1, j - 1] + c[t], t
+    trace[0, :], trace[:, 0] = 2, 1
+    i, j, want = n, m, []
+    while i > 0 or j > 0:
+        want.append((i - 1, j - 1))
+        i, j = {0: (i - 1, j - 1), 1: (i - 1, j), 2: (i, j - 1)}[trace[i, j]]
+    assert negative_dtw(x) == want[::-1]
+    y = rng.standard_normal((3, 10)).astype(np.float32)
+    got = median_filter(y, 7)
+    for k in range(10):
+        idx = [abs(k + d) if abs(k + d) < 10 else 18 - abs(k + d) for d in range(-3, 4)]
+        assert np.array_equal(got[:, k], np.median(y[:, idx], axis=-1).astype(np.float32))
+
+
+def test_option_checks(model):
+    from minirt.errors import UnsupportedError
+    from minirt.whisper import WhisperModel
+    audio = np.zeros(1600, np.float32)
+    for bad, match in ((dict(clip_timestamps="1,x"), "clip_timestamps"), (dict(clip_timestamps=[-1.0]), "clip"),
+                       (dict(hallucination_silence_threshold=1.0), "word_timestamps"),
+                       (dict(prefix=3), "prefix"), (dict(max_new_tokens=0), "max_new_tokens"),
+                       (dict(language_detection_segments=0), "language_detection_segments")):
+        with pytest.raises(ValueError, match=match):
+            model.transcribe(audio, **bad)
+    segments, _ = model.transcribe(audio, clip_timestamps=[5.0, 2.0], **GREEDY)   # out of order: nothing
+    assert list(segments) == []
+    with pytest.raises(UnsupportedError, match="int8"):
+        WhisperModel(model.path, backend="reference", compute_type="int8_float16")
+    with pytest.raises(ValueError, match="compute_type"):
+        WhisperModel(model.path, backend="reference", compute_type="float64")
+    assert WhisperModel(model.path, backend="reference", compute_type="float16").precision == "fp16"

@@ -316,8 +316,8 @@ class ReferenceBackend:
         """CTranslate2's align for one sequence, on the encoder output in the backend: (the cross-attention
         probabilities of the alignment heads over the first num_frames // 2 encoder positions, [heads, len(tokens),
         num_frames // 2] float32, heads in add_align's order; the probability of each next token tokens[p + 1]
-        among the text tokens at position p, [len(tokens)] float32, 0 where the next token is not a text token and
-        at the last position). The key/value cache is left as it was."""
+        among the text tokens at position p, [len(tokens)] float32, 0 where the next token is not a text token; at
+        the last position that of token 0, as CTranslate2 pads). The key/value cache is left as it was."""
         if self._cross is None:
             raise RuntimeError("align() before encode()")
         heads = getattr(self, "align_heads", None)

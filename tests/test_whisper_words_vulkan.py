@@ -1,0 +1,83 @@
+"""Word timestamps' alignment on the GPU (VulkanBackend.align: the alignP entry points, decoder_graph.align_graph)
+against the numpy reference (ReferenceBackend.align, which tests/test_whisper_parity.py checks against faster-whisper
+through the words it gives): the alignment heads' cross-attention probabilities and the text tokens' probabilities,
+on a small random Whisper with activations poisoned (NaN before each run); the plan (every op on the GPU, nothing
+back but the two outputs); and real tiny.en words from the GPU's alignment equal to the reference's."""
+import numpy as np
+import pytest
+
+import real_whisper
+from test_whisper_vulkan import N_AUDIO, N_MELS, VOCAB, _EncoderOutput, small_whisper
+
+HEADS = [(1, 1), (0, 0), (1, 0)]      # out of layer order: the output follows the list
+EOT = 400
+
+
+@pytest.fixture(scope="module")
+def small():
+    from minirt.whisper.reference import ReferenceBackend
+    from minirt.whisper.vulkan import VulkanBackend
+    w, cfg = small_whisper(seed=3)
+    ref = ReferenceBackend(w, cfg)
+    ref.add_align(HEADS, EOT)
+    with VulkanBackend(w, cfg, max_batch=2, options={"poison": True}) as vb:
+        vb.add_align(HEADS, EOT, lambda: w)
+        yield vb, ref
+
+
+def test_align_equals_the_reference(small):
+    vb, ref = small
+    rng = np.random.default_rng(7)
+    features = rng.standard_normal((N_MELS, 2 * N_AUDIO)).astype(np.float32)
+    for b in (vb, ref):
+        b.encode(features)
+    for length, frames in ((9, 2 * N_AUDIO), (40, 31), (70, 3)):     # both entry points (64, 232 slots)
+        tokens = [int(t) for t in rng.integers(0, VOCAB, length)]
+        tokens[-1] = EOT
+        (a, p), (b, q) = vb.align(tokens, frames), ref.align(tokens, frames)
+        assert a.shape == b.shape == (len(HEADS), length, frames // 2)
+        assert np.isfinite(a).all() and np.allclose(a.sum(-1), 1, atol=1e-5)
+        assert np.abs(a - b).max() <= 1e-5
+        assert p.shape == q.shape == (length,) and p[-2] == q[-2] == 0     # <|endoftext|> is not text
+        assert np.abs(p - q).max() <= 1e-5 * q.max() + 1e-30
+    # decoding goes on as before on the same window: align leaves nothing the next prompt reads
+    got, want = (b.start([7, 300, 12], [2, 0]) for b in (vb, ref))
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+
+
+def test_align_plan_and_errors(small):
+    vb, _ = small
+    plan = vb.plans["align64"]
+    assert plan.inputs == ["tokens", "key_mask", "picks"] and plan.outputs == ["attention", "token_probs"]
+    assert plan.tensors["attention"].shape == (len(HEADS), 64, N_AUDIO) and plan.params == ["pos"]
+    assert {d.kernel for d in plan.dispatches} >= {"softmax_buffer", "matmul_buffer_tensor", "cached_attention"}
+    assert "align232" in vb.plans
+    with pytest.raises(ValueError, match="align"):
+        vb.align(list(range(300)), 10)
+    with pytest.raises(ValueError, match="encoder positions"):
+        vb.align([1, 2], 1)
+
+
+@pytest.mark.slow
+def test_tiny_en_words_from_the_gpu_equal_the_reference():
+    """OpenAI's tiny.en on models/speech-sample.wav, greedy, word timestamps: the GPU decoder and its alignment
+    (from the reference encoder's output) give the reference's words, times and probabilities to 1e-3."""
+    pytest.importorskip("tokenizers", reason="the whisper extra (tokenizers) is not installed")
+    from minirt.whisper import WhisperModel
+    from minirt.whisper.checkpoint import load_checkpoint
+    from minirt.whisper.reference import ReferenceBackend
+    from minirt.whisper.vulkan import VulkanBackend
+    try:
+        folder = real_whisper.tiny_en_ct2_dir()
+    except real_whisper.Unavailable as e:
+        pytest.skip(f"Whisper tiny.en weights unavailable: {e}")
+    ckpt = load_checkpoint(folder)
+    opts = dict(beam_size=1, temperature=0.0, word_timestamps=True)
+    ref = ReferenceBackend(ckpt.weights, ckpt.config)
+    (r,), _ = WhisperModel(folder, backend=ref).transcribe(str(real_whisper.SPEECH), **opts)
+    with VulkanBackend(ckpt.weights, ckpt.config, max_batch=1) as vb:
+        (g,), _ = WhisperModel(folder, backend=_EncoderOutput(vb, ref)).transcribe(str(real_whisper.SPEECH), **opts)
+        assert vb.align_heads == ckpt.alignment_heads
+    assert g.tokens == r.tokens and [w.word for w in g.words] == [w.word for w in r.words]
+    assert np.abs([[a.start - b.start, a.end - b.end, a.probability - b.probability]
+                   for a, b in zip(g.words, r.words)]).max() <= 1e-3

@@ -56,6 +56,32 @@ def test_formats(ct2_dir, tmp_path):
     assert r.stdout == expected[0].text.strip() + "\n"
 
 
+def test_words_prompts_and_clips(ct2_dir):
+    """--word-timestamps (json words; srt a cue per --max-words words), --prefix, --hotwords, --initial-prompt,
+    --clip-timestamps and --task as WhisperModel.transcribe's options."""
+    from minirt.whisper import WhisperModel
+    options = dict(beam_size=1, word_timestamps=True, prefix="Hello", hotwords="speech", initial_prompt="A test.",
+                   clip_timestamps="0.2", task="translate")
+    (expected,) = WhisperModel(ct2_dir, backend="reference").transcribe(SPEECH, **options)[0]
+    args = (SPEECH, "--model", ct2_dir, "--beam-size", "1", "--word-timestamps", "--prefix", "Hello", "--hotwords",
+            "speech", "--initial-prompt", "A test.", "--clip-timestamps", "0.2", "--task", "translate")
+    r = run(*args, "--format", "json")
+    assert r.exit_code == 0, r.output
+    assert "English-only" in r.stderr
+    (seg,) = json.loads(r.stdout)["segments"]
+    assert seg["tokens"] == expected.tokens and seg["text"].strip().startswith("Hello")
+    assert seg["words"] == [w._asdict() for w in expected.words]
+    r = run(*args, "--format", "srt", "--max-words", "2")
+    words = expected.words
+    assert r.exit_code == 0 and r.stdout.count(" --> ") == (len(words) + 1) // 2
+    assert r.stdout.startswith(f"1\n00:00:00,{round(words[0].start * 1000):03d} --> ")
+    assert f"\n{words[0].word.strip()} {words[1].word.strip()}\n" in r.stdout
+    r = run(SPEECH, "--model", ct2_dir, "--max-words", "2")
+    assert r.exit_code == 2 and "--word-timestamps" in r.output
+    r = run(SPEECH, "--model", ct2_dir, "--clip-timestamps", "1,x")
+    assert r.exit_code == 2 and "clip_timestamps" in r.output
+
+
 def test_several_files_into_a_folder(ct2_dir, tmp_path):
     a, b = tmp_path / "in" / "a.wav", tmp_path / "in" / "b.wav"
     a.parent.mkdir()

@@ -40,15 +40,17 @@ class WhisperModel:
     device: the Vulkan device for the GPU decoder, an index or a UUID as Session takes it (the numpy reference runs on
     the CPU and ignores it).
     backend: "vulkan" (minirt.whisper.vulkan.VulkanBackend: encoder and decoder on the GPU, at either precision,
-    beams and best_of up to 5), "reference" (the numpy reference on the CPU), None (the default: vulkan), or a
-    DecoderBackend to use as it is.
+    beams and best_of up to decode_rows), "reference" (the numpy reference on the CPU), None (the default: vulkan),
+    or a DecoderBackend to use as it is.
     max_batch_items: the most windows transcribe_batch and BatchedInferencePipeline decode together (batch_size at
     most this; on the GPU, the batch's entry points and state are made for this many when first used).
     compute_type: faster-whisper's argument, "default" (precision decides), "float32" (fp32) or "float16" (fp16);
-    the int8, int16 and bfloat16 types are refused (minirt has no quantized or bfloat16 Whisper yet)."""
+    the int8, int16 and bfloat16 types are refused (minirt has no quantized or bfloat16 Whisper yet).
+    decode_rows: on the GPU, the key/value cache rows one window's search holds, the most of beam_size and best_of
+    it runs (5, faster-whisper's defaults; each row is a 448-position cache of every decoder layer, made once)."""
 
     def __init__(self, path, precision: str = "fp32", device=None, backend=None, max_batch_items: int = 16,
-                 compute_type: str = "default"):
+                 compute_type: str = "default", decode_rows: int = 5):
         precision = precision_of(compute_type, precision)
         if precision not in ("fp32", "fp16"):
             raise ValueError(f"precision must be 'fp32' or 'fp16', got {precision!r}")
@@ -64,7 +66,7 @@ class WhisperModel:
             backend = ReferenceBackend(ckpt.weights, ckpt.config, precision)
         elif backend == "vulkan":
             from .vulkan import VulkanBackend
-            backend = VulkanBackend(ckpt.weights, ckpt.config, precision, device)
+            backend = VulkanBackend(ckpt.weights, ckpt.config, precision, device, max_batch=int(decode_rows))
         elif isinstance(backend, str):
             raise ValueError(f"backend must be 'reference', 'vulkan' or a DecoderBackend, got {backend!r}")
         self.backend = backend

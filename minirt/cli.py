@@ -800,6 +800,10 @@ def _param(ctx, name):
               help="Words or phrases to prompt every window with (no effect with --prefix).")
 @click.option("--clip-timestamps", default="0", metavar="START,END,...",
               help="Transcribe only these clips, in seconds (start,end,start,end,...; an odd count runs to the end).")
+@click.option("--vad-filter", is_flag=True,
+              help="Transcribe only the speech Silero VAD finds (faster-whisper's default VAD options; needs "
+                   "minirt[vad]: faster-whisper's model file and onnxruntime); times stay the file's. The file is read "
+                   "whole.")
 @click.option("--word-timestamps", is_flag=True,
               help="Times of each word (json: a \"words\" list per segment; srt, vtt: see --max-words).")
 @click.option("--max-words", type=click.IntRange(min=1), default=None, metavar="N",
@@ -833,7 +837,7 @@ def _param(ctx, name):
 @quiet_opt
 @click.pass_context
 def transcribe(ctx, audio, model_path, beam_size, task, initial_prompt, prefix, hotwords, clip_timestamps,
-               word_timestamps, max_words, language, no_timestamps, precision, backend, device, fmt, output,
+               vad_filter, word_timestamps, max_words, language, no_timestamps, precision, backend, device, fmt, output,
                batch_size, progress_lines, quiet):
     """Transcribe speech in AUDIO files (WAV at any rate; FLAC, OGG, ... with the soundfile package) with a
     Whisper model, as faster-whisper does (its default options: beam search, temperature fallback, previous text
@@ -854,6 +858,7 @@ def transcribe(ctx, audio, model_path, beam_size, task, initial_prompt, prefix, 
       minirt transcribe meeting.wav --model whisper-tiny.en --progress 2>progress.log
       minirt transcribe talk.wav --model whisper-tiny.en --device GPU-5b3f0c2e   # the GPU with that UUID
       minirt transcribe talk.wav --model whisper-tiny.en --word-timestamps --format srt --max-words 5
+      minirt transcribe lecture.mp3 --model whisper-small --vad-filter
       minirt transcribe interview.wav --model whisper-small --task translate --initial-prompt "An interview."
     """
     targets = _output_targets(ctx, audio, output, fmt)
@@ -869,7 +874,7 @@ def transcribe(ctx, audio, model_path, beam_size, task, initial_prompt, prefix, 
         raise click.BadParameter(str(e), ctx=ctx, param=_param(ctx, "clip_timestamps")) from None
     decode = dict(beam_size=beam_size, language=language, without_timestamps=no_timestamps, task=task,
                   initial_prompt=initial_prompt, prefix=prefix, hotwords=hotwords, clip_timestamps=clip_timestamps,
-                  word_timestamps=word_timestamps)
+                  word_timestamps=word_timestamps, vad_filter=vad_filter)
     from .whisper.model import WhisperModel
     from .whisper.output import render
     try:

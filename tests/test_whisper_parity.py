@@ -138,3 +138,34 @@ def test_option_checks(model):
     with pytest.raises(ValueError, match="compute_type"):
         WhisperModel(model.path, backend="reference", compute_type="float64")
     assert WhisperModel(model.path, backend="reference", compute_type="float16").precision == "fp16"
+
+
+@needs_espeak
+def test_vad_filter(oracle, model):
+    """Silero VAD's speech chunks on the gappy clip as faster-whisper finds them, with its default and other
+    options; transcribed with vad_filter: the same segments, words and times on the original timeline, the same
+    duration_after_vad and vad_options; all silence: no segments."""
+    pytest.importorskip("onnxruntime", reason="onnxruntime (vad_filter's runtime) is not installed")
+    from faster_whisper.vad import VadOptions as OracleOptions
+    from faster_whisper.vad import get_speech_timestamps
+    from minirt.whisper import vad
+    audio = gappy_clip()
+    probs = vad.speech_probabilities(audio)
+    for options in (dict(), dict(min_silence_duration_ms=500, speech_pad_ms=100),
+                    dict(max_speech_duration_s=2.0, threshold=0.6), dict(neg_threshold=0.2, min_speech_duration_ms=300)):
+        want = get_speech_timestamps(audio, OracleOptions(**options))
+        assert vad.speech_chunks(audio, vad.VadOptions(**options), probs) == want
+        assert len(want) >= 3
+    options = dict(vad_filter=True, word_timestamps=True, vad_parameters={"min_silence_duration_ms": 300})
+    (fs, finfo), (ms, minfo) = oracle.transcribe(audio, **options, **GREEDY), model.transcribe(audio, **options,
+                                                                                              **GREEDY)
+    fs, ms = list(fs), list(ms)
+    assert_same_segments(fs, ms)
+    assert_same_words(fs, ms)
+    assert minfo.duration == finfo.duration and abs(minfo.duration_after_vad - finfo.duration_after_vad) <= 0.1
+    assert minfo.duration_after_vad < minfo.duration - 5
+    assert vars(minfo.vad_options) == vars(finfo.vad_options)
+    segments, info = model.transcribe(np.zeros(48000, np.float32), vad_filter=True)
+    assert list(segments) == [] and info.duration_after_vad == 0 and info.speech_chunks == []
+    with pytest.raises(ValueError, match="vad_parameters: unknown key"):
+        model.transcribe(audio, vad_filter=True, vad_parameters={"threshhold": 0.4})

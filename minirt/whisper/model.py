@@ -17,13 +17,14 @@ from typing import Iterable, List, Optional, Tuple, Union
 import numpy as np
 
 from ..pools import pool
-from .audio_input import SAMPLE_RATE, audio_samples
+from .audio_input import SAMPLE_RATE, audio_samples, load_audio
 from .checkpoint import load_checkpoint
 from .decoding import TranscriptionOptions
 from .features import LogMel
 from .reference import blas_threads
 from .tokenizer import TASKS, WhisperTokenizer
 from .transcribe import TranscriptionInfo, detect_language, generate_segments, generate_segments_batch
+from .vad import keep_speech, restore_times, speech_chunks, vad_options
 
 log = logging.getLogger("minirt.whisper")
 
@@ -135,14 +136,18 @@ class WhisperModel:
         end of the audio), word_timestamps (Segment.words: words.Word(start, end, word, probability), from the
         cross-attention of the model's alignment heads: minirt.whisper.words), prepend_punctuations,
         append_punctuations and hallucination_silence_threshold (only with word_timestamps) are faster-whisper's
-        and give its tokens and words. Not supported, refused with NotImplementedError: vad_filter, chunk_length
-        other than 30 (vad_parameters is accepted and has no effect)."""
+        and give its tokens and words. vad_filter with vad_parameters (a dict of vad.VadOptions' fields, or one)
+        transcribes only the speech Silero VAD finds (minirt.whisper.vad; faster-whisper's package and onnxruntime
+        needed), the times restored to the original audio; the file is read whole then. Not supported, refused
+        with NotImplementedError: chunk_length other than 30."""
         kw = {k: v for k, v in locals().items() if k not in ("self", "audio", "ignored", "log_progress", "progress")}
         mel, options, info, rng = self._setup(audio, dict(kw, **ignored))
         if progress is None and log_progress:
             progress = _stderr_progress
         segments = generate_segments(self.backend, self.tokenizer, mel, options, info.language, kw["task"],
                                      self.suppress_blank_ids, rng, progress)
+        if info.speech_chunks:
+            segments = restore_times(segments, info.speech_chunks)
         return segments, info
 
     def transcribe_batch(self, audio: list, batch_size: Optional[int] = None, **options) -> list:
@@ -186,7 +191,8 @@ class WhisperModel:
         files = [(mel, info.language, kw["task"], rng) for mel, _, info, rng in setups]
         segments = generate_segments_batch(self.backend, self.tokenizer, files, options, self.suppress_blank_ids,
                                            batch_size)
-        return [(segs, info) for segs, (_, _, info, _) in zip(segments, setups)]
+        return [(list(restore_times(segs, info.speech_chunks)) if info.speech_chunks else segs, info)
+                for segs, (_, _, info, _) in zip(segments, setups)]
 
     def batch_backend(self, batch_size: int):
         """The backend, able to decode batches of batch_size windows (BatchDecoder): on the GPU, the batch's entry
@@ -231,7 +237,7 @@ class WhisperModel:
          max_new_tokens, chunk_length, clip_timestamps, hotwords, language_detection_threshold,
          language_detection_segments, seed) = (kw[k] for k in _OPTION_NAMES)
         unsupported = [name for name, on in (
-            ("vad_filter", vad_filter), ("chunk_length", chunk_length not in (None, 30))) if on]
+            ("chunk_length", chunk_length not in (None, 30)),) if on]
         if unsupported:
             raise NotImplementedError(f"minirt's WhisperModel does not support {', '.join(unsupported)}")
         known_extra = {"prepend_punctuations", "append_punctuations", "hallucination_silence_threshold",
@@ -254,9 +260,17 @@ class WhisperModel:
             raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
         tok = self.tokenizer
 
-        # a file is read a block at a time, never whole
-        mel = features() if features else LogMel(audio_samples(audio), self.n_mels)
-        duration = len(mel.samples) / SAMPLE_RATE
+        vad, chunks = None, None
+        if vad_filter and isinstance(clip_timestamps, str) and clip_timestamps == "0":    # as faster-whisper
+            vad = vad_options(ignored.get("vad_parameters"))
+            samples = load_audio(audio)     # the model sees the speech only: the file is read whole
+            chunks = speech_chunks(samples, vad)
+            duration = len(samples) / SAMPLE_RATE
+            mel = LogMel(keep_speech(samples, chunks), self.n_mels)
+        else:
+            # a file is read a block at a time, never whole
+            mel = features() if features else LogMel(audio_samples(audio), self.n_mels)
+            duration = len(mel.samples) / SAMPLE_RATE
 
         all_language_probs = None
         if multilingual and not self.is_multilingual:
@@ -291,8 +305,9 @@ class WhisperModel:
         if word_timestamps:
             self.word_backend()
         info = TranscriptionInfo(language=language, language_probability=language_probability, duration=duration,
-                                 duration_after_vad=duration, all_language_probs=all_language_probs,
-                                 transcription_options=options)
+                                 duration_after_vad=len(mel.samples) / SAMPLE_RATE,
+                                 all_language_probs=all_language_probs, transcription_options=options,
+                                 vad_options=vad, speech_chunks=chunks)
         return mel, options, info, np.random.default_rng(seed)
 
 

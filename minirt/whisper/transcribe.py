@@ -8,7 +8,7 @@ together, a window of each in a batch (generate_segments_batch), with the same r
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -41,14 +41,16 @@ class Segment:
 
 @dataclass
 class TranscriptionInfo:
-    """faster-whisper's TranscriptionInfo (no VAD: duration_after_vad is the duration, vad_options None)."""
+    """faster-whisper's TranscriptionInfo (vad_options: the vad.VadOptions of a vad_filter run, else None), and
+    speech_chunks: the [{"start", "end"}] samples of the audio the VAD kept (None without vad_filter)."""
     language: str
     language_probability: float
     duration: float
     duration_after_vad: float
     all_language_probs: Optional[List[Tuple[str, float]]]
     transcription_options: TranscriptionOptions
-    vad_options: None = None
+    vad_options: Optional[object] = None
+    speech_chunks: Optional[list] = field(default=None, repr=False)
 
 
 def language_probabilities(backend, tokenizer) -> list:

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import itertools
 import string
-from typing import List, NamedTuple, Optional
+from dataclasses import asdict, dataclass
+from typing import List, Optional
 
 import numpy as np
 
@@ -31,12 +32,16 @@ PUNCTUATION = "\"'“¿([{-\"'.。,，!！?？:：”)]}、"     # faster-whispe
 NO_SPACE_LANGUAGES = {"zh", "ja", "th", "lo", "my", "yue"}
 
 
-class Word(NamedTuple):
+@dataclass
+class Word:
     """faster-whisper's Word."""
     start: float
     end: float
     word: str
     probability: float
+
+    def _asdict(self) -> dict:
+        return asdict(self)
 
 
 def default_alignment_heads(decoder_layers: int, decoder_heads: int) -> list:

@@ -169,3 +169,45 @@ def test_vad_filter(oracle, model):
     assert list(segments) == [] and info.duration_after_vad == 0 and info.speech_chunks == []
     with pytest.raises(ValueError, match="vad_parameters: unknown key"):
         model.transcribe(audio, vad_filter=True, vad_parameters={"threshhold": 0.4})
+
+
+def test_large_sizes_and_default_alignment_heads():
+    """The synthetic sizes of the large models have OpenAI's shapes (no weights made here: the shapes only); a
+    checkpoint without alignment heads aligns on every head of its last half of decoder layers."""
+    from minirt.loaders.safetensors_loader import encoder_param_shapes
+    from minirt.whisper.synthetic import SIZES, decoder_param_shapes
+    from minirt.whisper.words import default_alignment_heads
+    want = {"medium": (1024, 24, 24, 80, 51865), "large-v2": (1280, 32, 32, 80, 51865),
+            "large-v3": (1280, 32, 32, 128, 51866), "large-v3-turbo": (1280, 32, 4, 128, 51866),
+            "distil-large-v3": (1280, 32, 2, 128, 51866)}
+    for name, (d, enc, dec, mels, vocab) in want.items():
+        cfg = SIZES[name]
+        assert cfg["encoder_attention_heads"] == cfg["decoder_attention_heads"] == d // 64
+        assert encoder_param_shapes(cfg)["conv1.weight"] == (d, mels, 3)
+        assert f"layers.{enc - 1}.fc1.weight" in encoder_param_shapes(cfg)
+        shapes = decoder_param_shapes(cfg)
+        assert shapes["embed_tokens.weight"] == (vocab, d) and f"layers.{dec - 1}.fc2.weight" in shapes
+        assert f"layers.{dec}.fc2.weight" not in shapes
+    assert default_alignment_heads(4, 6) == [(2, h) for h in range(6)] + [(3, h) for h in range(6)]
+    assert default_alignment_heads(2, 2) == [(1, 0), (1, 1)]
+
+
+def test_word_timestamps_without_alignment_heads(tmp_path):
+    """A checkpoint that lists no alignment heads (a random Hugging Face folder without generation_config.json)
+    aligns on the default heads; its words cover its text."""
+    from minirt.whisper import WhisperModel
+    from minirt.whisper.synthetic import write_folder
+    from minirt.whisper.words import default_alignment_heads
+    cfg = {"d_model": 64, "num_mel_bins": 80, "max_source_positions": 1500, "max_target_positions": 448,
+           "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 2, "decoder_attention_heads": 2,
+           "vocab_size": 2000}
+    model = WhisperModel(write_folder(tmp_path, cfg, seed=1), backend="reference")
+    assert model.alignment_heads is None
+    audio = np.random.default_rng(0).standard_normal(32000).astype(np.float32) * 0.1
+    segments, _ = model.transcribe(audio, word_timestamps=True, max_new_tokens=12, no_speech_threshold=None,
+                                   **GREEDY)
+    segments = list(segments)
+    assert model.backend.align_heads == default_alignment_heads(2, 2)
+    assert segments and any(s.words for s in segments)
+    for s in segments:
+        assert "".join(w.word for w in s.words) == s.text

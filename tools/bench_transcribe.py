@@ -6,6 +6,7 @@ log-mel window and a fixed number of decoded tokens (no end of text: both sides 
   python tools/bench_transcribe.py --sizes tiny,base --tokens 224 --beams 1,5 --json transcribe.json
   python tools/bench_transcribe.py --model whisper-tiny.en --audio speech.wav --beams 1,5   # real-time factor
   python tools/bench_transcribe.py --sizes tiny --batch 16 --runs 3        # files/s: a batch of 16 vs one by one
+  python tools/bench_transcribe.py --sizes large-v3,large-v3-turbo --beams 1 --precision fp16   # the large shapes
 
 Figures, each a median over --runs windows after one untimed window:
   encoder ms     encode() alone (the encoder and every layer's cross-attention keys and values)

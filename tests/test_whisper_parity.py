@@ -211,3 +211,13 @@ def test_word_timestamps_without_alignment_heads(tmp_path):
     assert segments and any(s.words for s in segments)
     for s in segments:
         assert "".join(w.word for w in s.words) == s.text
+
+
+@needs_espeak
+def test_transcribe_batch_words(model):
+    """transcribe_batch's words are transcribe()'s (each window encoded again for its alignment)."""
+    audio = [speech_clips.clip(speech_clips.sentences(s, 1)) for s in (1, 2)]
+    got = model.transcribe_batch(audio, word_timestamps=True, **GREEDY)
+    for a, (segments, _) in zip(audio, got):
+        want = list(model.transcribe(a, word_timestamps=True, **GREEDY)[0])
+        assert [s.words for s in segments] == [s.words for s in want] and want[0].words

@@ -221,3 +221,22 @@ def test_transcribe_batch_words(model):
     for a, (segments, _) in zip(audio, got):
         want = list(model.transcribe(a, word_timestamps=True, **GREEDY)[0])
         assert [s.words for s in segments] == [s.words for s in want] and want[0].words
+
+
+@needs_espeak
+def test_batched_pipeline_uses_vad_by_default(oracle, model):
+    """BatchedInferencePipeline without clip_timestamps: Silero VAD's speech in chunks of up to 30 s, as
+    faster-whisper's pipeline does by default; the same segments on the file's timeline."""
+    pytest.importorskip("onnxruntime", reason="onnxruntime (vad_filter's runtime) is not installed")
+    from minirt.whisper import BatchedInferencePipeline
+    audio = gappy_clip()
+    options = dict(beam_size=1, batch_size=2, without_timestamps=False)
+    fs, finfo = faster_whisper.BatchedInferencePipeline(oracle).transcribe(audio, **options)
+    ms, minfo = BatchedInferencePipeline(model).transcribe(audio, **options)
+    fs, ms = list(fs), list(ms)
+
+    def key(s):
+        return s.id, s.seek, s.start, s.end, s.text, list(s.tokens)
+    assert [key(s) for s in ms] == [key(s) for s in fs] and ms
+    assert minfo.duration_after_vad == pytest.approx(finfo.duration_after_vad, abs=1e-6)
+    assert vars(minfo.vad_options) == vars(finfo.vad_options)

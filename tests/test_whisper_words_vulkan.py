@@ -55,3 +55,23 @@ def test_align_plan_and_errors(small):
         vb.align(list(range(300)), 10)
     with pytest.raises(ValueError, match="encoder positions"):
         vb.align([1, 2], 1)
+
+
+def test_align_at_fp16():
+    """At precision fp16 (16-bit storage, fp32 arithmetic) the probabilities are the float32 reference's within
+    test_whisper_vulkan's FP16_TOLERANCE."""
+    from minirt.whisper.reference import ReferenceBackend
+    from minirt.whisper.vulkan import VulkanBackend
+    from test_whisper_vulkan import FP16_TOLERANCE
+    w, cfg = small_whisper(seed=4)
+    ref = ReferenceBackend(w, cfg)
+    ref.add_align(HEADS[:2], EOT)
+    features = np.random.default_rng(8).standard_normal((N_MELS, 2 * N_AUDIO)).astype(np.float32)
+    tokens = [5, 17, 300] + list(range(40, 70)) + [EOT]
+    with VulkanBackend(w, cfg, precision="fp16", max_batch=1) as vb:
+        vb.add_align(HEADS[:2], EOT, w)
+        for b in (vb, ref):
+            b.encode(features)
+        (a, p), (b, q) = vb.align(tokens, 40), ref.align(tokens, 40)
+    assert np.abs(a - b).max() <= FP16_TOLERANCE
+    assert np.abs(p - q).max() <= FP16_TOLERANCE * q.max()

@@ -13,9 +13,9 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
+from . import words as W
 from .decoding import (TIME_PRECISION, TranscriptionOptions, batchable, generate_batch, generate_with_fallback,
                        get_prompt)
-from . import words as W
 from .features import N_FRAMES, TIME_PER_FRAME, LogMel
 from .filters import log_softmax
 
@@ -219,7 +219,9 @@ def generate_segments_batch(backend, tokenizer, files, options: TranscriptionOpt
 
 def parse_clip_timestamps(clip_timestamps) -> list:
     """clip_timestamps as faster-whisper takes it ("start,end,start,end,..." seconds, or a list of seconds) as a
-    list of floats; ValueError where an item is not a finite number >= 0."""
+    list of floats (None: none, the whole audio); ValueError where an item is not a finite number >= 0."""
+    if clip_timestamps is None:
+        return []
     if isinstance(clip_timestamps, str):
         items = clip_timestamps.split(",") if clip_timestamps.strip() else []
     else:

@@ -118,7 +118,11 @@ def median_filter(x: np.ndarray, width: int) -> np.ndarray:
         return x.copy()
     idx = np.abs(np.arange(depth)[:, None] + np.arange(-rank, rank + 1)[None, :])
     idx = np.where(idx >= depth, 2 * depth - idx - 2, idx)
-    return np.median(x[..., idx], axis=-1).astype(x.dtype)
+    out = np.empty_like(x)
+    rows = x.reshape(-1, x.shape[-2], depth) if x.ndim > 2 else x.reshape(1, -1, depth)
+    for r, row in zip(out.reshape(rows.shape), rows):     # a head at a time: [tokens, positions, width] each
+        r[...] = np.median(row[:, idx], axis=-1)
+    return out
 
 
 def negative_dtw(x: np.ndarray) -> list:

@@ -886,7 +886,7 @@ def transcribe(ctx, audio, model_path, beam_size, task, initial_prompt, prefix, 
         with _Status(quiet) as status:
             status("loading the model")
             model = WhisperModel(model_path, precision=precision, device=device, backend=backend,
-                                 decode_rows=max(5, beam_size),
+                                 **({"decode_rows": beam_size} if beam_size > 5 else {}),
                                  **({"max_batch_items": batch_size} if batch_size > 1 else {}))
             status.done()
         if task == "translate" and not model.is_multilingual:

@@ -337,7 +337,7 @@ def test_fp16_transcribes_on_the_gpu_by_default(tmp_path, monkeypatch):
     folder = hf_folder(tmp_path / "model", w, dict(cfg, model_type="whisper"))
     made, vulkan_backend = [], vulkan.VulkanBackend
 
-    def backend(weights, config, precision, device):
+    def backend(weights, config, precision, device, **rows):
         made.append(precision)
         return _FirstFrames(vulkan_backend(weights, config, precision, device, max_batch=1))
     monkeypatch.setattr(vulkan, "VulkanBackend", backend)

@@ -75,3 +75,20 @@ def test_align_at_fp16():
         (a, p), (b, q) = vb.align(tokens, 40), ref.align(tokens, 40)
     assert np.abs(a - b).max() <= FP16_TOLERANCE
     assert np.abs(p - q).max() <= FP16_TOLERANCE * q.max()
+
+
+def test_more_beams_than_decode_rows(tmp_path):
+    """A search that needs more key/value cache rows than WhisperModel(decode_rows=...) made is refused before any
+    work, naming the option; decode_rows makes the backend hold them."""
+    from minirt.whisper import WhisperModel
+    from minirt.whisper.synthetic import write_folder
+    cfg = {"d_model": 64, "num_mel_bins": 80, "max_source_positions": 1500, "max_target_positions": 448,
+           "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2, "decoder_attention_heads": 2,
+           "vocab_size": 2000}
+    folder = write_folder(tmp_path, cfg)
+    model = WhisperModel(folder, backend="vulkan")
+    with pytest.raises(ValueError, match="decode_rows=8"):
+        model.transcribe(np.zeros(1600, np.float32), beam_size=8)
+    with pytest.raises(ValueError, match="decode_rows=6"):
+        model.transcribe(np.zeros(1600, np.float32), beam_size=1, best_of=6)
+    assert WhisperModel(folder, backend="vulkan", decode_rows=8).backend.max_batch == 8

@@ -211,6 +211,15 @@ class WhisperModel:
             raise ValueError(f"batch_size {batch_size} is more than the backend's batch of {b.max_items}")
         return b
 
+    def _check_rows(self, beam_size: int, best_of: int, temperatures: list) -> None:
+        """ValueError where a window's search needs more key/value cache rows than the GPU backend holds (beams, or
+        best_of samples at a temperature above 0)."""
+        rows = getattr(self.backend, "max_batch", None)
+        need = max(beam_size if 0 in temperatures else 1, best_of if any(t > 0 for t in temperatures) else 1)
+        if isinstance(rows, int) and need > rows:
+            raise ValueError(f"beam_size {beam_size} / best_of {best_of} need {need} decoding rows; the GPU backend "
+                             f"holds {rows}: WhisperModel(..., decode_rows={need})")
+
     def word_backend(self):
         """The backend, able to align tokens for word timestamps (DecoderBackend.align): the alignment heads are the
         checkpoint's, else words.default_alignment_heads; on the GPU the align entry points are made the first time
@@ -256,6 +265,7 @@ class WhisperModel:
             raise ValueError(f"beam_size and best_of must be >= 1, got {beam_size} and {best_of}")
         if patience <= 0:
             raise ValueError(f"patience must be > 0, got {patience}")
+        self._check_rows(beam_size, best_of, temperatures)
         if task not in TASKS:
             raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
         tok = self.tokenizer

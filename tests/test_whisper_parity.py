@@ -82,11 +82,8 @@ def test_clip_timestamps(oracle, model):
 
 @needs_espeak
 def test_word_timestamps(oracle, model):
-    """Greedy, on two sentences with pauses, and on a gappy clip with hallucination_silence_threshold."""
-    audio = speech_clips.clip(speech_clips.sentences(0, 2), pause=1.5)
-    fs, ms = both(oracle, model, audio, word_timestamps=True, **GREEDY)
-    assert_same_segments(fs, ms)
-    assert_same_words(fs, ms)
+    """Greedy, on a clip of three sentences after long silences, with hallucination_silence_threshold and other
+    punctuation to merge."""
     fs, ms = both(oracle, model, gappy_clip(), word_timestamps=True, hallucination_silence_threshold=1.0,
                   prepend_punctuations="\"'(", append_punctuations="\".,!?)", **GREEDY)
     assert_same_segments(fs, ms)
@@ -173,10 +170,11 @@ def test_vad_filter(oracle, model):
 
 def test_large_sizes_and_default_alignment_heads():
     """The synthetic sizes of the large models have OpenAI's shapes (no weights made here: the shapes only); a
-    checkpoint without alignment heads aligns on every head of its last half of decoder layers."""
+    checkpoint without alignment heads and not of an OpenAI model aligns on every head of its last half of decoder
+    layers."""
     from minirt.loaders.safetensors_loader import encoder_param_shapes
     from minirt.whisper.synthetic import SIZES, decoder_param_shapes
-    from minirt.whisper.words import default_alignment_heads
+    from minirt.whisper.words import default_alignment_heads, openai_alignment_heads
     want = {"medium": (1024, 24, 24, 80, 51865), "large-v2": (1280, 32, 32, 80, 51865),
             "large-v3": (1280, 32, 32, 128, 51866), "large-v3-turbo": (1280, 32, 4, 128, 51866),
             "distil-large-v3": (1280, 32, 2, 128, 51866)}
@@ -190,6 +188,21 @@ def test_large_sizes_and_default_alignment_heads():
         assert f"layers.{dec}.fc2.weight" not in shapes
     assert default_alignment_heads(4, 6) == [(2, h) for h in range(6)] + [(3, h) for h in range(6)]
     assert default_alignment_heads(2, 2) == [(1, 0), (1, 1)]
+    # openai-whisper's list for a checkpoint without one: by its Hugging Face name, else by shapes only one model has
+    assert openai_alignment_heads(dict(SIZES["large-v2"], _name_or_path="openai/whisper-large-v2"))[0] == (10, 12)
+    assert openai_alignment_heads(SIZES["large-v2"]) is None            # large-v1 has the same shapes
+    assert openai_alignment_heads(SIZES["large-v3-turbo"]) == [(2, 4), (2, 11), (3, 3), (3, 6), (3, 11), (3, 14)]
+    assert openai_alignment_heads(dict(SIZES["tiny"], d_model=256)) is None
+
+
+def test_openai_heads_of_tiny_en_are_its_ctranslate2_folders(ct2_dir):
+    """tiny.en's heads as its CTranslate2 config.json lists them (the converter's) are openai-whisper's, which a
+    Hugging Face folder of it without generation_config.json gets."""
+    from minirt.whisper.checkpoint import load_checkpoint
+    from minirt.whisper.words import openai_alignment_heads
+    ckpt = load_checkpoint(ct2_dir)
+    assert ckpt.alignment_heads == openai_alignment_heads(ckpt.config) == openai_alignment_heads(
+        dict(ckpt.config, _name_or_path="openai/whisper-tiny.en"))
 
 
 def test_word_timestamps_without_alignment_heads(tmp_path):

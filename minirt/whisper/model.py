@@ -78,7 +78,7 @@ class WhisperModel:
         self.n_mels = int(self.config.get("num_mel_bins", backend.n_mels))
         tok = self.tokenizer
         self.suppress_blank_ids = list(ckpt.begin_suppress) or tok.encode(" ") + [tok.eot]
-        self.alignment_heads = ckpt.alignment_heads     # None: words.default_alignment_heads
+        self.alignment_heads = ckpt.alignment_heads     # None: words.openai_alignment_heads or the default
 
     @property
     def is_multilingual(self) -> bool:
@@ -222,16 +222,17 @@ class WhisperModel:
 
     def word_backend(self):
         """The backend, able to align tokens for word timestamps (DecoderBackend.align): the alignment heads are the
-        checkpoint's, else words.default_alignment_heads; on the GPU the align entry points are made the first time
+        checkpoint's, else openai-whisper's for its model (words.openai_alignment_heads), else
+        words.default_alignment_heads; on the GPU the align entry points are made the first time
         (from the checkpoint read again)."""
-        from .words import default_alignment_heads
+        from .words import default_alignment_heads, openai_alignment_heads
         b = self.backend
         if not all(hasattr(b, m) for m in ("align", "add_align")):
             raise TypeError(f"the backend {getattr(b, 'name', type(b).__name__)} does not align tokens (word "
                             f"timestamps need DecoderBackend.align)")
         if getattr(b, "align_heads", None) is None:
-            heads = self.alignment_heads or default_alignment_heads(int(self.config["decoder_layers"]),
-                                                                    int(self.config["decoder_attention_heads"]))
+            heads = self.alignment_heads or openai_alignment_heads(self.config) or default_alignment_heads(
+                int(self.config["decoder_layers"]), int(self.config["decoder_attention_heads"]))
             b.add_align(heads, self.tokenizer.eot, lambda: load_checkpoint(self.path).weights)
         return b
 

@@ -12,7 +12,8 @@ on characters for zh, ja, th, lo, my, yue), punctuation is merged into the words
 adjustments of overlong words at sentence and segment boundaries follow.
 
 Alignment heads: the checkpoint's (`alignment_heads` in a CTranslate2 config.json or a Hugging Face
-generation_config.json), else every head of the last half of the decoder layers, the default that
+generation_config.json), else openai-whisper's for the OpenAI model the checkpoint is (by its Hugging Face name, or
+its shapes where only one model has them), else every head of the last half of the decoder layers, the default that
 openai-whisper and CTranslate2's converter use for a model without a list of its own.
 """
 from __future__ import annotations
@@ -42,6 +43,49 @@ class Word:
 
     def _asdict(self) -> dict:
         return asdict(self)
+
+
+# openai-whisper's alignment heads of its models ([layer, head] pairs; openai/whisper, whisper/__init__.py, MIT),
+# for checkpoints that do not list their own
+OPENAI_ALIGNMENT_HEADS = {
+    "tiny.en": [(1, 0), (2, 0), (2, 5), (3, 0), (3, 1), (3, 2), (3, 3), (3, 4)],
+    "tiny": [(2, 2), (3, 0), (3, 2), (3, 3), (3, 4), (3, 5)],
+    "base.en": [(3, 3), (4, 7), (5, 1), (5, 5), (5, 7)],
+    "base": [(3, 1), (4, 2), (4, 3), (4, 7), (5, 1), (5, 2), (5, 4), (5, 6)],
+    "small.en": [(6, 6), (7, 0), (7, 3), (7, 8), (8, 2), (8, 5), (8, 7), (9, 0), (9, 4), (9, 8), (9, 10), (10, 0),
+                 (10, 1), (10, 2), (10, 3), (10, 6), (10, 11), (11, 2), (11, 4)],
+    "small": [(5, 3), (5, 9), (8, 0), (8, 4), (8, 7), (8, 8), (9, 0), (9, 7), (9, 9), (10, 5)],
+    "medium.en": [(11, 4), (14, 1), (14, 12), (14, 14), (15, 4), (16, 0), (16, 4), (16, 9), (17, 12), (17, 14),
+                  (18, 7), (18, 10), (18, 15), (20, 0), (20, 3), (20, 9), (20, 14), (21, 12)],
+    "medium": [(13, 15), (15, 4), (15, 15), (16, 1), (20, 0), (23, 4)],
+    "large-v1": [(9, 19), (11, 2), (11, 4), (11, 17), (22, 7), (22, 11), (22, 17), (23, 2), (23, 15)],
+    "large-v2": [(10, 12), (13, 17), (16, 11), (16, 12), (16, 13), (17, 15), (17, 16), (18, 4), (18, 11), (18, 19),
+                 (19, 11), (21, 2), (21, 3), (22, 3), (22, 9), (22, 12), (23, 5), (23, 7), (23, 13), (25, 5),
+                 (26, 1), (26, 12), (27, 15)],
+    "large-v3": [(7, 0), (10, 17), (12, 18), (13, 12), (16, 1), (17, 14), (19, 11), (21, 4), (24, 1), (25, 6)],
+    "large-v3-turbo": [(2, 4), (2, 11), (3, 3), (3, 6), (3, 11), (3, 14)],
+}
+# (decoder layers, d_model, vocabulary, mel bins) of the models above that no other one shares
+_OPENAI_SHAPES = {(4, 384, 51864, 80): "tiny.en", (4, 384, 51865, 80): "tiny", (6, 512, 51864, 80): "base.en",
+                  (6, 512, 51865, 80): "base", (12, 768, 51864, 80): "small.en", (12, 768, 51865, 80): "small",
+                  (24, 1024, 51864, 80): "medium.en", (24, 1024, 51865, 80): "medium",
+                  (32, 1280, 51866, 128): "large-v3", (4, 1280, 51866, 128): "large-v3-turbo"}
+
+
+def openai_alignment_heads(config: dict):
+    """openai-whisper's alignment heads for a checkpoint of one of its models, or None: the model named by a Hugging
+    Face config's _name_or_path (".../whisper-large-v2"), else the one whose shapes these are (large-v1 and large-v2
+    share theirs: those need the name)."""
+    name = str(config.get("_name_or_path") or "").rstrip("/").rsplit("/", 1)[-1]
+    name = {"whisper-large": "large-v3", "whisper-turbo": "large-v3-turbo"}.get(name, name)
+    if name.startswith("whisper-") and name[len("whisper-"):] in OPENAI_ALIGNMENT_HEADS:
+        return list(OPENAI_ALIGNMENT_HEADS[name[len("whisper-"):]])
+    try:
+        shape = (int(config["decoder_layers"]), int(config["d_model"]), int(config["vocab_size"]),
+                 int(config.get("num_mel_bins", 80)))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return list(OPENAI_ALIGNMENT_HEADS[_OPENAI_SHAPES[shape]]) if shape in _OPENAI_SHAPES else None
 
 
 def default_alignment_heads(decoder_layers: int, decoder_heads: int) -> list:

@@ -842,7 +842,27 @@ def _param(ctx, name):
                    "(ORG/NAME), downloaded once into the Hugging Face cache (HF_HUB_CACHE; HF_HUB_OFFLINE=1: the "
                    "cache only).")
 @click.option("--beam-size", type=click.IntRange(min=1), default=5, show_default=True,
-              help="Beam search width; 1 is greedy decoding.")
+              help="Beam search width; 1 is greedy decoding. On the GPU, beams past 5 run on the batch's rows: at most 16 "
+                   "(with --batch-size N, the larger of N and 5).")
+@click.option("--task", type=click.Choice(["transcribe", "translate"]), default="transcribe", show_default=True,
+              help="translate: English text from speech in another language (multilingual models).")
+@click.option("--initial-prompt", default=None, metavar="TEXT",
+              help="Text the first window is prompted with, as if it came before (spellings, names, style).")
+@click.option("--prefix", default=None, metavar="TEXT",
+              help="Text the transcript of the first window starts with (the decoder goes on from it).")
+@click.option("--hotwords", default=None, metavar="TEXT",
+              help="Words or phrases to prompt every window with (no effect with --prefix).")
+@click.option("--clip-timestamps", default="0", metavar="START,END,...",
+              help="Transcribe only these clips, in seconds (start,end,start,end,...; an odd count runs to the end).")
+@click.option("--vad-filter", is_flag=True,
+              help="Transcribe only the speech Silero VAD finds (faster-whisper's default VAD options; needs "
+                   "minirt[vad]: faster-whisper's model file and onnxruntime); times stay the file's. The file is read "
+                   "whole.")
+@click.option("--word-timestamps", is_flag=True,
+              help="Times of each word (json: a \"words\" list per segment; srt, vtt: see --max-words).")
+@click.option("--max-words", type=click.IntRange(min=1), default=None, metavar="N",
+              help="With --word-timestamps, srt and vtt: a subtitle per N words of a segment, timed by its words "
+                   "(default: a subtitle per segment).")
 @click.option("--language", default=None, metavar="CODE",
               help="The spoken language (en, de, ...); detected from the first 30 s when not given. English-only "
                    "models always use en.")
@@ -871,7 +891,8 @@ def _param(ctx, name):
                    "terminal (a log file); on a terminal the status line shows the same without it.")
 @quiet_opt
 @click.pass_context
-def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, precision, backend, device, fmt, output,
+def transcribe(ctx, audio, model_path, beam_size, task, initial_prompt, prefix, hotwords, clip_timestamps,
+               vad_filter, word_timestamps, max_words, language, no_timestamps, precision, backend, device, fmt, output,
                batch_size, progress_lines, quiet):
     """Transcribe speech in AUDIO files (WAV at any rate; FLAC, OGG, ... with the soundfile package) with a
     Whisper model, as faster-whisper does (its default options: beam search, temperature fallback, previous text
@@ -892,6 +913,9 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
       minirt transcribe clips/*.wav --model whisper-base --beam-size 1 --batch-size 16 -o transcripts/
       minirt transcribe meeting.wav --model whisper-tiny.en --progress 2>progress.log
       minirt transcribe talk.wav --model whisper-tiny.en --device GPU-5b3f0c2e   # the GPU with that UUID
+      minirt transcribe talk.wav --model whisper-tiny.en --word-timestamps --format srt --max-words 5
+      minirt transcribe lecture.mp3 --model whisper-small --vad-filter
+      minirt transcribe interview.wav --model whisper-small --task translate --initial-prompt "An interview."
     """
     targets = _output_targets(ctx, audio, output, fmt)
     if backend == "auto":
@@ -905,6 +929,17 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
         raise click.BadParameter(f"{beam_size}: the vulkan backend holds {max(DEFAULT_MAX_BATCH, items)} rows "
                                  f"(beams) at most{' with --batch-size ' + str(batch_size) if batch_size > 1 else ''}",
                                  ctx=ctx, param=_param(ctx, "beam_size"))
+    if max_words is not None and not word_timestamps:
+        raise click.BadParameter("--max-words cuts subtitles by their words: give --word-timestamps too", ctx=ctx,
+                                 param=_param(ctx, "max_words"))
+    from .whisper.transcribe import parse_clip_timestamps
+    try:
+        parse_clip_timestamps(clip_timestamps)
+    except ValueError as e:
+        raise click.BadParameter(str(e), ctx=ctx, param=_param(ctx, "clip_timestamps")) from None
+    decode = dict(beam_size=beam_size, language=language, without_timestamps=no_timestamps, task=task,
+                  initial_prompt=initial_prompt, prefix=prefix, hotwords=hotwords, clip_timestamps=clip_timestamps,
+                  word_timestamps=word_timestamps, vad_filter=vad_filter)
     from .whisper.output import render
     try:
         for a in audio:
@@ -920,6 +955,8 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
             model = WhisperModel(model_path, precision=precision, device=device, backend=backend,
                                  **({"max_batch_items": batch_size} if batch_size > 1 else {}))
             status.done()
+        if task == "translate" and not model.is_multilingual:
+            click.echo("warning: the model is English-only; --task translate transcribes", err=True)
         if language is not None:
             if not model.is_multilingual and language != "en":
                 click.echo(f"warning: the model is English-only; --language {language} is ignored", err=True)
@@ -933,9 +970,8 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
             with _Status(quiet) as status:
                 status(f"transcribing {len(targets)} files, {batch_size} windows at a time")
                 results = model.transcribe_batch([a for a, _ in targets], batch_size=batch_size,
-                                                  beam_size=beam_size, language=language,
-                                                  without_timestamps=no_timestamps)
-            done = {i: render(fmt, segments, info) for i, (segments, info) in enumerate(results)}
+                                                  **dict(decode, language=language))
+            done = {i: render(fmt, segments, info, max_words) for i, (segments, info) in enumerate(results)}
         for i, (a, target) in enumerate(targets):
             name = os.path.basename(a)
             with _Status(quiet) as status:
@@ -949,9 +985,8 @@ def transcribe(ctx, audio, model_path, beam_size, language, no_timestamps, preci
                 if i in done:
                     text = done[i]
                 else:
-                    segments, info = model.transcribe(a, beam_size=beam_size, language=language,
-                                                      without_timestamps=no_timestamps, progress=progress)
-                    text = render(fmt, segments, info)
+                    segments, info = model.transcribe(a, **dict(decode, language=language), progress=progress)
+                    text = render(fmt, segments, info, max_words)
             if target is None:
                 if len(targets) > 1:
                     click.echo(f"==> {a} <==")

@@ -1,5 +1,6 @@
 """`minirt transcribe`: formats, output paths (checked before the model loads, written whole), several files, exit
 codes for bad models and audio; and WhisperModel's errors for checkpoints it cannot use."""
+import dataclasses
 import json
 import os
 import shutil
@@ -54,6 +55,34 @@ def test_formats(ct2_dir, tmp_path):
     r = run(SPEECH, "--model", ct2_dir, "--beam-size", "1", "--language", "de")
     assert r.exit_code == 0 and "English-only" in r.stderr
     assert r.stdout == expected[0].text.strip() + "\n"
+
+
+def test_words_prompts_and_clips(ct2_dir):
+    """--word-timestamps (json words; srt a cue per --max-words words), --prefix, --hotwords, --initial-prompt,
+    --clip-timestamps and --task as WhisperModel.transcribe's options (--vad-filter too: clip_timestamps other
+    than "0" turns it off, as in faster-whisper)."""
+    from minirt.whisper import WhisperModel
+    options = dict(beam_size=1, word_timestamps=True, prefix="Hello", hotwords="speech", initial_prompt="A test.",
+                   clip_timestamps="0.2", task="translate")
+    (expected,) = WhisperModel(ct2_dir, backend="reference").transcribe(SPEECH, **options)[0]
+    args = (SPEECH, "--model", ct2_dir, "--beam-size", "1", "--word-timestamps", "--prefix", "Hello", "--hotwords",
+            "speech", "--initial-prompt", "A test.", "--clip-timestamps", "0.2", "--task", "translate",
+            "--vad-filter")
+    r = run(*args, "--format", "json")
+    assert r.exit_code == 0, r.output
+    assert "English-only" in r.stderr
+    (seg,) = json.loads(r.stdout)["segments"]
+    assert seg["tokens"] == expected.tokens and seg["text"].strip().startswith("Hello")
+    assert seg["words"] == [dataclasses.asdict(w) for w in expected.words]
+    r = run(*args, "--format", "srt", "--max-words", "2")
+    words = expected.words
+    assert r.exit_code == 0 and r.stdout.count(" --> ") == (len(words) + 1) // 2
+    assert r.stdout.startswith(f"1\n00:00:00,{round(words[0].start * 1000):03d} --> ")
+    assert f"\n{words[0].word.strip()} {words[1].word.strip()}\n" in r.stdout
+    r = run(SPEECH, "--model", ct2_dir, "--max-words", "2")
+    assert r.exit_code == 2 and "--word-timestamps" in r.output
+    r = run(SPEECH, "--model", ct2_dir, "--clip-timestamps", "1,x")
+    assert r.exit_code == 2 and "clip_timestamps" in r.output
 
 
 def test_several_files_into_a_folder(ct2_dir, tmp_path):
@@ -128,10 +157,8 @@ def test_encoder_only_checkpoint_is_refused(tmp_path):
 def test_transcribe_refuses_what_it_does_not_do(ct2_dir):
     from minirt.whisper import WhisperModel
     m = WhisperModel(ct2_dir, backend="reference")
-    for kw in (dict(word_timestamps=True), dict(vad_filter=True), dict(prefix="Hello"), dict(hotwords="x"),
-               dict(clip_timestamps="1,2")):
-        with pytest.raises(NotImplementedError, match=next(iter(kw))):
-            m.transcribe(np.zeros(16000, np.float32), **kw)
+    with pytest.raises(NotImplementedError, match="chunk_length"):
+        m.transcribe(np.zeros(16000, np.float32), chunk_length=10)
     with pytest.raises(TypeError, match="no_such_option"):
         m.transcribe(np.zeros(16000, np.float32), no_such_option=1)
     with pytest.raises(InputError):

@@ -72,3 +72,23 @@ def test_per_window_detection_and_long_text(oracle, model):
         fs, _ = oracle.transcribe(audio, **options)
         ms, _ = model.transcribe(audio, **options)
         assert_same(list(fs), list(ms))
+
+
+@pytest.mark.skipif(not speech_clips.espeak_available(), reason="espeak-ng is not installed (tools/setup.sh installs it)")
+def test_detection_options_clips_prefix_and_words(oracle, model):
+    """language_detection_segments / language_detection_threshold from the first clip's start; a prefix and word
+    timestamps after the three-token start sequence (the alignment runs after <|startoftranscript|> <|xx|>
+    <|task|>)."""
+    from test_whisper_parity import assert_same_words
+    audio, _ = speech_clips.clip_of_length(5, 36, pause=0.7)
+    options = dict(beam_size=1, temperature=0.0, language_detection_segments=2, language_detection_threshold=0.99,
+                   clip_timestamps=[3.0], max_new_tokens=30)
+    _, finfo = oracle.transcribe(audio, **options)
+    _, minfo = model.transcribe(audio, **options)
+    assert minfo.language_probability == pytest.approx(finfo.language_probability, abs=1e-5)
+    assert dict(minfo.all_language_probs)["en"] == pytest.approx(dict(finfo.all_language_probs)["en"], abs=1e-5)
+    path = str(real_whisper.SPEECH)
+    options = dict(beam_size=1, temperature=0.0, language="en", prefix="Hello", word_timestamps=True)
+    fs, ms = list(oracle.transcribe(path, **options)[0]), list(model.transcribe(path, **options)[0])
+    assert_same(fs, ms)
+    assert_same_words(fs, ms)

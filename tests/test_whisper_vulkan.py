@@ -177,8 +177,8 @@ def test_cross_entry_equals_encode(small):
 def test_tiny_en_greedy_tokens_equal_the_reference():
     """OpenAI's tiny.en on models/speech-sample.wav, greedy, both decoders from the reference encoder's output: the
     same token ids as the numpy reference backend (which tests/test_whisper_decode.py checks against
-    faster-whisper). Then, on that window, logits against the reference through replication, beam reorders and
-    dropped rows."""
+    faster-whisper), and the same words from the GPU's alignment (VulkanBackend.align), times and probabilities to
+    1e-3. Then, on that window, logits against the reference through replication, beam reorders and dropped rows."""
     pytest.importorskip("tokenizers", reason="the whisper extra (tokenizers) is not installed")
     from minirt.whisper import WhisperModel
     from minirt.whisper.checkpoint import load_checkpoint
@@ -189,7 +189,7 @@ def test_tiny_en_greedy_tokens_equal_the_reference():
     except real_whisper.Unavailable as e:
         pytest.skip(f"Whisper tiny.en weights unavailable: {e}")
     ckpt = load_checkpoint(folder)
-    opts = dict(beam_size=1, temperature=0.0)
+    opts = dict(beam_size=1, temperature=0.0, word_timestamps=True)
     ref = ReferenceBackend(ckpt.weights, ckpt.config)
     (r,), _ = WhisperModel(folder, backend=ref).transcribe(str(real_whisper.SPEECH), **opts)
     with VulkanBackend(ckpt.weights, ckpt.config, max_batch=3) as vb:
@@ -197,6 +197,9 @@ def test_tiny_en_greedy_tokens_equal_the_reference():
         (g,) = list(segs)
         assert g.tokens == r.tokens and g.text == r.text
         assert g.avg_logprob == pytest.approx(r.avg_logprob, abs=1e-3)
+        assert vb.align_heads == ckpt.alignment_heads and [w.word for w in g.words] == [w.word for w in r.words]
+        assert np.abs([[a.start - b.start, a.end - b.end, a.probability - b.probability]
+                       for a, b in zip(g.words, r.words)]).max() <= 1e-3
 
         prompt = [50257, 50362] + list(g.tokens[:3])
         got, want = [], []
@@ -334,7 +337,7 @@ def test_fp16_transcribes_on_the_gpu_by_default(tmp_path, monkeypatch):
     folder = hf_folder(tmp_path / "model", w, dict(cfg, model_type="whisper"))
     made, vulkan_backend = [], vulkan.VulkanBackend
 
-    def backend(weights, config, precision, device):
+    def backend(weights, config, precision, device, **rows):
         made.append(precision)
         return _FirstFrames(vulkan_backend(weights, config, precision, device, max_batch=1))
     monkeypatch.setattr(vulkan, "VulkanBackend", backend)

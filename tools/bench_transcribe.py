@@ -6,6 +6,7 @@ log-mel window and a fixed number of decoded tokens (no end of text: both sides 
   python tools/bench_transcribe.py --sizes tiny,base --tokens 224 --beams 1,5 --json transcribe.json
   python tools/bench_transcribe.py --model whisper-tiny.en --audio speech.wav --beams 1,5   # real-time factor
   python tools/bench_transcribe.py --sizes tiny --batch 16 --runs 3        # files/s: a batch of 16 vs one by one
+  python tools/bench_transcribe.py --sizes large-v3,large-v3-turbo --beams 1 --precision fp16   # the large shapes
 
 Figures, each a median over --runs windows after one untimed window:
   encoder ms     encode() alone (the encoder and every layer's cross-attention keys and values)
@@ -243,6 +244,8 @@ def bench_minirt(weights, cfg, args, precision, beams):
             minirt_window(vb, feats, args.tokens, beams, times)
         res = summarise(times[1:], args.tokens)
         res["setup_s"] = setup
+        if args.words:
+            res["align_ms"] = align_ms(vb, weights, cfg, args)
         res["dispatches"] = {k: len(p.dispatches) for k, p in vb.plans.items()}
     if args.profile:
         with VulkanBackend(weights, cfg, precision=precision, max_batch=beams, options=args.options,
@@ -251,6 +254,24 @@ def bench_minirt(weights, cfg, args, precision, beams):
             entry = f"step{beams}"
             res["profile"] = {e: vb.program.dispatch_times(e) for e in ("encode", entry)}
     return res
+
+
+def align_ms(vb, weights, cfg, args):
+    """Word timestamps' alignment of a window (VulkanBackend.align: the decoder over the start sequence, --tokens
+    text tokens (at most 227) and <|endoftext|>, the alignment heads' attention and the tokens' probabilities back),
+    on every head of the last half of the decoder layers (a random checkpoint's); the median of --runs after one."""
+    from minirt.whisper.words import default_alignment_heads
+    eot = 50257 if cfg["vocab_size"] >= 51865 else 50256
+    vb.add_align(default_alignment_heads(cfg["decoder_layers"], cfg["decoder_attention_heads"]), eot, weights)
+    vb.encode(np.random.default_rng(2).standard_normal((cfg["num_mel_bins"], 3000)).astype(np.float32))
+    text = np.random.default_rng(3).integers(0, eot, min(args.tokens, 227)).tolist()
+    tokens = PROMPT + text + [eot]
+    ts = []
+    for _ in range(args.runs + 1):
+        t0 = time.perf_counter()
+        vb.align(tokens, 3000)
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ts[1:])
 
 
 # -- transformers --------------------------------------------------------------------------------------------------
@@ -396,6 +417,8 @@ def main(argv=None):
     ap.add_argument("--host-select", action="store_true",
                     help="with --batch: every step's logits back and the tokens picked on the host (to compare with "
                          "the default, the pick on the GPU)")
+    ap.add_argument("--words", action="store_true",
+                    help="also time word timestamps' alignment of a window (align ms; the default alignment heads)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
     from minirt.errors import MinirtError
@@ -460,6 +483,8 @@ def print_row(row):
     print(f"{head}: minirt encoder {mr['encoder_ms']:.3f} ms, prompt {mr['prompt_ms']:.3f} ms, "
           f"step {mr['step_ms']:.4f} ms, window {mr['window_ms']:.2f} ms ({mr['tokens']} tokens; "
           f"dispatches {mr['dispatches']})")
+    if "align_ms" in mr:
+        print(f"    word timestamps: align {mr['align_ms']:.2f} ms a window")
     print_profile(mr.get("profile", {}), 12)
     for peer, r in row.get("transformers", {}).items():
         if "error" in r:

@@ -7,6 +7,7 @@
         print(f"[{s.start:.2f} -> {s.end:.2f}] {s.text}")
     results = model.transcribe_batch(["a.wav", "b.wav"], beam_size=1)   # [(segments, info)]: windows in batches
     segments, info = BatchedInferencePipeline(model).transcribe("long.wav", batch_size=16, beam_size=1)
+    segments, info = model.transcribe("talk.wav", word_timestamps=True, vad_filter=True)   # Segment.words: [Word]
 
 The host side (features, prompts, logit filters, greedy / beam / sampling search, temperature fallback, the seek
 loop) follows faster-whisper and CTranslate2; the model runs behind a DecoderBackend (backend.py), the numpy
@@ -17,6 +18,8 @@ from .batched import BatchedInferencePipeline
 from .decoding import TranscriptionOptions
 from .model import WhisperModel
 from .transcribe import Segment, TranscriptionInfo
+from .vad import VadOptions
+from .words import Word
 
-__all__ = ["WhisperModel", "BatchedInferencePipeline", "Segment", "TranscriptionInfo", "TranscriptionOptions",
-           "DecoderBackend", "BatchDecoder"]
+__all__ = ["WhisperModel", "BatchedInferencePipeline", "Segment", "Word", "TranscriptionInfo", "TranscriptionOptions",
+           "VadOptions", "DecoderBackend", "BatchDecoder"]

@@ -4,9 +4,12 @@
 As faster-whisper's (1.2) batched pipeline: every chunk is decoded on its own (no previous text as the prompt, no
 seek within a chunk), once, at the first temperature (no fallback, no silent-chunk skip), by default without
 timestamps; a chunk's tokens are split into segments on timestamp tokens as the sequential loop splits a window's.
-What differs: no voice activity detection (vad_filter=True is refused), so without clip_timestamps the audio is cut
-into consecutive chunks of 30 s (faster-whisper refuses audio over 30 s without VAD or clip_timestamps); greedy
-decoding only at temperature 0 (beam_size=1 batched, larger beams a chunk at a time; sampling is refused).
+Without clip_timestamps the chunks come from voice activity detection by default (vad_filter=True, as in
+faster-whisper: minirt.whisper.vad, the speech joined into chunks of up to 30 s, the times restored to the file's);
+with vad_filter=False the audio is cut into consecutive chunks of 30 s (faster-whisper refuses audio over 30 s
+without VAD or clip_timestamps). What differs: greedy decoding only at temperature 0 (beam_size=1 batched, larger
+beams a chunk at a time; sampling is refused); language detection reads the speech's log-mel as one (faster-whisper
+joins the chunks' own).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from .decoding import TranscriptionOptions, compression_ratio, generate, generat
 from .features import N_FRAMES, ArraySamples, LogMel
 from .option_checks import check_int
 from .transcribe import Segment, TranscriptionInfo, detect_language, split_segments
+from .vad import VadOptions, keep_speech, restore_times, speech_chunks, vad_options
 
 FRAMES_PER_SECOND = 100
 
@@ -57,7 +61,7 @@ class BatchedInferencePipeline:
         max_initial_timestamp: float = 1.0,
         word_timestamps: bool = False,
         multilingual: bool = False,
-        vad_filter: bool = False,
+        vad_filter: bool = True,
         max_new_tokens: Optional[int] = None,
         chunk_length: Optional[int] = None,
         clip_timestamps: Optional[List[dict]] = None,
@@ -68,11 +72,12 @@ class BatchedInferencePipeline:
         """Transcribe `audio` (a path, or float32 16 kHz mono samples) in chunks decoded as batches of batch_size:
         (a generator of Segments, TranscriptionInfo), as faster-whisper's BatchedInferencePipeline.transcribe
         (the module doc says what differs). Chunks: clip_timestamps ([{"start", "end"}] in seconds, each at most
-        30 s), else consecutive 30 s. beam_size=1 decodes the chunks of a batch together on the GPU (greedy); a
+        30 s), else the speech VAD finds (vad_filter, the default; vad_parameters as faster-whisper's batched
+        pipeline takes them: minirt.whisper.vad), else consecutive 30 s. beam_size=1 decodes the chunks of a batch together on the GPU (greedy); a
         larger beam decodes them one at a time with beam search. Options faster-whisper's batched mode ignores
         (the thresholds, condition_on_previous_text, prompt_reset_on_temperature, max_initial_timestamp: CTranslate2's
         1 s applies, log_progress) are accepted and ignored, as are prepend_punctuations, append_punctuations,
-        vad_parameters, hallucination_silence_threshold and the language detection ones. Segment.seek is its
+        hallucination_silence_threshold and the language detection ones. Segment.seek is its
         chunk's first frame, Segment.temperature the first temperature, as faster-whisper's. batch_size: None is
         the model's max_batch_items (16 by default)."""
         kw = {k: v for k, v in locals().items() if k not in ("self", "audio", "ignored", "batch_size",
@@ -85,7 +90,7 @@ class BatchedInferencePipeline:
         kw = model.check_options(kw, sampling_allowed=False)
         beam_size, temperatures, initial_prompt = kw["beam_size"], kw["temperature"], kw["initial_prompt"]
         unsupported = [name for name, on in (("word_timestamps", word_timestamps), ("prefix", prefix),
-                                             ("hotwords", hotwords), ("vad_filter", vad_filter),
+                                             ("hotwords", hotwords),
                                              ("multilingual", multilingual and self.model.is_multilingual),
                                              ("temperature above 0", not temperatures or temperatures[0] != 0),
                                              ("chunk_length", chunk_length not in (None, 30))) if on]
@@ -103,7 +108,13 @@ class BatchedInferencePipeline:
         samples = samples if hasattr(samples, "read") else ArraySamples(samples)
         samples.settle()
         duration = len(samples) / SAMPLE_RATE
-        chunks = _chunks(clip_timestamps, len(samples))
+        vad, speech = None, None
+        if vad_filter and not clip_timestamps:
+            vad = batched_vad_options(ignored.get("vad_parameters"))
+            speech = speech_chunks(samples, vad)
+            samples, chunks = keep_speech(samples, speech), speech_windows(speech)
+        else:
+            chunks = _chunks(clip_timestamps, len(samples))
         language = language or self.preset_language
         task = task or "transcribe"
         language_probability, all_language_probs = 1, None
@@ -131,8 +142,10 @@ class BatchedInferencePipeline:
         prompt = get_prompt(tok, previous, language, task, without_timestamps)
         info = TranscriptionInfo(language=language, language_probability=language_probability, duration=duration,
                                  duration_after_vad=sum(e - s for s, e in chunks) / SAMPLE_RATE,
-                                 all_language_probs=all_language_probs, transcription_options=options)
-        return self._segments(samples, chunks, prompt, options, batch_size), info
+                                 all_language_probs=all_language_probs, transcription_options=options,
+                                 vad_options=vad, speech_chunks=speech)
+        segments = self._segments(samples, chunks, prompt, options, batch_size)
+        return (restore_times(segments, speech) if speech else segments), info
 
     def _segments(self, samples, chunks, prompt, options, batch_size):
         model, tok = self.model, self.model.tokenizer
@@ -164,6 +177,32 @@ class BatchedInferencePipeline:
                                   tokens=p["tokens"], avg_logprob=avg_logprob,
                                   compression_ratio=compression_ratio(text), no_speech_prob=no_speech_prob,
                                   words=None, temperature=options.temperatures[0])
+
+
+def batched_vad_options(vad_parameters) -> VadOptions:
+    """The pipeline's VAD options, as faster-whisper's: speech at most 30 s a chunk, and a chunk ends after 160 ms
+    of silence by default (a dict's max_speech_duration_s is replaced by 30 s; VadOptions are used as they are)."""
+    if vad_parameters is None:
+        return VadOptions(max_speech_duration_s=30, min_silence_duration_ms=160)
+    if isinstance(vad_parameters, dict):
+        return vad_options(dict(vad_parameters, max_speech_duration_s=30))
+    return vad_options(vad_parameters)
+
+
+def speech_windows(speech: list) -> list:
+    """[(start, end)] in samples of the joined speech (vad.keep_speech): the speech chunks gathered in order into
+    windows of at most 30 s, as faster-whisper's collect_chunks gathers them (none where there is no speech)."""
+    limit = N_FRAMES * SAMPLE_RATE // FRAMES_PER_SECOND
+    out, start, length = [], 0, 0
+    for c in speech:
+        n = c["end"] - c["start"]
+        if length + n > limit and length:
+            out.append((start, start + length))
+            start, length = start + length, 0
+        length += n
+    if length:
+        out.append((start, start + length))
+    return out
 
 
 def _chunks(clip_timestamps, n: int) -> list:

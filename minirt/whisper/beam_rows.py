@@ -40,7 +40,14 @@ class BeamRows:
 
     def encode(self, features: np.ndarray) -> None:
         x = np.asarray(features, np.float32)
+        self._features = x
         self.backend.encode_batch(x if x.ndim == 3 else x[None])
+
+    def align(self, tokens: Sequence[int], num_frames: int):
+        """The backend's align (word timestamps), which reads the one-sequence encoder output: the window is
+        encoded there first."""
+        self.backend.encode(self._features)
+        return self.backend.align(tokens, num_frames)
 
     def start(self, prompt: Sequence[int], positions: Sequence[int]) -> np.ndarray:
         prompt, positions = [int(t) for t in prompt], [int(p) for p in positions]

@@ -21,6 +21,7 @@ class Checkpoint:
     config: dict                  # Hugging Face WhisperConfig keys
     tokenizer_path: str           # tokenizer.json, or a CTranslate2 vocabulary.txt / vocabulary.json
     begin_suppress: list = field(default_factory=list)     # suppress_blank's tokens; [] = the tokenizer's default
+    alignment_heads: list = None  # [(layer, head)] for word timestamps, where the checkpoint lists them
 
     @property
     def multilingual(self) -> bool:
@@ -88,18 +89,19 @@ def load_checkpoint(path) -> Checkpoint:
         raise ModelError(f"{folder}: the checkpoint has no decoder (an encoder-only conversion?); transcription "
                          f"needs the whole model")
     check_checkpoint(weights, config, os.path.join(folder, "config.json") if kind == "huggingface" else path, path)
-    begin, vocab = [], int(config["vocab_size"])
-    if kind == "ctranslate2":
-        path = os.path.join(folder, "config.json")
-        if os.path.isfile(path):
-            begin = check_begin_suppress(_read_json(path).get("suppress_ids_begin"), vocab,
-                                         f"{path}: 'suppress_ids_begin'")
-    else:
-        gen = os.path.join(folder, "generation_config.json")
-        if os.path.isfile(gen):
-            begin = check_begin_suppress(_read_json(gen).get("begin_suppress_tokens"), vocab,
-                                         f"{gen}: 'begin_suppress_tokens'")
-    return Checkpoint(folder, kind, weights, config, tok, begin)
+    vocab = int(config["vocab_size"])
+    # suppress_blank's tokens and the alignment heads: CTranslate2's config.json, or Hugging Face's
+    # generation_config.json
+    extra = os.path.join(folder, "config.json" if kind == "ctranslate2" else "generation_config.json")
+    key = "suppress_ids_begin" if kind == "ctranslate2" else "begin_suppress_tokens"
+    cfg = _read_json(extra) if os.path.isfile(extra) else {}
+    begin = check_begin_suppress(cfg.get(key), vocab, f"{extra}: '{key}'") if cfg else []
+    heads = None
+    if cfg.get("alignment_heads"):
+        from .words import check_alignment_heads
+        heads = check_alignment_heads(cfg["alignment_heads"], int(config["decoder_layers"]),
+                                      int(config["decoder_attention_heads"]), extra)
+    return Checkpoint(folder, kind, weights, config, tok, begin, heads)
 
 
 def _read_hf(folder, st):

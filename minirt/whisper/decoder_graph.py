@@ -21,6 +21,12 @@
            minirt/ops/token_select.py): inputs tokens, suppress [ceil(n_vocab / 32)] int32 and select [1, 12] int32
            (the logit filters as masks: minirt/whisper/filters.py GpuMasks) -> selection [1, 4] float32; the logits
            stay on the GPU.
+  alignP   tokens [1, P] int32, key_mask [n_audio_ctx] float32, picks [P] int32, parameter pos (0) -> attention
+           [heads, P, n_audio_ctx] and token_probs [P, 1]: word timestamps' alignment (align_graph): the decoder over
+           a whole sequence as promptP runs it, the softmax probabilities of the alignment heads' cross-attention
+           over the encoder positions the mask leaves, and each next token's probability among the text tokens.
+           Made on first use (add_align), for P = 64 and 232; it writes row 0 of the cache, which the next window's
+           prompt writes afresh.
 
 B is the program's batch (the most rows a search uses); there is a step entry point for 1 row and for B (greedy
 decoding and a prompt of one token run the first, or step1_select where every logit filter is a mask; beam search and
@@ -252,6 +258,80 @@ def prompt_graph(weights: dict, dm: Dims, tokens: int, picks: int, cache_rows: i
     g.add_tensor(Tensor("picks", (picks,), "int32"))
     _logits(g, b, weights, b.node("Gather", [x, "picks"], "prompt.picked", axis=0))
     return g
+
+
+def align_graph(weights: dict, dm: Dims, tokens: int, heads: list, eot: int, cache_rows: int) -> Graph:
+    """alignP (the module doc): the decoder over a sequence of up to `tokens` tokens as a prompt runs (row 0 of the
+    cache, from position 0; a shorter sequence is padded at the end, which the rows before it do not see), and
+    besides the layers' own attention, for each alignment head (layer, head) of `heads`, in that order, the softmax
+    of its cross-attention scores over the encoder positions whose key_mask is 0 (-inf elsewhere): "attention"
+    [len(heads), tokens, n_audio_ctx]; and the probability among the text tokens (ids below eot) of the token whose
+    flat index (row * eot + token) "picks" [tokens, 1] holds: "token_probs" [tokens, 1]."""
+    g = Graph(name=f"whisper align ({tokens} tokens)", source="whisper align")
+    b = _Builder(g, weights)
+    x = _decoder_layers(g, b, dm, 1, tokens, cache_rows)
+    H, dd = dm.decoder_heads, dm.d_model
+    dh = dd // H
+    g.inputs.append("key_mask")
+    g.add_tensor(Tensor("key_mask", (dm.n_audio_ctx,), "float32"))
+    g.const("align.q_shape", np.array([tokens, H, dh], np.int64))
+    g.const("align.k_shape", np.array([dm.n_audio_ctx, H, dh], np.int64))
+    g.const("align.scale", np.array(dh ** -0.5, np.float32))
+    per_layer = []
+    for layer in sorted({layer for layer, _ in heads}):
+        hs = [h for lay, h in heads if lay == layer]
+        s = f"align.{layer}"
+        g.const(f"{s}.heads", np.array(hs, np.int64))
+        q = b.node("Reshape", [f"layers.{layer}/cq", "align.q_shape"], f"{s}/q3")
+        q = b.node("Transpose", [q], f"{s}/qh", perm=[1, 0, 2])                             # [H, T, dh]
+        q = b.node("Gather", [q, f"{s}.heads"], f"{s}/q", axis=0)
+        k = b.node("Reshape", [f"cross_k.{layer}", "align.k_shape"], f"{s}/k3")
+        k = b.node("Transpose", [k], f"{s}/kh", perm=[1, 2, 0])                             # [H, dh, S]
+        k = b.node("Gather", [k, f"{s}.heads"], f"{s}/k", axis=0)
+        sc = b.node("MatMul", [q, k], f"{s}/scores")
+        sc = b.node("Mul", [sc, "align.scale"], f"{s}/scaled")
+        sc = b.node("Add", [sc, "key_mask"], f"{s}/masked")
+        per_layer.append((hs, b.node("Softmax", [sc], f"{s}/probs", axis=-1)))
+    # the heads in the order given: a Concat of the layers' probabilities, then a Gather where that order differs
+    order = [(layer, h) for layer in sorted({lay for lay, _ in heads}) for h in
+             [h for lay, h in heads if lay == layer]]
+    probs = b.node("Concat", [p for _, p in per_layer], "align.by_layer", axis=0) if len(per_layer) > 1 \
+        else per_layer[0][1]
+    if order != [tuple(h) for h in heads]:
+        g.const("align.order", np.array([order.index(tuple(h)) for h in heads], np.int64))
+        probs = b.node("Gather", [probs, "align.order"], "align.ordered", axis=0)
+    b.node("Identity", [probs], "attention")
+    g.outputs.append("attention")
+    d = "model.decoder"
+    h = b.layer_norm(x, f"{d}.layer_norm", "ln_out")
+    proj = "proj_out.weight" if "proj_out.weight" in weights else f"{d}.embed_tokens.weight"
+    w = b.param("text_logits.weight^T", np.asarray(weights[proj], np.float32)[:eot].T)
+    b.node("Linear", [h, w, "", ""], "text_logits", "minirt", act="", scale=1.0)               # [1, T, eot]
+    b.node("Softmax", ["text_logits"], "text_probs", axis=-1)
+    g.const("align.flat", np.array([tokens * eot, 1], np.int64))
+    flat = b.node("Reshape", ["text_probs", "align.flat"], "text_probs.flat")
+    g.inputs.append("picks")
+    g.add_tensor(Tensor("picks", (tokens,), "int32"))
+    b.node("Gather", [flat, "picks"], "token_probs", axis=0)
+    g.outputs.append("token_probs")
+    return g
+
+
+def align_entry(tokens: int) -> str:
+    """The entry point that aligns a sequence of up to `tokens` tokens (align_sizes)."""
+    return f"align{tokens}"
+
+
+def align_sizes(dm: Dims) -> list:
+    """The token slots of the align entry points, smallest first: a sentence or two, and the longest a window's
+    alignment runs (the start sequence, <|notimestamps|>, at most half the text context of text, <|endoftext|>), as
+    prompt_tokens. A run costs its slots, padding included: the text logits of every slot."""
+    return sorted({min(64, prompt_tokens(dm)), prompt_tokens(dm)})
+
+
+def align_graphs(weights: dict, dm: Dims, heads: list, eot: int, cache_rows: int) -> dict:
+    """{entry point: Graph} of the align entry points (align_sizes)."""
+    return {align_entry(n): align_graph(weights, dm, n, heads, eot, cache_rows) for n in align_sizes(dm)}
 
 
 def reorder_graph(dm: Dims, batch: int, state: str = "") -> Graph:

@@ -42,6 +42,12 @@ class TranscriptionOptions:
     multilingual: bool = False
     max_new_tokens: Optional[int] = None
     word_timestamps: bool = False
+    prefix: Optional[str] = None
+    hotwords: Optional[str] = None
+    clip_timestamps: Union[str, List[float]] = "0"
+    hallucination_silence_threshold: Optional[float] = None
+    prepend_punctuations: str = "\"'“¿([{-"
+    append_punctuations: str = "\"'.。,，!！?？:：”)]}、"
 
 
 @dataclass
@@ -60,22 +66,35 @@ def compression_ratio(text: str) -> float:
     return len(b) / len(zlib.compress(b))
 
 
-def get_prompt(tokenizer, previous_tokens, language, task="transcribe", without_timestamps=False) -> list:
-    """<|startofprev|> and the last 223 previous tokens (when there are any), the start sequence, and
-    <|notimestamps|> when decoding without timestamps."""
+def get_prompt(tokenizer, previous_tokens, language, task="transcribe", without_timestamps=False, prefix=None,
+               hotwords=None) -> list:
+    """faster-whisper's get_prompt: <|startofprev|>, the hotwords (where there is no prefix) and the last 223 previous
+    tokens (when there are any of either), the start sequence, <|notimestamps|> when decoding without timestamps, and
+    the prefix (after <|0.00|> when decoding with timestamps). Hotwords and a prefix longer than half the text
+    context are cut to its half less one, from the end, as faster-whisper cuts them."""
     prompt = []
-    if previous_tokens:
+    hot = hotwords and not prefix
+    if previous_tokens or hot:
         prompt.append(tokenizer.sot_prev)
-        prompt.extend(previous_tokens[-(MAX_LENGTH // 2 - 1):])
+        if hot:
+            prompt.extend(tokenizer.encode(" " + hotwords.strip())[:MAX_LENGTH // 2 - 1])
+        if previous_tokens:
+            prompt.extend(previous_tokens[-(MAX_LENGTH // 2 - 1):])
     prompt.extend(tokenizer.sot_sequence(language, task))
     if without_timestamps:
         prompt.append(tokenizer.no_timestamps)
+    if prefix:
+        tokens = tokenizer.encode(" " + prefix.strip())[:MAX_LENGTH // 2 - 1]
+        if not without_timestamps:
+            prompt.append(tokenizer.timestamp_begin)
+        prompt.extend(tokens)
     return prompt
 
 
 def make_filters(tokenizer, options: TranscriptionOptions, vocab: int, with_timestamps: bool,
-                 suppress_blank_ids) -> list:
-    """The logit filters in CTranslate2's order."""
+                 suppress_blank_ids, sample_begin: int = 0) -> list:
+    """The logit filters in CTranslate2's order; sample_begin: the forced tokens (a prefix) before the first sampled
+    step (filters.py)."""
     out = []
     if options.repetition_penalty != 1:
         out.append(F.RepetitionPenalty(options.repetition_penalty))
@@ -84,11 +103,12 @@ def make_filters(tokenizer, options: TranscriptionOptions, vocab: int, with_time
     if options.suppress_tokens:
         out.append(F.SuppressTokens(options.suppress_tokens))
     if options.suppress_blank:
-        out.append(F.SuppressBlank(suppress_blank_ids))
+        out.append(F.SuppressBlank(suppress_blank_ids, sample_begin))
     if with_timestamps:
         index = int(round(options.max_initial_timestamp / TIME_PRECISION))
         begin = tokenizer.timestamp_begin
-        out.append(F.TimestampRules(tokenizer.eot, tokenizer.no_timestamps, begin, vocab - 1, begin + index))
+        out.append(F.TimestampRules(tokenizer.eot, tokenizer.no_timestamps, begin, vocab - 1, begin + index,
+                                    sample_begin))
     return out
 
 
@@ -98,10 +118,14 @@ def no_speech_probability(logits_at_sot: np.ndarray, no_speech_id: int) -> float
 
 
 def _limits(tokenizer, prompt, options: TranscriptionOptions):
-    """(index of <|startoftranscript|> in the prompt, tokens to generate at most) as CTranslate2 counts them."""
+    """(index of <|startoftranscript|> in the prompt, tokens to generate at most, the forced tokens) as CTranslate2
+    counts them: the prompt runs up to its last special token of the start sequence (<|startoftranscript|> ..
+    <|notimestamps|>), and the tokens after it (a prefix, with <|0.00|> when decoding with timestamps) are forced
+    as the first generated ones, within the limit."""
     sot_index = prompt.index(tokenizer.sot)
-    if any(not tokenizer.sot <= t <= tokenizer.no_timestamps for t in prompt[sot_index:]):
-        raise ValueError("the prompt must end with the start sequence (a prefix is not supported)")
+    length = sot_index
+    while length < len(prompt) and tokenizer.sot <= prompt[length] <= tokenizer.no_timestamps:
+        length += 1
     if options.max_new_tokens is not None:
         max_length = len(prompt) + options.max_new_tokens
     else:
@@ -109,28 +133,37 @@ def _limits(tokenizer, prompt, options: TranscriptionOptions):
     if max_length > MAX_LENGTH:
         raise ValueError(f"the prompt has {len(prompt)} tokens and max_new_tokens is {options.max_new_tokens}: "
                          f"{max_length} in all is more than Whisper's {MAX_LENGTH}")
-    # CTranslate2 runs prompt[:-1] as the prompt and generates from prompt[-1] on, at most half the context
-    return sot_index, min(max_length // 2, max_length - (len(prompt) - 1))
+    # CTranslate2 runs prompt[:length - 1] as the prompt and generates from prompt[length - 1] on, at most half the
+    # context, the forced tokens included
+    return sot_index, min(max_length // 2, max_length - (length - 1)), list(prompt[length:])
 
 
 def generate(backend, tokenizer, prompt, options: TranscriptionOptions, temperature: float,
              suppress_blank_ids, rng=None):
     """One decoding attempt: (best Hypothesis, no_speech_prob). The encoder output of the window must be in the
     backend already."""
-    sot_index, steps = _limits(tokenizer, prompt, options)
+    sot_index, steps, forced = _limits(tokenizer, prompt, options)
+    # the forced tokens run with the prompt: the decoder computes them as it would step by step, and their
+    # scores are 0 (CTranslate2 overrides their picks)
     logits = backend.start(prompt, [sot_index, len(prompt) - 1])
     no_speech_prob = no_speech_probability(logits[0], tokenizer.no_speech)
-    with_timestamps = prompt[-1] != tokenizer.no_timestamps
-    flt = make_filters(tokenizer, options, backend.n_vocab, with_timestamps, suppress_blank_ids)
+    with_timestamps = _with_timestamps(tokenizer, prompt, forced)
+    flt = make_filters(tokenizer, options, backend.n_vocab, with_timestamps, suppress_blank_ids, len(forced))
     if temperature > 0:
         hyps = greedy(backend, logits[1], flt, tokenizer.eot, steps, temperature=temperature,
-                      num_hypotheses=options.best_of, length_penalty=options.length_penalty, rng=rng)
+                      num_hypotheses=options.best_of, length_penalty=options.length_penalty, rng=rng, prefix=forced)
     elif options.beam_size == 1:
-        hyps = greedy(backend, logits[1], flt, tokenizer.eot, steps, length_penalty=options.length_penalty)
+        hyps = greedy(backend, logits[1], flt, tokenizer.eot, steps, length_penalty=options.length_penalty,
+                      prefix=forced)
     else:
         hyps = beam_search(backend, logits[1], flt, tokenizer.eot, steps, options.beam_size, options.patience,
-                           options.length_penalty)
+                           options.length_penalty, prefix=forced)
     return hyps[0], no_speech_prob
+
+
+def _with_timestamps(tokenizer, prompt, forced) -> bool:
+    """Whether a prompt decodes with timestamps: its start sequence does not end with <|notimestamps|>."""
+    return prompt[len(prompt) - len(forced) - 1] != tokenizer.no_timestamps
 
 
 def batchable(options: TranscriptionOptions) -> bool:
@@ -151,13 +184,14 @@ def generate_batch(backend, tokenizer, prompts, options: TranscriptionOptions, s
     prompts = [list(p) for p in prompts]
     limits = [_limits(tokenizer, p, options) for p in prompts]
     filters = {}
-    for p in prompts:
-        ts = p[-1] != tokenizer.no_timestamps
-        if ts not in filters:
-            filters[ts] = make_filters(tokenizer, options, backend.n_vocab, ts, suppress_blank_ids)
-    flt = [filters[p[-1] != tokenizer.no_timestamps] for p in prompts]
+    for p, (_, _, forced) in zip(prompts, limits):
+        key = (_with_timestamps(tokenizer, p, forced), len(forced))
+        if key not in filters:
+            filters[key] = make_filters(tokenizer, options, backend.n_vocab, key[0], suppress_blank_ids, key[1])
+    flt = [filters[(_with_timestamps(tokenizer, p, f), len(f))] for p, (_, _, f) in zip(prompts, limits)]
     masks = _gpu_masks(backend, filters.values(), "step_rows_select")
-    fed, tokens, totals, no_speech = [0] * n, [[] for _ in range(n)], [np.float32(0)] * n, [0.0] * n
+    # a row's tokens start with its forced ones (a prefix, fed with its prompt), which score 0
+    fed, tokens, totals, no_speech = [0] * n, [list(f) for _, _, f in limits], [np.float32(0)] * n, [0.0] * n
     rows = list(range(n))               # the item of each row
     scratch = np.empty((2, 0, 0), np.float32)     # log_softmax's arrays, reused from step to step
     backend.start_rows(rows)
@@ -171,7 +205,7 @@ def generate_batch(backend, tokenizer, prompts, options: TranscriptionOptions, s
             if at == limits[i][0]:
                 sot.append((r, i))
             if at >= len(prompts[i]) - 1:
-                gen.append((r, i, at - (len(prompts[i]) - 1)))
+                gen.append((r, i, at - (len(prompts[i]) - 1) + len(limits[i][2])))
         groups = {}
         for r, i, step in gen:          # rows with the same filters at the same step are filtered together
             groups.setdefault((id(flt[i]), step), []).append((r, i))

@@ -1,7 +1,9 @@
 """Logit filters applied at each decoding step, as CTranslate2 applies them for faster-whisper.
 
 Each filter changes a float32 logits array [rows, vocab] in place, given the step (0 for the first generated
-token) and the tokens generated so far ([rows, step], prompt excluded). A suppressed token's logit becomes the
+token) and the tokens generated so far ([rows, step], prompt excluded). A decode that starts with forced tokens (a
+prefix: CTranslate2's prefix ids) counts them as its first steps; `begin`, their number, is where sampling begins,
+from which the blank suppression and the timestamp rules count (CTranslate2's sample_begin). A suppressed token's logit becomes the
 lowest float32 (CTranslate2's DisableTokens value, not -inf), so its log-probability stays finite.
 
 CTranslate2's order: repetition penalty, no-repeat n-gram, suppress_tokens, suppress_blank (first step only),
@@ -78,13 +80,14 @@ class SuppressTokens:
 
 
 class SuppressBlank:
-    """These tokens at the first step only (suppress_blank: the space token and <|endoftext|>)."""
+    """These tokens at the first sampled step only (suppress_blank: the space token and <|endoftext|>)."""
 
-    def __init__(self, ids):
+    def __init__(self, ids, begin: int = 0):
         self.ids = np.asarray(sorted(set(int(i) for i in ids)), np.int64)
+        self.begin = int(begin)
 
     def __call__(self, logits, step, seq):
-        if step == 0 and len(self.ids):
+        if step == self.begin and len(self.ids):
             logits[:, self.ids] = NEG
 
 
@@ -97,18 +100,26 @@ class TimestampRules:
       comes <|endoftext|> or a timestamp no earlier than that one;
     - timestamps do not decrease: after text, timestamps up to the last one are suppressed;
     - where the row may end with text or a timestamp, if the timestamps' total probability is above every text
-      token's, text (everything below <|0.00|>, <|endoftext|> included) is suppressed."""
+      token's, text (everything below <|0.00|>, <|endoftext|> included) is suppressed.
+
+    After `sample_begin` forced tokens (a prefix) the rules read only the tokens sampled after them, and the first
+    sampled step has none of them (only <|notimestamps|> is suppressed there), as CTranslate2 applies them."""
 
     def __init__(self, eot: int, no_timestamps: int, timestamp_begin: int, timestamp_end: int,
-                 max_initial_timestamp_id: int):
+                 max_initial_timestamp_id: int, sample_begin: int = 0):
         self.eot, self.no_timestamps = eot, no_timestamps
         self.begin, self.end = timestamp_begin, timestamp_end
         self.max_initial = max_initial_timestamp_id
+        self.sample_begin = int(sample_begin)
 
     def rules(self, step: int, row) -> tuple:
         """(the [lo, hi) id ranges suppressed, whether the text-or-timestamp check applies) for a row whose tokens so
         far are row[:step]; <|notimestamps|> is suppressed besides."""
         begin, end = self.begin, self.end
+        if self.sample_begin:
+            if step <= self.sample_begin:
+                return [], False
+            step, row = step - self.sample_begin, row[self.sample_begin:]
         if step == 0:
             return [(0, begin), (self.max_initial + 1, end + 1)], False
         last = int(row[step - 1])
@@ -148,6 +159,7 @@ class GpuMasks:
         self.vocab = int(vocab)
         self.rules = next((f for f in filters if isinstance(f, TimestampRules)), None)
         self.blank = sorted({int(i) for f in filters if isinstance(f, SuppressBlank) for i in f.ids})
+        self.blank_step = next((f.begin for f in filters if isinstance(f, SuppressBlank)), 0)
         self.bits = ts_op.suppress_bits([int(i) for f in filters if isinstance(f, SuppressTokens) for i in f.ids],
                                         self.vocab)
 
@@ -165,7 +177,7 @@ class GpuMasks:
     def control(self, step: int, seq) -> np.ndarray:
         """TokenSelect's control rows for rows at generation step `step` whose tokens so far are seq [rows, step]."""
         c = ts_op.control(len(seq), self.vocab)
-        ids = self.blank if step == 0 else []
+        ids = self.blank if step == self.blank_step else []
         if self.rules is not None:
             ids = ids + [self.rules.no_timestamps]
             c[:, ts_op.BEGIN] = self.rules.begin

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import InputError, OptionError
 from ..pools import pool
-from .audio_input import SAMPLE_RATE, audio_samples
+from .audio_input import SAMPLE_RATE, audio_samples, load_audio
 from .checkpoint import load_checkpoint
 from .checkpoint_checks import check_tokenizer
 from .decoding import TranscriptionOptions
@@ -29,6 +29,7 @@ from .option_checks import check_options, is_int
 from .reference import blas_threads
 from .tokenizer import WhisperTokenizer
 from .transcribe import TranscriptionInfo, detect_language, generate_segments, generate_segments_batch
+from .vad import keep_speech, restore_times, speech_chunks, vad_options
 
 log = logging.getLogger("minirt.whisper")
 
@@ -50,15 +51,18 @@ class WhisperModel:
     arithmetic; in the reference: weights rounded to float16, arithmetic in float32).
     device: the Vulkan device for the GPU decoder, an index or a UUID as Session takes it (the numpy reference runs on
     the CPU and ignores it).
-    backend: "vulkan" (minirt.whisper.vulkan.VulkanBackend: encoder and decoder on the GPU, at either precision,
-    beams and best_of up to 5), "reference" (the numpy reference on the CPU), None (the default: vulkan), or a
-    DecoderBackend to use as it is.
+    backend: "vulkan" (minirt.whisper.vulkan.VulkanBackend: encoder and decoder on the GPU, at either precision;
+    beams and best_of past 5 run on its batch rows, minirt.whisper.beam_rows), "reference" (the numpy reference on
+    the CPU), None (the default: vulkan), or a DecoderBackend to use as it is.
     max_batch_items: the most windows transcribe_batch and BatchedInferencePipeline decode together (batch_size at
-    most this; on the GPU, the batch's entry points and state are made for this many when first used)."""
+    most this; on the GPU, the batch's entry points and state are made for this many when first used).
+    compute_type: faster-whisper's argument, "default" (precision decides), "float32" (fp32) or "float16" (fp16);
+    the int8, int16 and bfloat16 types are refused (minirt has no quantized or bfloat16 Whisper yet)."""
 
     def __init__(self, path, precision: str = "fp32", device=None, backend=None,
                  max_batch_items: int = MAX_BATCH_ITEMS, download_root=None, local_files_only: bool = False,
-                 revision=None):
+                 revision=None, compute_type: str = "default"):
+        precision = precision_of(compute_type, precision)
         if precision not in ("fp32", "fp16"):
             raise ValueError(f"precision must be 'fp32' or 'fp16', got {precision!r}")
         ckpt = load_checkpoint(model_folder(path, download_root, local_files_only, revision))
@@ -86,6 +90,7 @@ class WhisperModel:
         self.n_mels = int(self.config.get("num_mel_bins", backend.n_mels))
         tok = self.tokenizer
         self.suppress_blank_ids = list(ckpt.begin_suppress) or tok.encode(" ") + [tok.eot]
+        self.alignment_heads = ckpt.alignment_heads     # None: words.openai_alignment_heads or the default
 
     @property
     def lock(self) -> threading.RLock:
@@ -147,16 +152,22 @@ class WhisperModel:
         30 s window. A file is read in blocks (twice, or three times with language detection), so memory follows
         the 30 s window, not the length of the file.
 
-        Not supported, refused with NotImplementedError: word_timestamps, prefix, hotwords, vad_filter,
-        clip_timestamps other than "0", chunk_length other than 30. Options of faster-whisper that only matter
-        with those (prepend_punctuations, append_punctuations, hallucination_silence_threshold, vad_parameters)
-        are accepted and have no effect."""
+        prefix, hotwords, clip_timestamps ("start,end,..." seconds or a list of seconds; an odd count ends at the
+        end of the audio), word_timestamps (Segment.words: words.Word(start, end, word, probability), from the
+        cross-attention of the model's alignment heads: minirt.whisper.words), prepend_punctuations,
+        append_punctuations and hallucination_silence_threshold (only with word_timestamps) are faster-whisper's
+        and give its tokens and words. vad_filter with vad_parameters (a dict of vad.VadOptions' fields, or one)
+        transcribes only the speech Silero VAD finds (minirt.whisper.vad; faster-whisper's package and onnxruntime
+        needed), the times restored to the original audio; the file is read whole then. Not supported, refused
+        with NotImplementedError: chunk_length other than 30."""
         kw = {k: v for k, v in locals().items() if k not in ("self", "audio", "ignored", "log_progress", "progress")}
         mel, options, info, rng = self._setup(audio, dict(kw, **ignored))
         if progress is None and log_progress:
             progress = _stderr_progress
         segments = generate_segments(self.search_backend(options), self.tokenizer, mel, options, info.language,
                                      kw["task"], self.suppress_blank_ids, rng, progress, lock=self.lock)
+        if info.speech_chunks:
+            segments = restore_times(segments, info.speech_chunks)
         return segments, info
 
     def transcribe_batch(self, audio: list, batch_size: Optional[int] = None, **options) -> list:
@@ -202,7 +213,8 @@ class WhisperModel:
         with self.lock:
             segments = generate_segments_batch(self.search_backend(options), self.tokenizer, files, options,
                                                self.suppress_blank_ids, batch_size)
-        return [(segs, info) for segs, (_, _, info, _) in zip(segments, setups)]
+        return [(list(restore_times(segs, info.speech_chunks)) if info.speech_chunks else segs, info)
+                for segs, (_, _, info, _) in zip(segments, setups)]
 
     def _item_mel(self, index: int, audio) -> LogMel:
         """The LogMel of transcribe_batch's audio[index]; an InputError says which item it is about."""
@@ -255,6 +267,22 @@ class WhisperModel:
         from .beam_rows import BeamRows
         return BeamRows(self.batch_backend(min(rows, self.max_batch_items)))
 
+    def word_backend(self):
+        """The backend, able to align tokens for word timestamps (DecoderBackend.align): the alignment heads are the
+        checkpoint's, else openai-whisper's for its model (words.openai_alignment_heads), else
+        words.default_alignment_heads; on the GPU the align entry points are made the first time
+        (from the checkpoint read again)."""
+        from .words import default_alignment_heads, openai_alignment_heads
+        b = self.backend
+        if not all(hasattr(b, m) for m in ("align", "add_align")):
+            raise TypeError(f"the backend {getattr(b, 'name', type(b).__name__)} does not align tokens (word "
+                            f"timestamps need DecoderBackend.align)")
+        if getattr(b, "align_heads", None) is None:
+            heads = self.alignment_heads or openai_alignment_heads(self.config) or default_alignment_heads(
+                int(self.config["decoder_layers"]), int(self.config["decoder_attention_heads"]))
+            b.add_align(heads, self.tokenizer.eot, lambda: load_checkpoint(self.path).weights)
+        return b
+
     def _setup(self, audio, kw: dict, features=None):
         """(LogMel, TranscriptionOptions, TranscriptionInfo, rng) of one file for transcribe()'s options `kw`;
         features(), where given, returns the file's LogMel (computed elsewhere), after the options are checked."""
@@ -267,10 +295,7 @@ class WhisperModel:
          max_new_tokens, chunk_length, clip_timestamps, hotwords, language_detection_threshold,
          language_detection_segments, seed) = (kw[k] for k in _OPTION_NAMES)
         unsupported = [name for name, on in (
-            ("word_timestamps", word_timestamps), ("prefix", prefix), ("hotwords", hotwords),
-            ("vad_filter", vad_filter),
-            ("clip_timestamps", clip_timestamps not in ("0", "", [0], [0.0], (0,), None)),
-            ("chunk_length", chunk_length not in (None, 30))) if on]
+            ("chunk_length", chunk_length not in (None, 30)),) if on]
         if unsupported:
             raise NotImplementedError(f"minirt's WhisperModel does not support {', '.join(unsupported)}")
         known_extra = {"prepend_punctuations", "append_punctuations", "hallucination_silence_threshold",
@@ -278,11 +303,23 @@ class WhisperModel:
         unknown = sorted(set(ignored) - known_extra)
         if unknown:
             raise TypeError(f"transcribe() got unexpected keyword argument(s) {', '.join(unknown)}")
+        parity = parity_options(prefix=prefix, hotwords=hotwords, clip_timestamps=clip_timestamps,
+                                word_timestamps=word_timestamps, max_new_tokens=max_new_tokens,
+                                language_detection_segments=language_detection_segments,
+                                language_detection_threshold=language_detection_threshold, **ignored)
         tok = self.tokenizer
 
-        # a file is read a block at a time, never whole
-        mel = features() if features else LogMel(audio_samples(audio), self.n_mels)
-        duration = len(mel.samples) / SAMPLE_RATE
+        vad, chunks = None, None
+        if vad_filter and isinstance(clip_timestamps, str) and clip_timestamps == "0":    # as faster-whisper
+            vad = vad_options(ignored.get("vad_parameters"))
+            samples = load_audio(audio)     # the model sees the speech only: the file is read whole
+            chunks = speech_chunks(samples, vad)
+            duration = len(samples) / SAMPLE_RATE
+            mel = LogMel(keep_speech(samples, chunks), self.n_mels)
+        else:
+            # a file is read a block at a time, never whole
+            mel = features() if features else LogMel(audio_samples(audio), self.n_mels)
+            duration = len(mel.samples) / SAMPLE_RATE
 
         all_language_probs = None
         if multilingual and not self.is_multilingual:
@@ -294,7 +331,8 @@ class WhisperModel:
             else:
                 with self.lock:
                     language, language_probability, all_language_probs = detect_language(
-                        self.backend, tok, mel, language_detection_segments, language_detection_threshold)
+                        self.backend, tok, mel, language_detection_segments, language_detection_threshold,
+                        start=detection_start(parity["clip_timestamps"], mel.content_frames))
         else:
             if not self.is_multilingual and language != "en":
                 log.warning("the model is English-only; language %r is ignored ('en' is used)", language)
@@ -311,11 +349,70 @@ class WhisperModel:
             initial_prompt=initial_prompt, suppress_blank=suppress_blank,
             suppress_tokens=list(tok.suppressed_tokens(suppress_tokens)) if suppress_tokens else suppress_tokens,
             without_timestamps=without_timestamps, max_initial_timestamp=max_initial_timestamp,
-            multilingual=multilingual, max_new_tokens=max_new_tokens, word_timestamps=False)
+            multilingual=multilingual, max_new_tokens=max_new_tokens, **parity)
+        if word_timestamps:
+            with self.lock:         # the align entry points join the backend's Program once
+                self.word_backend()
         info = TranscriptionInfo(language=language, language_probability=language_probability, duration=duration,
-                                 duration_after_vad=duration, all_language_probs=all_language_probs,
-                                 transcription_options=options)
+                                 duration_after_vad=len(mel.samples) / SAMPLE_RATE,
+                                 all_language_probs=all_language_probs, transcription_options=options,
+                                 vad_options=vad, speech_chunks=chunks)
         return mel, options, info, np.random.default_rng(seed)
+
+
+def precision_of(compute_type: str, precision: str) -> str:
+    """The precision for faster-whisper's compute_type ("default": `precision` as given)."""
+    from ..errors import UnsupportedError
+    types = {"default": precision, "float32": "fp32", "float16": "fp16", "auto": precision}
+    if compute_type in types:
+        chosen = types[compute_type]
+        if compute_type not in ("default", "auto") and precision not in ("fp32", chosen):
+            raise ValueError(f"compute_type {compute_type!r} and precision {precision!r} disagree; give one")
+        return chosen
+    if isinstance(compute_type, str) and compute_type.startswith(("int8", "int16", "bfloat16")):
+        raise UnsupportedError(f"compute_type {compute_type!r}: minirt's Whisper runs in float32 or float16 "
+                               f"(compute_type 'float32' or 'float16'); int8, int16 and bfloat16 are not supported "
+                               f"yet")
+    raise ValueError(f"compute_type must be 'default', 'float32' or 'float16', got {compute_type!r}")
+
+
+def parity_options(prefix=None, hotwords=None, clip_timestamps="0", word_timestamps=False, max_new_tokens=None,
+                   language_detection_segments=1, language_detection_threshold=0.5,
+                   hallucination_silence_threshold=None, prepend_punctuations=None, append_punctuations=None,
+                   vad_parameters=None) -> dict:
+    """The TranscriptionOptions fields of transcribe()'s prefix, hotwords, clip_timestamps, word timestamps and
+    hallucination options, checked (OptionError naming the option)."""
+    from .transcribe import parse_clip_timestamps
+    for name, v in (("prefix", prefix), ("hotwords", hotwords)):
+        if v is not None and not isinstance(v, str):
+            raise OptionError(f"{name} must be a string or None, got {type(v).__name__}")
+    clips = parse_clip_timestamps(clip_timestamps)
+    if max_new_tokens is not None and (not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1):
+        raise OptionError(f"max_new_tokens must be a positive int or None, got {max_new_tokens!r}")
+    if not isinstance(language_detection_segments, (int, np.integer)) or language_detection_segments < 1:
+        raise OptionError(f"language_detection_segments must be an int >= 1, got {language_detection_segments!r}")
+    if hallucination_silence_threshold is not None:
+        if not word_timestamps:
+            raise OptionError("hallucination_silence_threshold needs word_timestamps=True (it reads the words' "
+                             "times, as in faster-whisper)")
+        if not float(hallucination_silence_threshold) > 0:
+            raise OptionError(f"hallucination_silence_threshold must be > 0 seconds, got "
+                             f"{hallucination_silence_threshold!r}")
+    out = dict(prefix=prefix, hotwords=hotwords, clip_timestamps=clips, word_timestamps=bool(word_timestamps),
+               hallucination_silence_threshold=hallucination_silence_threshold)
+    for name, v in (("prepend_punctuations", prepend_punctuations), ("append_punctuations", append_punctuations)):
+        if v is not None:
+            if not isinstance(v, str):
+                raise OptionError(f"{name} must be a string, got {type(v).__name__}")
+            out[name] = v
+    return out
+
+
+def detection_start(clip_timestamps: list, content_frames: int) -> int:
+    """The frame language detection starts at: the first clip's start where it is inside the audio, as in
+    faster-whisper."""
+    start = int(clip_timestamps[0] * 100) if clip_timestamps else 0
+    return start if start < content_frames else 0
 
 
 _FEATURE_THREADS = 8        # 16 log-mels of 30 s on a 16-core host, BLAS at one thread: 8 threads 3.4x one, 16 slower

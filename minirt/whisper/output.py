@@ -25,13 +25,22 @@ def full_text(segments) -> str:
 
 
 def segment_dicts(segments) -> list:
-    """[{"id", "start", "end", "text", "tokens"}] of each segment, as the json format and minirt.ray write them."""
-    return [{"id": s.id, "start": s.start, "end": s.end, "text": s.text, "tokens": [int(t) for t in s.tokens]}
-            for s in segments]
+    """[{"id", "start", "end", "text", "tokens"}] of each segment, as the json format and minirt.ray write them, and
+    "words": [{"start", "end", "word", "probability"}] where the segment has word timestamps."""
+    out = []
+    for s in segments:
+        d = {"id": s.id, "start": float(s.start), "end": float(s.end), "text": s.text,
+             "tokens": [int(t) for t in s.tokens]}
+        if getattr(s, "words", None) is not None:
+            d["words"] = [{"start": float(w.start), "end": float(w.end), "word": w.word,
+                           "probability": float(w.probability)} for w in s.words]
+        out.append(d)
+    return out
 
 
-def to_json(segments, info) -> str:
-    """{"text", "language", "duration", "segments": [{"id", "start", "end", "text", "tokens"}]}."""
+def to_json(segments, info, max_words=None) -> str:
+    """{"text", "language", "duration", "segments": [{"id", "start", "end", "text", "tokens"}]} (and "words" in each
+    segment with word timestamps)."""
     doc = {"text": full_text(segments), "language": info.language, "duration": info.duration,
            "segments": segment_dicts(segments)}
     return json.dumps(doc, ensure_ascii=False, indent=2) + "\n"
@@ -43,21 +52,39 @@ def cue_text(text: str) -> str:
     return "\n".join(line.strip() for line in text.splitlines() if line.strip())
 
 
-def vtt_text(text: str) -> str:
-    """cue_text with what WebVTT cue text must escape: "&", "<" and ">" as character references (a "<" starts a
-    tag, and "-->" may not appear in cue text)."""
-    return cue_text(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+def vtt_escape(text: str) -> str:
+    """What WebVTT cue text must escape: "&", "<" and ">" as character references (a "<" starts a tag, and "-->"
+    may not appear in cue text)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def to_srt(segments, info=None) -> str:
-    return "".join(f"{i}\n{_timestamp(s.start, ',')} --> {_timestamp(s.end, ',')}\n{cue_text(s.text)}\n\n"
-                   for i, s in enumerate(segments, 1))
+def cues(segments, max_words=None) -> list:
+    """[(start, end, text)] of the subtitles: a cue per segment, or with max_words (segments with word timestamps)
+    a cue per max_words words of a segment, from its first word's start to its last word's end; text as cue_text
+    makes it."""
+    out = []
+    for s in segments:
+        if max_words and s.words:
+            for k in range(0, len(s.words), max_words):
+                group = s.words[k:k + max_words]
+                out.append((group[0].start, group[-1].end, cue_text("".join(w.word for w in group))))
+        else:
+            out.append((s.start, s.end, cue_text(s.text)))
+    return out
 
 
-def to_vtt(segments, info=None) -> str:
-    return "WEBVTT\n\n" + "".join(f"{_timestamp(s.start, '.')} --> {_timestamp(s.end, '.')}\n{vtt_text(s.text)}\n\n"
-                                  for s in segments)
+def to_srt(segments, info=None, max_words=None) -> str:
+    return "".join(f"{i}\n{_timestamp(a, ',')} --> {_timestamp(b, ',')}\n{text}\n\n"
+                   for i, (a, b, text) in enumerate(cues(segments, max_words), 1))
 
 
-def render(fmt: str, segments, info) -> str:
-    return {"txt": to_txt, "json": to_json, "srt": to_srt, "vtt": to_vtt}[fmt](list(segments), info)
+def to_vtt(segments, info=None, max_words=None) -> str:
+    return "WEBVTT\n\n" + "".join(f"{_timestamp(a, '.')} --> {_timestamp(b, '.')}\n{vtt_escape(text)}\n\n"
+                                  for a, b, text in cues(segments, max_words))
+
+
+def render(fmt: str, segments, info, max_words=None) -> str:
+    """The transcript in format fmt; max_words: srt and vtt cut a cue per that many words (word timestamps)."""
+    if fmt == "txt":
+        return to_txt(list(segments), info)
+    return {"json": to_json, "srt": to_srt, "vtt": to_vtt}[fmt](list(segments), info, max_words)

@@ -306,6 +306,57 @@ class ReferenceBackend:
             h = self._decode(self._embed(tokens[:, None], self._len))[:, 0]
             return h @ self.proj_t
 
+    # -- word timestamps ---------------------------------------------------------------------------------------------
+
+    def add_align(self, heads, eot: int, weights=None) -> None:
+        """Make align() read these alignment heads [(layer, head)], text tokens being the ids below eot (weights:
+        unused here; the Vulkan backend builds its entry point from them)."""
+        self.align_heads, self.align_eot = [(int(a), int(b)) for a, b in heads], int(eot)
+
+    def align(self, tokens: Sequence[int], num_frames: int):
+        """CTranslate2's align for one sequence, on the encoder output in the backend: (the cross-attention
+        probabilities of the alignment heads over the first num_frames // 2 encoder positions, [heads, len(tokens),
+        num_frames // 2] float32, heads in add_align's order; the probability of each next token tokens[p + 1]
+        among the text tokens at position p, [len(tokens)] float32, 0 where the next token is not a text token; at
+        the last position that of token 0, as CTranslate2 pads). The key/value cache is left as it was."""
+        if self._cross is None:
+            raise RuntimeError("align() before encode()")
+        heads = getattr(self, "align_heads", None)
+        if heads is None:
+            raise RuntimeError("align() before add_align()")
+        tokens = [int(t) for t in tokens]
+        n = int(num_frames) // 2
+        if not tokens or not 1 <= n <= self._cross[0][0].shape[-1]:
+            raise ValueError(f"align() of {len(tokens)} tokens over {n} encoder positions")
+        with blas_threads(self.threads):
+            x = self._embed(tokens, 0)
+            T, dm = x.shape
+            H = self.n_heads_dec
+            hd = dm // H
+            scale = np.float32(hd ** -0.5)
+            mask = np.triu(np.full((T, T), -np.inf, np.float32), k=1)
+            probs = {}
+            for i, L in enumerate(self.dec_layers):
+                a = layer_norm(x, *L["ln1"])
+                x = x + L["o"](self._attention(L["q"](a), L["k"](a), L["v"](a), H, mask))
+                a = layer_norm(x, *L["ln2"])
+                q = L["cq"](a).reshape(T, H, hd).transpose(1, 0, 2)
+                ck, cv = self._cross[i]
+                s = q @ ck
+                s *= scale
+                for h in {h for layer, h in heads if layer == i}:
+                    probs[(i, h)] = softmax(s[h, :, :n].copy())
+                o = (softmax(s) @ cv).transpose(1, 0, 2).reshape(T, dm)
+                x = x + L["co"](o)
+                a = layer_norm(x, *L["ln3"])
+                x = x + L["fc2"](gelu(L["fc1"](a)))
+            logits = layer_norm(x, *self.dec_ln) @ self.proj_t[:, :self.align_eot]
+            text = softmax(logits)
+            nxt = np.array(tokens[1:] + [0])
+            token_probs = np.where(nxt < self.align_eot, text[np.arange(T), np.minimum(nxt, self.align_eot - 1)], 0)
+            token_probs = token_probs.astype(np.float32)
+        return np.stack([probs[h] for h in heads]).astype(np.float32), token_probs
+
     # -- BatchDecoder: independent sequences, each with its own encoder output and position ------------------------
 
     def encode_batch(self, features: np.ndarray) -> None:

@@ -1,7 +1,9 @@
 """Greedy decoding, sampling and beam search on the host, step for step as CTranslate2 runs them for
 faster-whisper (decoding.cc: GreedySearch, BeamSearch; sampling.cc), against a DecoderBackend.
 
-Both start from the logits of the prompt's last position (the first generated token) with one cache row.
+Both start from the logits of the prompt's last position (the first generated token) with one cache row. Where the
+decode starts with forced tokens (`prefix`: a prefix the prompt ran, CTranslate2's prefix ids), they are the first
+tokens of every hypothesis, count as its first steps and score 0, and the search picks from the step after them.
 Scores are float32 sums of log-probabilities (after the filters), <|endoftext|>'s included; a hypothesis' final
 score is that sum divided by len(tokens) ** length_penalty, its tokens exclude <|endoftext|>.
 """
@@ -43,7 +45,7 @@ def _sample(log_probs: np.ndarray, temperature: float, rng: np.random.Generator)
 
 
 def greedy(backend, first_logits, filters, eot: int, max_length: int, temperature: float = 0.0,
-           num_hypotheses: int = 1, length_penalty: float = 1.0, rng=None) -> list:
+           num_hypotheses: int = 1, length_penalty: float = 1.0, rng=None, prefix=()) -> list:
     """Greedy decoding (temperature 0) or sampling (temperature > 0, num_hypotheses independent rows, best
     first). Returns [Hypothesis]. The backend's cache holds the prompt as one row on entry. Greedy decoding of one
     row picks the tokens after the first on the GPU where the backend offers it (gpu_select: step_select) and every
@@ -59,15 +61,16 @@ def greedy(backend, first_logits, filters, eot: int, max_length: int, temperatur
         rng = np.random.default_rng()
     logits = np.repeat(np.asarray(first_logits, np.float32).reshape(1, -1), n, axis=0)
     alive = list(range(n))                       # hypothesis index of each cache row
-    seq = np.zeros((n, 0), np.int64)             # tokens generated so far, per row
-    tokens = [[] for _ in range(n)]
+    begin = len(prefix)
+    seq = np.tile(np.asarray(prefix, np.int64).reshape(1, begin), (n, 1))     # tokens so far, per row
+    tokens = [list(prefix) for _ in range(n)]
     totals = [np.float32(0)] * n
-    for step in range(max_length):
-        if step > 0 and masks is not None:
+    for step in range(begin, max_length):
+        if step > begin and masks is not None:
             sel = backend.step_select(seq[:, -1], masks.bits, masks.control(step, seq))
             ids, scores = sel[:, 0].astype(np.int64), sel[:, 1]
         else:
-            if step > 0:
+            if step > begin:
                 logits = np.array(backend.step(seq[:, -1]), np.float32)
             _apply(filters, logits, step, seq)
             log_probs = log_softmax(logits)
@@ -109,12 +112,14 @@ def max_candidates(beam_size: int, patience: float) -> int:
 
 
 def beam_search(backend, first_logits, filters, eot: int, max_length: int, beam_size: int, patience: float = 1.0,
-                length_penalty: float = 1.0, num_hypotheses: int = 1) -> list:
+                length_penalty: float = 1.0, num_hypotheses: int = 1, prefix=()) -> list:
     """CTranslate2's beam search for one input: 2 * beam_size candidates per step; a candidate ending in
     <|endoftext|> among the first beam_size becomes a finished hypothesis and its place goes to the next
     unfinished candidate; the search stops once round(beam_size * patience) hypotheses are finished (or, with
     length_penalty 0, once the best beam finished and num_hypotheses are), or at max_length. Returns
-    [Hypothesis], best first, at most num_hypotheses."""
+    [Hypothesis], best first, at most num_hypotheses. After a prefix, the first search step turns an <|endoftext|>
+    candidate other than the best into token 0 with score -1e10, as CTranslate2 does (it keeps a short hypothesis
+    from ending the search early)."""
     wanted = max_candidates(beam_size, patience)
     if num_hypotheses > wanted:
         raise ValueError(f"num_hypotheses {num_hypotheses} is more than beam_size * patience ({wanted})")
@@ -122,12 +127,13 @@ def beam_search(backend, first_logits, filters, eot: int, max_length: int, beam_
     early_exit = length_penalty == 0
     logits = np.asarray(first_logits, np.float32).reshape(1, -1).copy()
     vocab = logits.shape[1]
-    seq = np.zeros((1, 0), np.int64)
+    begin = len(prefix)
+    seq = np.asarray(prefix, np.int64).reshape(1, begin)
     beam_scores = None
     finished = []                      # (summed score, tokens)
     top_finished = False
-    for step in range(max_length):
-        if step > 0:
+    for step in range(begin, max_length):
+        if step > begin:
             logits = np.array(backend.step(seq[:, -1]), np.float32)
         _apply(filters, logits, step, seq)
         log_probs = log_softmax(logits)
@@ -136,6 +142,9 @@ def beam_search(backend, first_logits, filters, eot: int, max_length: int, beam_
         flat = log_probs.reshape(-1)
         top = _topk(flat, n_cand)
         origin, word, score = top // vocab, top % vocab, flat[top]
+        if begin and step == begin:
+            late_end = np.nonzero(word[1:] == eot)[0] + 1
+            word[late_end], score[late_end], origin[late_end] = 0, np.float32(-1e10), 0
         seq = np.concatenate([seq[origin], word[:, None]], axis=1)
         last = step + 1 == max_length
         secondary = beam_size

@@ -20,6 +20,18 @@ SIZES = {
                  decoder_attention_heads=8),
     "small": dict(_COMMON, d_model=768, encoder_layers=12, decoder_layers=12, encoder_attention_heads=12,
                   decoder_attention_heads=12),
+    "medium": dict(_COMMON, d_model=1024, encoder_layers=24, decoder_layers=24, encoder_attention_heads=16,
+                   decoder_attention_heads=16),
+    "large-v2": dict(_COMMON, d_model=1280, encoder_layers=32, decoder_layers=32, encoder_attention_heads=20,
+                     decoder_attention_heads=20),
+    # large-v3 and the models distilled from it: 128 mel bins, 51866 tokens (<|yue|> added, so <|nospeech|> and
+    # the timestamps one id later); turbo keeps 4 of the 32 decoder layers, distil-large-v3 2
+    "large-v3": dict(_COMMON, num_mel_bins=128, vocab_size=51866, d_model=1280, encoder_layers=32,
+                     decoder_layers=32, encoder_attention_heads=20, decoder_attention_heads=20),
+    "large-v3-turbo": dict(_COMMON, num_mel_bins=128, vocab_size=51866, d_model=1280, encoder_layers=32,
+                           decoder_layers=4, encoder_attention_heads=20, decoder_attention_heads=20),
+    "distil-large-v3": dict(_COMMON, num_mel_bins=128, vocab_size=51866, d_model=1280, encoder_layers=32,
+                            decoder_layers=2, encoder_attention_heads=20, decoder_attention_heads=20),
 }
 
 

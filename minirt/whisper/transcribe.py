@@ -9,22 +9,24 @@ together, a window of each in a batch (generate_segments_batch), with the same r
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 import numpy as np
 
+from . import words as W
 from .decoding import (TIME_PRECISION, TranscriptionOptions, batchable, generate_batch, generate_with_fallback,
                        get_prompt)
 from .features import N_FRAMES, TIME_PER_FRAME, LogMel
 from .filters import log_softmax
 
 INPUT_STRIDE = 2            # mel frames per encoder position (and per timestamp step)
+FRAMES_PER_SECOND = W.FRAMES_PER_SECOND
 
 
 @dataclass
 class Segment:
-    """faster-whisper's Segment (words is always None: word timestamps are not computed)."""
+    """faster-whisper's Segment (words: a list of words.Word with word_timestamps, else None)."""
     id: int
     seek: int
     start: float
@@ -40,14 +42,16 @@ class Segment:
 
 @dataclass
 class TranscriptionInfo:
-    """faster-whisper's TranscriptionInfo (no VAD: duration_after_vad is the duration, vad_options None)."""
+    """faster-whisper's TranscriptionInfo (vad_options: the vad.VadOptions of a vad_filter run, else None), and
+    speech_chunks: the [{"start", "end"}] samples of the audio the VAD kept (None without vad_filter)."""
     language: str
     language_probability: float
     duration: float
     duration_after_vad: float
     all_language_probs: Optional[List[Tuple[str, float]]]
     transcription_options: TranscriptionOptions
-    vad_options: None = None
+    vad_options: Optional[object] = None
+    speech_chunks: Optional[list] = field(default=None, repr=False)
 
 
 def language_probabilities(backend, tokenizer) -> list:
@@ -61,15 +65,15 @@ def language_probabilities(backend, tokenizer) -> list:
     return [(codes[i], float(probs[i])) for i in order]
 
 
-def detect_language(backend, tokenizer, mel: LogMel, segments: int = 1, threshold: float = 0.5):
-    """faster-whisper's detect_language on the first `segments` windows: (language, probability, all
-    probabilities of the last window tried). A window whose best language is above `threshold` decides; else
+def detect_language(backend, tokenizer, mel: LogMel, segments: int = 1, threshold: float = 0.5, start: int = 0):
+    """faster-whisper's detect_language on the first `segments` windows from frame `start`: (language, probability,
+    all probabilities of the last window tried). A window whose best language is above `threshold` decides; else
     the language that came first most often, with its highest probability."""
     seen = {}
-    n = min(mel.n_frames, segments * N_FRAMES)
+    n = min(mel.n_frames - start, segments * N_FRAMES)
     probs = []
     for i in range(0, n, N_FRAMES):
-        backend.encode(mel.window(i, min(N_FRAMES, n - i)))
+        backend.encode(mel.window(start + i, min(N_FRAMES, n - i)))
         probs = language_probabilities(backend, tokenizer)
         language, p = probs[0]
         if p > threshold:
@@ -114,15 +118,18 @@ def split_segments(tokenizer, tokens, time_offset, segment_size, segment_duratio
 @dataclass
 class WindowRequest:
     """What seek_loop asks of its driver: decode this window (features [n_mels, 3000]) after this previous text, in
-    this language (or the window's own, detected on it, with options.multilingual), and send back (DecodeResult,
-    language)."""
+    this language (or the window's own, detected on it, with options.multilingual), with this prefix and these
+    hotwords, and send back (DecodeResult, language)."""
     features: np.ndarray
     previous_tokens: list
     language: str
     task: str
+    prefix: Optional[str] = None
+    hotwords: Optional[str] = None
 
     def prompt(self, tokenizer, language, options: TranscriptionOptions) -> list:
-        return get_prompt(tokenizer, self.previous_tokens, language, self.task, options.without_timestamps)
+        return get_prompt(tokenizer, self.previous_tokens, language, self.task, options.without_timestamps,
+                          self.prefix, self.hotwords)
 
 
 def decode_window(backend, tokenizer, request: WindowRequest, options: TranscriptionOptions, suppress_blank_ids,
@@ -152,18 +159,29 @@ def generate_segments(backend, tokenizer, mel: LogMel, options: TranscriptionOpt
     before its segments are yielded."""
     lock = lock or contextlib.nullcontext()
     loop = seek_loop(tokenizer, mel, options, language, task, progress)
-    reply = None
+    msg = None
     while True:
-        try:
-            msg = loop.send(reply)
-        except StopIteration:
-            return
-        if isinstance(msg, Segment):
-            reply = None
-            yield msg
-        else:
+        if msg is None:
+            try:
+                msg = loop.send(None)
+            except StopIteration:
+                return
+        if not isinstance(msg, Segment):
+            # A window's decode and its words' alignment (which reads the encoder output the decode left in the
+            # backend) run under one hold of the lock, so no other thread's window comes between them; the lock is
+            # let go before a segment is yielded.
             with lock:
-                reply = decode_window(backend, tokenizer, msg, options, suppress_blank_ids, rng)
+                while not isinstance(msg, Segment):
+                    if isinstance(msg, AlignRequest):
+                        reply = backend.align(msg.tokens, msg.num_frames)
+                    else:
+                        reply = decode_window(backend, tokenizer, msg, options, suppress_blank_ids, rng)
+                    try:
+                        msg = loop.send(reply)
+                    except StopIteration:
+                        return
+        yield msg
+        msg = None
 
 
 def generate_segments_batch(backend, tokenizer, files, options: TranscriptionOptions, suppress_blank_ids=(),
@@ -186,6 +204,9 @@ def generate_segments_batch(backend, tokenizer, files, options: TranscriptionOpt
             reply = None
             if isinstance(msg, Segment):
                 out[f].append(msg)
+            elif isinstance(msg, AlignRequest):     # the batch's encoder outputs are not the one-window state's
+                backend.encode(msg.features)
+                reply = backend.align(msg.tokens, msg.num_frames)
             else:
                 pending[f] = msg
                 return
@@ -209,25 +230,86 @@ def generate_segments_batch(backend, tokenizer, files, options: TranscriptionOpt
     return out
 
 
+def parse_clip_timestamps(clip_timestamps) -> list:
+    """clip_timestamps as faster-whisper takes it ("start,end,start,end,..." seconds, or a list of seconds) as a
+    list of floats (None: none, the whole audio); ValueError where an item is not a finite number >= 0."""
+    if clip_timestamps is None:
+        return []
+    if isinstance(clip_timestamps, str):
+        items = clip_timestamps.split(",") if clip_timestamps.strip() else []
+    else:
+        try:
+            items = list(clip_timestamps)
+        except TypeError:
+            raise ValueError(f"clip_timestamps must be a string 'start,end,...' or a list of seconds, got "
+                             f"{clip_timestamps!r}") from None
+    out = []
+    for item in items:
+        try:
+            v = float(item)
+        except (TypeError, ValueError):
+            raise ValueError(f"clip_timestamps: {item!r} is not a number of seconds") from None
+        if not np.isfinite(v) or v < 0:
+            raise ValueError(f"clip_timestamps: {item!r} is not a time >= 0 in seconds")
+        out.append(v)
+    return out
+
+
+def seek_clips(clip_timestamps: list, content_frames: int) -> list:
+    """[(start frame, end frame)] of the clips, as faster-whisper pairs them: an odd count ends at the end of the
+    audio. A clip past the end of the audio, or whose end is not after its start, or that starts before the previous
+    clip's decoded end, is (partly) skipped by the seek loop, as in faster-whisper."""
+    points = [round(t * FRAMES_PER_SECOND) for t in clip_timestamps] or [0]
+    if len(points) % 2 == 1:
+        points.append(content_frames)
+    return list(zip(points[::2], points[1::2]))
+
+
+@dataclass
+class AlignRequest:
+    """What seek_loop asks of its driver for word timestamps: the alignment of `tokens` (words.alignment_tokens) in
+    this window (features [n_mels, 3000], its first num_frames frames the content): DecoderBackend.align's result
+    sent back."""
+    features: np.ndarray
+    tokens: list
+    num_frames: int
+
+
 def seek_loop(tokenizer, mel: LogMel, options: TranscriptionOptions, language: str, task: str = "transcribe",
               progress=None):
     """The seek loop of one file as a generator: it yields a WindowRequest for each window, to be sent back
-    (DecodeResult, language), and the Segments (see the module doc)."""
+    (DecodeResult, language), an AlignRequest for a window's word timestamps (options.word_timestamps), to be sent
+    back DecoderBackend.align's result, and the Segments (see the module doc). It runs over the clips of
+    options.clip_timestamps, the prefix on the window at the start of the audio, the hotwords on every window."""
     content_frames = mel.content_frames
     content_duration = float(content_frames * TIME_PER_FRAME)
-    idx, seek = 0, 0
+    clips = seek_clips(parse_clip_timestamps(options.clip_timestamps), content_frames)
+    idx, clip_idx = 0, 0
+    seek = clips[0][0]
     all_tokens, prompt_reset_since = [], 0
     if options.initial_prompt is not None:
         if isinstance(options.initial_prompt, str):
             all_tokens.extend(tokenizer.encode(" " + options.initial_prompt.strip()))
         else:
             all_tokens.extend(int(t) for t in options.initial_prompt)
-    while seek < content_frames:
+    last_speech_timestamp = 0.0
+    while clip_idx < len(clips):
+        clip_start, clip_end = clips[clip_idx]
+        clip_end = min(clip_end, content_frames)
+        seek = max(seek, clip_start)
+        if seek >= clip_end:
+            clip_idx += 1
+            if clip_idx < len(clips):
+                seek = clips[clip_idx][0]
+            continue
         time_offset = seek * TIME_PER_FRAME
-        segment_size = min(N_FRAMES, content_frames - seek)
+        window_end_time = float((seek + N_FRAMES) * TIME_PER_FRAME)
+        segment_size = min(N_FRAMES, content_frames - seek, clip_end - seek)
         segment_duration = segment_size * TIME_PER_FRAME
         previous_tokens = all_tokens[prompt_reset_since:]
-        result, language = yield WindowRequest(mel.window(seek, segment_size), previous_tokens, language, task)
+        features = mel.window(seek, segment_size)
+        result, language = yield WindowRequest(features, previous_tokens, language, task,
+                                               options.prefix if seek == 0 else None, options.hotwords)
         previous_seek = seek
         if options.no_speech_threshold is not None:
             skip = result.no_speech_prob > options.no_speech_threshold
@@ -238,18 +320,79 @@ def seek_loop(tokenizer, mel: LogMel, options: TranscriptionOptions, language: s
                 if progress:
                     progress(min(content_frames, seek) * TIME_PER_FRAME, content_duration)
                 continue
-        parts, seek, _ = split_segments(tokenizer, result.tokens, time_offset, segment_size, segment_duration, seek)
+        parts, seek, single_ending = split_segments(tokenizer, result.tokens, time_offset, segment_size,
+                                                    segment_duration, seek)
+        if options.word_timestamps:
+            sot = tokenizer.sot_sequence(language, task)
+            text = W.text_tokens_of(tokenizer, parts)
+            aligned = None
+            if text and segment_size // 2 > 0:
+                aligned = yield AlignRequest(features, W.alignment_tokens(tokenizer, sot, text), segment_size)
+            # (faster-whisper keeps the last speech timestamp from before the window until the end of the window)
+            W.add_word_timestamps(
+                tokenizer, parts, len(sot), language, aligned, options.prepend_punctuations,
+                options.append_punctuations, last_speech_timestamp)
+            if not single_ending:
+                last_word_end = W.get_end(parts)
+                if last_word_end is not None and last_word_end > time_offset:
+                    seek = round(last_word_end * FRAMES_PER_SECOND)
+            threshold = options.hallucination_silence_threshold
+            if threshold is not None:
+                skipped = _skip_hallucination(parts, threshold, time_offset, segment_duration, window_end_time,
+                                              content_duration, content_frames, previous_seek,
+                                              last_speech_timestamp)
+                if skipped is not None:
+                    seek, leading = skipped
+                    if leading:
+                        continue
+            last_word_end = W.get_end(parts)
+            if last_word_end is not None:
+                last_speech_timestamp = last_word_end
         for part in parts:
             text = tokenizer.decode(part["tokens"])
             if part["start"] == part["end"] or not text.strip():
                 continue
             all_tokens.extend(part["tokens"])
             idx += 1
+            words = [W.Word(**w) for w in part["words"]] if options.word_timestamps else None
             yield Segment(id=idx, seek=previous_seek, start=part["start"], end=part["end"], text=text,
                           tokens=part["tokens"], avg_logprob=result.avg_logprob,
                           compression_ratio=result.compression_ratio, no_speech_prob=result.no_speech_prob,
-                          words=None, temperature=result.temperature)
+                          words=words, temperature=result.temperature)
         if not options.condition_on_previous_text or result.temperature > options.prompt_reset_on_temperature:
             prompt_reset_since = len(all_tokens)
         if progress:
             progress(min(content_frames, seek) * TIME_PER_FRAME, content_duration)
+
+
+def _skip_hallucination(parts, threshold, time_offset, segment_duration, window_end_time, content_duration,
+                        content_frames, previous_seek, last_speech_timestamp):
+    """faster-whisper's hallucination_silence_threshold on a window's segments (with words): None where nothing is
+    skipped; else (the new seek, True) where the window's first segment is a likely hallucination after a silence
+    longer than the threshold (the window is decoded again from after the silence), or (the new seek, False) where
+    a later one is, surrounded by silence or hallucinations (the segments from it on are dropped, in place)."""
+    first = W.next_words_segment(parts)
+    if first is not None and W.is_segment_anomaly(first):
+        gap = first["start"] - time_offset
+        if gap > threshold:
+            return previous_seek + round(gap * FRAMES_PER_SECOND), True
+    hal_last_end = last_speech_timestamp
+    for si, segment in enumerate(parts):
+        if not segment["words"]:
+            continue
+        if W.is_segment_anomaly(segment):
+            following = W.next_words_segment(parts[si + 1:])
+            hal_next_start = following["words"][0]["start"] if following is not None \
+                else time_offset + segment_duration
+            silence_before = (segment["start"] - hal_last_end > threshold or segment["start"] < threshold
+                              or segment["start"] - time_offset < 2.0)
+            silence_after = (hal_next_start - segment["end"] > threshold or W.is_segment_anomaly(following)
+                             or window_end_time - segment["end"] < 2.0)
+            if silence_before and silence_after:
+                seek = round(max(time_offset + 1, segment["start"]) * FRAMES_PER_SECOND)
+                if content_duration - segment["end"] < threshold:
+                    seek = content_frames
+                parts[si:] = []
+                return seek, False
+        hal_last_end = segment["end"]
+    return None

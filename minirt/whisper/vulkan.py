@@ -190,6 +190,53 @@ class VulkanBackend:
         self._row_item = [self._row_item[r] for r in rows]
         self._row_len = [self._row_len[r] for r in rows]
 
+    # -- word timestamps ---------------------------------------------------------------------------------------
+    def add_align(self, heads, eot: int, weights) -> None:
+        """Plan and make the align entry points (decoder_graph.align_graphs) for these alignment heads [(layer,
+        head)] and text tokens below eot; weights: the checkpoint's weights (a dict, or a function returning them;
+        a weight already on the GPU is shared). Nothing where they exist."""
+        if getattr(self, "align_heads", None) is not None:
+            return
+        heads = [(int(a), int(b)) for a, b in heads]
+        if callable(weights):
+            weights = weights()
+        graphs = decoder_graph.align_graphs(weights, self.dims, heads, int(eot), self.max_batch)
+        plans = _plans(graphs, self.program.device.profile, self._opts)
+        self.program.add(plans)
+        self.plans.update(plans)
+        self._align_sizes = decoder_graph.align_sizes(self.dims)
+        self.align_heads, self.align_eot = heads, int(eot)
+
+    def align(self, tokens: Sequence[int], num_frames: int):
+        """ReferenceBackend.align on the GPU (an alignP entry point) for the window encode() put there: (the
+        alignment heads' cross-attention probabilities over the first num_frames // 2 encoder positions, [heads,
+        len(tokens), num_frames // 2] float32; each next token's probability among the text tokens, [len(tokens)]
+        float32, 0 where it is not a text token, the last of token 0). Row 0 of the cache is overwritten."""
+        if not self._encoded:
+            raise RuntimeError("align() before encode()")
+        if getattr(self, "align_heads", None) is None:
+            raise RuntimeError("align() before add_align()")
+        tokens = [int(t) for t in tokens]
+        n = int(num_frames) // 2
+        if not tokens or len(tokens) > self._align_sizes[-1] or not 1 <= n <= self.dims.n_audio_ctx:
+            raise ValueError(f"align() of {len(tokens)} tokens (1 to {self._align_sizes[-1]}) over {n} encoder "
+                             f"positions (1 to {self.dims.n_audio_ctx})")
+        self._check_tokens(min(tokens), max(tokens))
+        slots = next(k for k in self._align_sizes if k >= len(tokens))
+        feed = np.zeros((1, slots), np.int32)
+        feed[0, :len(tokens)] = tokens
+        nxt = np.array(tokens[1:] + [0] + [0] * (slots - len(tokens)), np.int64)
+        text = nxt < self.align_eot
+        picks = (np.arange(slots) * self.align_eot + np.where(text, nxt, 0)).astype(np.int32)
+        mask = np.full(self.dims.n_audio_ctx, -np.inf, np.float32)
+        mask[:n] = 0
+        out = self.program.run(decoder_graph.align_entry(slots), {"tokens": feed, "key_mask": mask, "picks": picks},
+                               {"pos": 0})
+        self._len, self._batch = 0, 0
+        T = len(tokens)
+        probs = np.where(text[:T], np.asarray(out["token_probs"]).reshape(-1)[:T], 0).astype(np.float32)
+        return np.ascontiguousarray(out["attention"][:, :T, :n], np.float32), probs
+
     # -- DecoderBackend ----------------------------------------------------------------------------------------
     def encode(self, features: np.ndarray) -> None:
         x = np.asarray(features, np.float32)

@@ -46,6 +46,7 @@ def test_align_equals_the_reference(small):
 
 def test_align_plan_and_errors(small):
     vb, _ = small
+    vb.encode(np.random.default_rng(9).standard_normal((N_MELS, 2 * N_AUDIO)).astype(np.float32))
     plan = vb.plans["align64"]
     assert plan.inputs == ["tokens", "key_mask", "picks"] and plan.outputs == ["attention", "token_probs"]
     assert plan.tensors["attention"].shape == (len(HEADS), 64, N_AUDIO) and plan.params == ["pos"]

@@ -104,15 +104,16 @@ class BatchedInferencePipeline:
         batch_size = model.max_batch_items if batch_size is None else check_int("batch_size", batch_size, 1)
         if beam_size == 1:
             model.batch_backend(batch_size)
-        samples = audio_samples(audio)          # a file is read a chunk at a time, never whole
+        samples = audio_samples(audio)          # a file is read a chunk at a time (whole only for the VAD)
         samples = samples if hasattr(samples, "read") else ArraySamples(samples)
         samples.settle()
         duration = len(samples) / SAMPLE_RATE
         vad, speech = None, None
         if vad_filter and not clip_timestamps:
             vad = batched_vad_options(ignored.get("vad_parameters"))
-            speech = speech_chunks(samples, vad)
-            samples, chunks = keep_speech(samples, speech), speech_windows(speech)
+            whole = samples.read(0, len(samples))       # the VAD reads every sample: the file is read whole then
+            speech = speech_chunks(whole, vad)
+            samples, chunks = ArraySamples(keep_speech(whole, speech)), speech_windows(speech)
         else:
             chunks = _chunks(clip_timestamps, len(samples))
         language = language or self.preset_language

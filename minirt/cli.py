@@ -278,7 +278,7 @@ def _check_local_size(local, device, options):
         where = "'--option local_size'" if "local_size" in options else None
     if local is None:
         return
-    from .lwg import check_local_size
+    from .kernels.local_size import check_local_size
     from .session import get_device
     try:
         check_local_size(local, get_device(device).profile)

@@ -17,7 +17,7 @@ from pathlib import Path
 from .errors import MinirtError
 
 PRECISIONS = ("fp32", "fp16")
-# fp32_precision: "ieee" (exact fp32 arithmetic) or a split scheme on the fp16 tensor cores (minirt/ops/gemm.py)
+# fp32_precision: "ieee" (exact fp32 arithmetic) or a split scheme on the fp16 tensor cores (minirt/kernels/gemm.py)
 FP32_PRECISIONS = ("ieee", "f16x3")
 STORAGES = ("auto", "texture", "buffer")
 COOPMAT_MODES = ("auto", "off", "emulate")

@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import helper
 
-import minirt.ops.attention as attention
+import minirt.kernels.attention_fp32 as attention
 from minirt.options import Options
 from minirt import Session
 from minirt.graph import Node

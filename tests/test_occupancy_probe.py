@@ -36,7 +36,7 @@ def test_probe_chase_matches_numpy(words, threads, chain):
 def test_statistics_without_capture_is_empty():
     # Without MINIRT_PIPELINE_STATS=1 the device is created without the extension's feature: no statistics
     from minirt.session import get_device
-    from minirt.vk.kernels import Kernels
+    from minirt.vk.pipelines import Kernels
     dev = get_device()
     k = Kernels(dev)
     try:

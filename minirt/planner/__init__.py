@@ -25,7 +25,7 @@ Pass order (each pass is one module of this package):
                                             LayerNorm that reads its output
  17. fuse_norm_linear_rows (fuse_norm_linear_rows.py)  on the Plan: a LayerNorm read only by a few-row Linear
                                             (linear_rows) is done by that Linear as it reads its rows
- 18. local sizes      (minirt.lwg)          one deterministic local size per dispatch
+ 18. local sizes      (minirt.kernels.rules) one deterministic local size per dispatch, by its family's rule
  19. memory plan      (memory_plan.py)      lifetimes for memory reuse (option memory_reuse=False: none), and
                                             the check that the device can hold what the plan allocates
 The planner never imports vulkan: everything it decides is plain data in the Plan. Each graph pass is
@@ -34,7 +34,8 @@ from __future__ import annotations
 
 from ..errors import MinirtError, UnsupportedError
 from ..options import PRECISIONS, Options
-from ..lwg import check_local_size, forced_local_size, pick_local_size
+from ..kernels.local_size import check_local_size, forced_local_size
+from ..kernels.rules import pick_local_size
 from . import (conv1d_as_conv2d, conv_channels_last, conv_input_nlc, conv_output_nlc, conv_routing, fold_batch_norm,
                fold_pad_conv, fuse_activation, fuse_attention, fuse_gelu, fuse_layer_norm, fuse_linear,
                fuse_norm_linear_rows, fuse_reduce_layer_norm, fuse_silu, memory_plan, merge_siblings)

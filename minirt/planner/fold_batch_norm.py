@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ops
-from ..ops.batch_norm import _affine
+from ..ops.batch_norm import affine
 
 
 def rewrite(graph, options, profile=None):
@@ -28,7 +28,7 @@ def rewrite(graph, options, profile=None):
         if w is None or not w.is_const or len(cons.get(conv.inputs[1], [])) != 1 or \
                 (b is not None and (not b.is_const or len(cons.get(conv.inputs[2], [])) != 1)):
             continue
-        s, t = (a.reshape(-1) for a in _affine(bn, *[graph.tensors[n].data for n in bn.inputs[1:5]], 2))
+        s, t = (a.reshape(-1) for a in affine(bn, *[graph.tensors[n].data for n in bn.inputs[1:5]], 2))
         w64 = np.asarray(w.data, np.float64)
         bias = (np.zeros(w64.shape[0]) if b is None else np.asarray(b.data, np.float64)) * s + t
         wname = graph.const(graph.fresh_name(f"{conv.inputs[1]}_bn"),

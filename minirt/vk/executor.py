@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import DeviceError
 from ..layout import from_texels, to_texels
 from ..timing import Phases
-from .kernels import Kernels
+from .pipelines import Kernels
 from .recorder import Recorder, make_query_pools
 from .resources import Resources, count_live, live_objects
 from .upload import TIMEOUT_HINT, place_constants

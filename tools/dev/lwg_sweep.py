@@ -48,7 +48,7 @@ def main(argv=None):
     ap.add_argument("--json", help="write the table as JSON")
     a = ap.parse_args(argv)
     from minirt import MinirtError, Session
-    from minirt.lwg import FORCEABLE
+    from minirt.kernels.local_size import FORCEABLE
     from minirt.reference import run_graph
     from minirt.loaders import load
     from minirt.options import parse_local_size

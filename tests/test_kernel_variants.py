@@ -1,4 +1,4 @@
-"""minirt/kernels.py against the GLSL and the build: variant names as tools/build_shaders.py builds them, the
+"""minirt/kernels/variants.py against the GLSL and the build: variant names as tools/build_shaders.py builds them, the
 specialization constants each kernel declares, the activation codes of glsl/activation.glslh, and the plans' dispatches
 (kernel names made from stem and axes, every one a built variant)."""
 import importlib.util
@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minirt import kernels, ops
+from minirt import ops
+from minirt.kernels import variants as kernels
 from minirt.device_profile import KNOWN_PROFILES
 from minirt.graph import Node
 from minirt.infer import prepare
-from minirt.kernels import ACTIVATIONS, SPEC_CONSTANTS, activate, activation_of, spec, variant
+from minirt.kernels.variants import ACTIVATIONS, SPEC_CONSTANTS, activate, activation_of, spec, variant
 from minirt.loaders import load
 from minirt.planner import make_plan
 

@@ -39,6 +39,8 @@ from ..graph import Node, Tensor
 from ..kernels.gemm import fast_gemm
 from ..kernels.variants import RES_FIRST, activation_of
 
+OPTION = "conv_channels_last"     # the option that switches this pass off (minirt/planner/__init__.py runs it)
+
 NHWC = "NHWC"
 TO_NHWC, TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
 GEMM_ROUTES = ("linear", "im2col")
@@ -50,7 +52,7 @@ ELEMENTWISE = ("Add", "Sub", "Mul", "Div", "Pow", "Relu", "Sigmoid", "Tanh", "Ne
 
 
 def rewrite(graph, options, profile=None):
-    if not options.pass_on("conv_channels_last") or not fast_gemm(options.planned_storage, options):
+    if not fast_gemm(options.planned_storage, options):
         return graph
     align = profile.min_storage_buffer_offset_alignment if profile is not None else 16
     convs = {id(n): n for n in graph.nodes if _candidate(n, graph)}

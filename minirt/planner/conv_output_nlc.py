@@ -28,13 +28,13 @@ from __future__ import annotations
 
 from ..kernels.gemm import fast_gemm
 
+OPTION = "conv_output_nlc"     # the option that switches this pass off (minirt/planner/__init__.py runs it)
+
 
 RESHAPES = ("Reshape", "Squeeze", "Unsqueeze", "Flatten")   # row-major relabelings (ops.shape_ops.ReshapeLike)
 
 
 def rewrite(graph, options, profile=None):
-    if not options.pass_on("conv_output_nlc"):
-        return graph
     cons = graph.consumers()
     replace, drop = {}, set()
 

@@ -10,10 +10,10 @@ import numpy as np
 from .. import ops
 from ..ops.batch_norm import affine
 
+OPTION = "fold_batch_norm"     # the option that switches this pass off (minirt/planner/__init__.py runs it)
+
 
 def rewrite(graph, options, profile=None):
-    if not options.pass_on("fold_batch_norm"):
-        return graph
     prod, cons = graph.producers(), graph.consumers()
     bn_op = ops.get("BatchNormalization")
     drop = set()

@@ -12,10 +12,10 @@ from ..graph import Node
 from ..kernels.variants import activation_of
 from ..ops import attr
 
+OPTION = "fuse_linear"     # the option that switches this pass off (minirt/planner/__init__.py runs it)
+
 
 def rewrite(graph, options, profile=None):
-    if not options.pass_on("fuse_linear"):
-        return graph
     cons = graph.consumers()
     drop, new = set(), {}
 

@@ -713,7 +713,7 @@ def profile(model, input, storage, device, runs, warmup, top, json_path, csv_pat
       minirt profile models/whisper-tiny-encoder.onnx --runs 50 --trace whisper.json
       minirt profile model.onnx x.npy --top 10 --csv dispatches.csv --quiet
     """
-    from . import profile as prof
+    from . import dispatch_timing as prof
     from .session import Session
     options = _with_fp32_precision(options, fp32_precision)
     writes = [(flag, path, fn) for flag, path, fn in (("--json", json_path, prof.to_json),

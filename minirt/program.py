@@ -57,7 +57,7 @@ class Program(Driver):
     (dispatch_times). add() makes more entry points later, over the same state and weights."""
 
     def __init__(self, plans: dict, device=None, timeout_s: float = 600.0, progress=None, profile=False):
-        from .vk.state import StateBuffers
+        from .vk.state_buffers import StateBuffers
         from .vk.upload import SharedConstants
         super().__init__()
         self.plans = {}

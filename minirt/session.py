@@ -241,8 +241,8 @@ class Session(Driver):
 
     def profile_records(self):
         """Per-dispatch GPU timing of the last run (Session(..., profile=True)): a list of
-        minirt.profile.DispatchRecord, in dispatch order."""
-        from .profile import records_of
+        minirt.dispatch_timing.DispatchRecord, in dispatch order."""
+        from .dispatch_timing import records_of
         if not self.profiling:
             raise MinirtError("profiling is off: create the Session with profile=True")
         if self.profiling == "span":

@@ -19,7 +19,7 @@ from minirt.infer import bind_inputs, prepare
 from minirt.loaders import load
 from minirt.ops.linear import SplitParts
 from minirt.planner import SWITCHED_OFF, Pass, make_plan, merge_siblings
-from minirt.reference import run_graph
+from minirt.graph_reference import run_graph
 from oracle import check_model, cosine, graph_after, make_model, onnxruntime_run, rand
 
 ROOT = Path(__file__).resolve().parents[1]

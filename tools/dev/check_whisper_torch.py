@@ -54,7 +54,7 @@ def main():
     from minirt import audio
     from minirt.loaders import load
     from minirt.loaders.safetensors_loader import read_safetensors
-    from minirt.reference import run_graph
+    from minirt.graph_reference import run_graph
 
     ok = True
 

@@ -305,7 +305,7 @@ def _check_local_size(local, device, options):
 @quiet_opt
 def run(model, input, output, storage, device, repeat, precision, fp32_precision, local_size, no_conv1d_rewrite,
         options, quiet):
-    """Run MODEL on INPUT (.npy, .npz with one array per model input, or a .wav for Whisper encoders, resampled to 16 kHz) and
+    """Run MODEL on INPUT (.npy, .npz with one array per model input, or a .wav for Whisper encoders) and
     summarise the first output.
 
     \b

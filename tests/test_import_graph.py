@@ -1,6 +1,7 @@
 """The import graph of minirt/, read from the source with ast (imports inside functions counted): no cycle; the layers
 point one way (minirt.kernels' local-size helper <- kernel families <- ops <- planner); no planner module reaches
-into an op module's private names; no import is deferred into a function with an excuse about import order."""
+into an op module's private names; no import is deferred into a function with an excuse about import order; only
+the kernel families set local sizes."""
 import ast
 from pathlib import Path
 
@@ -104,3 +105,14 @@ def test_no_import_order_excuses():
     bad = [f"{p}:{i}" for p in ROOT.rglob("*.py") for i, line in enumerate(p.read_text().splitlines(), 1)
            if "import" in line and ("not at import" in line or "imports the planner" in line)]
     assert not bad, f"deferred imports excused by import order: {bad}"
+
+
+def test_only_kernel_families_set_local_sizes():
+    """A lowering outside minirt/kernels/ leaves a dispatch's local size to its family's rule (minirt.kernels.rules)."""
+    bad = []
+    for path in [*(ROOT / "ops").rglob("*.py"), *(ROOT / "planner").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "dispatch" \
+                    and any(k.arg == "local_size" for k in node.keywords):
+                bad.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}")
+    assert not bad, f"local sizes set outside the kernel families: {bad}"

@@ -24,7 +24,7 @@ MAX_HEAD_DIM = 128
 # 163.2 (docs/benchmarks.md, "fp32 attention tiles and K/V prefetch"), so NK stays 4.
 TILES = ((128, 8, 5, 4), (128, 16, 5, 4), (128, 16, 3, 4), (128, 8, 4, 4), (64, 16, 4, 4), (64, 8, 4, 4)) + \
     tuple((32, kg, rt, 4) for kg in (16, 8, 4, 2, 1) for rt in (4, 2, 1))   # small groups for any other head dim
-# Tried first where invocations are paired on column groups (PAIR_LANES, minirt.kernels.gemm.paired_lanes). With pairing, K and
+# Tried first where invocations are paired on column groups (PAIR_LANES, gemm.paired_lanes). With pairing, K and
 # V loads cost as little as Q and P loads, so taller tiles gain: H200, tools/dev/dispatch_ab.py (docs/benchmarks.md,
 # "fp32 attention tiles and K/V prefetch"), an attention of Whisper-tiny (layers 1-3) 125-131 us against 132-139 for (128, 8, 5, 4);
 # (256, 16, 5, 2) 128-132, (128, 8, 5, 3) 128-131, (128, 8, 6, 2) 132-135. Whisper-base likewise (165-170 against

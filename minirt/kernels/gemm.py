@@ -91,17 +91,11 @@ def gemm_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, a_mode=0, out_mode=0, act
 # Local sizes of the GEMM family's work groups.
 # Non-Adreno GEMM: square tiles load the fewest A/B edges per output.
 GEMM_SHAPE = (8, 8, 1)
-
-
 # Adreno 840: 8x8x1 and 4x16x1 corrupt whole work groups of the tiled GEMM
 # family (linear, matmul, conv GEMM) in 10-23% of runs; 16x4, 32x2, 64x1,
 # 2x32 and 1x64 are clean.  ExecuTorch uses 16x4x1 there unconditionally.
 ADRENO_GEMM = (16, 4, 1)
-
-
 DESKTOP_MIN_GROUPS = 256   # "desktop" GEMM groups (DeviceProfile.tuning.gemm_groups): 256 invocations when this many
-
-
 # Desktop GPUs whose driver tells the multiprocessor count: the GEMM shape with the fewest waves of work, each
 # wave costing x + y (a group's shared-memory staging per output, which bounds these kernels more than the FMAs),
 # among these shapes (ties keep this order). A wave is as many groups as run at once: where the dispatch declares its

@@ -2,13 +2,12 @@
 minirt/driver.py)."""
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import DeviceError, InputError, MinirtError, ModelError, UnsupportedError
+from .errors import InputError, MinirtError, ModelError, UnsupportedError
 from .driver import Driver, get_device, plan_graph
 from .infer import bind_inputs, prepare
 from .loaders import load

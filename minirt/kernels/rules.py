@@ -7,8 +7,8 @@ from typing import Callable, NamedTuple
 
 from ..device_profile import DeviceProfile
 from . import gemm
-from .local_size import (FAMILIES, caps, check_family, check_local_size, default_budget, exact, ints3, per_row,
-                         pow2_floor, spread)
+from .local_size import (caps, check_family, check_local_size, default_budget, exact, ints3, per_row, pow2_floor,
+                         spread)
 
 
 class Rule(NamedTuple):

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InputError, MinirtError, ModelError, UnsupportedError
 from .driver import Driver, get_device, plan_graph
+from .errors import InputError, MinirtError, ModelError, UnsupportedError
 from .infer import bind_inputs, prepare
 from .loaders import load
 from .options import Options

@@ -100,7 +100,7 @@ class Dispatch:
     bytes: int = 0
     # For planner passes, not the executor (which runs `kernel` with args, push, spec and sizes):
     stem: str = ""                    # the kernel's source, glsl/<stem>.comp ...
-    axes: dict = field(default_factory=dict)   # ... and variant axes: kernel == kernels.variants.variant(stem, **axes)
+    axes: dict = field(default_factory=dict)   # ... and variant axes: kernel == minirt.kernels.variant(stem, **axes)
     info: dict = field(default_factory=dict)   # what a pass reads about the work (rows, n4, splits, ...), by name
 
     @property

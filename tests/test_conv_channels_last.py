@@ -182,7 +182,7 @@ def test_residual_then_relu_in_the_gemm_epilogue(hw, precision, options):
     assert c1[-1].kernel.startswith({"fp32": "linear_rows" if hw == (1, 2) else "linear", "fp16": "linear"}[precision])
     if options.get("gemm_splitk"):
         assert c1[-1].kernel.startswith("linear_reduce")
-    from minirt.kernels.variants import ACT_AFTER_RES
+    from minirt.kernels import ACT_AFTER_RES
     assert any(v & ACT_AFTER_RES for v in c1[-1].spec[:2])     # the ACT code carries the flag
 
 

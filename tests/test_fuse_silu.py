@@ -7,7 +7,7 @@ from onnx import helper
 
 from minirt import Session, ops
 from minirt.graph import Node
-from minirt.kernels.variants import ACTIVATIONS, activate
+from minirt.kernels import ACTIVATIONS, activate
 from oracle import check_model, graph_after, make_model, rand
 
 

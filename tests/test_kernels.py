@@ -10,12 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minirt import ops
-from minirt.kernels import variants as kernels
+from minirt import kernels, ops
 from minirt.device_profile import KNOWN_PROFILES
 from minirt.graph import Node
 from minirt.infer import prepare
-from minirt.kernels.variants import ACTIVATIONS, SPEC_CONSTANTS, activate, activation_of, spec, variant
+from minirt.kernels import ACTIVATIONS, SPEC_CONSTANTS, activate, activation_of, spec, variant
 from minirt.loaders import load
 from minirt.planner import make_plan
 

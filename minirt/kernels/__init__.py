@@ -15,4 +15,12 @@ keep ONNX meaning and call a family to lower; the planner asks the families (nev
   attention_cached.py the decoder's attention over a key/value cache (glsl/cached_attention.comp)
   rows.py             the row kernels (glsl/layer_norm_rows.comp, linear_reduce.comp post=ln): a subgroup a row
 
-Imports point one way: local_size <- the families <- minirt.ops <- minirt.planner (tests/test_import_graph.py)."""
+Imports point one way: local_size <- the families <- minirt.ops <- minirt.planner (tests/test_import_graph.py).
+The package hands on variants.py's names (minirt.kernels.spec, .variant, .act_code, ...): what ops and passes name
+kernels with."""
+
+from .variants import (ACT_AFTER_RES, ACTIVATIONS, AXES, DEFAULT_VALUES, RES_FIRST, ROW_VEC4_PER_LANE, SPEC_CONSTANTS,
+                       Activation, act_code, activate, activation_of, clip, erf, spec, variant)
+
+__all__ = ["ACT_AFTER_RES", "ACTIVATIONS", "AXES", "DEFAULT_VALUES", "RES_FIRST", "ROW_VEC4_PER_LANE", "SPEC_CONSTANTS",
+           "Activation", "act_code", "activate", "activation_of", "clip", "erf", "spec", "variant"]

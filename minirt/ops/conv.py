@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ModelError, UnsupportedError
+from ..kernels import act_code, activate, spec
 from ..kernels.gemm import OUT_NCHW, OUT_ROWS, gemm_dispatch, linear_dispatch, linear_ok, pack_bias, pack_weight
-from ..kernels.variants import act_code, activate, spec
 from ..plan import Push
 from . import Op, attr, register
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.variants import ACTIVATIONS, activate, activation_of, clip, erf, spec
+from ..kernels import ACTIVATIONS, activate, activation_of, clip, erf, spec
 from ..plan import Push
 from . import Op, attr, register
 from ._util import broadcast_shapes, same

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ModelError, UnsupportedError
+from ..kernels import activate
 from ..kernels.gemm import OUT_PARTS, linear_dispatch, linear_ok, pack_bias, pack_weight
-from ..kernels.variants import activate
 from . import Op, attr, register
 from .elementwise import activation_dispatch, elementwise_dispatch
 from .shape_ops import affine_copy, view_or_copy

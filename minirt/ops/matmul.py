@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ModelError
-from ..kernels.variants import spec
+from ..kernels import spec
 from ..plan import CONSTANT, Push, whcn
 from . import Op, attr, register
 from ._util import broadcast_shapes

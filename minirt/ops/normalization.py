@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ModelError
+from ..kernels import spec
 from ..kernels.rows import layer_norm_rows
-from ..kernels.variants import spec
 from ..plan import Push
 from . import Op, attr, register
 from ._util import norm_axis, same
@@ -23,7 +23,7 @@ def _mask(dims):
 
 def row_dispatch(ctx, kernel, out, x, mask, extra_args=(), push_tail=(), consts=(), flops_per=4, io=None, cfg=()):
     """One work group per texel row of x (see rows.glslh) on glsl/<kernel>.comp; mask = the reduced WHCN dims; consts:
-    its specialization constants (minirt.kernels.variants.spec); io as in ctx.dispatch; cfg: up to two more ints of the
+    its specialization constants (minirt.kernels.spec); io as in ctx.dispatch; cfg: up to two more ints of the
     kernel's cfg, after the packed dim and the mask."""
     ts = list(x.whcn)
     ts[x.packed_dim] = (ts[x.packed_dim] + 3) // 4

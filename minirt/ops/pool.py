@@ -9,7 +9,7 @@ import functools
 import numpy as np
 
 from ..errors import ModelError
-from ..kernels.variants import spec
+from ..kernels import spec
 from ..plan import Push
 from . import Op, attr, register
 from .conv import conv_params

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ModelError
-from ..kernels.variants import spec
+from ..kernels import spec
 from ..plan import Push
 from . import Op, attr, register
 from ._util import norm_axis

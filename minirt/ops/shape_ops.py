@@ -13,7 +13,7 @@ from collections import Counter
 import numpy as np
 
 from ..errors import ModelError
-from ..kernels.variants import spec
+from ..kernels import spec
 from ..plan import Push
 from . import Op, attr, register
 from ._util import broadcast_shapes, norm_axis

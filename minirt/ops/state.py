@@ -28,8 +28,8 @@ import numpy as np
 
 from ..errors import ModelError, UnsupportedError
 from ..kernels import attention_cached
+from ..kernels import spec
 from ..kernels.attention_cached import ATTENTION_MAX_DH
-from ..kernels.variants import spec
 from ..plan import Push
 from . import Op, attr, register
 

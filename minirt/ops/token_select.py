@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ModelError
-from ..kernels.variants import spec
+from ..kernels import spec
 from ..plan import Push
 from . import Op, register
 from .state import _buffers

@@ -36,8 +36,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Node, Tensor
+from ..kernels import RES_FIRST, activation_of
 from ..kernels.gemm import fast_gemm
-from ..kernels.variants import RES_FIRST, activation_of
 
 OPTION = "conv_channels_last"     # the option that switches this pass off (minirt/planner/__init__.py runs it)
 

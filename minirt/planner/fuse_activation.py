@@ -1,10 +1,10 @@
-"""Fuse an activation (Relu, Gelu, HardSwish, Silu: kernels.variants.activation_of) into the epilogue of the conv that
+"""Fuse an activation (Relu, Gelu, HardSwish, Silu: minirt.kernels.activation_of) into the epilogue of the conv that
 feeds it, also across the Reshape the conv1d rewrite inserts (activations are elementwise, so they commute with reshapes).
 Only convs whose route has an epilogue (linear, im2col, pointwise, depthwise) take it; the output of the
 conv must have no other reader."""
 from __future__ import annotations
 
-from ..kernels.variants import activation_of
+from ..kernels import activation_of
 
 EPILOGUE_ROUTES = ("linear", "im2col", "pointwise", "depthwise")
 

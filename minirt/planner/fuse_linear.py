@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Node
-from ..kernels.variants import activation_of
+from ..kernels import activation_of
 from ..ops import attr
 
 OPTION = "fuse_linear"     # the option that switches this pass off (minirt/planner/__init__.py runs it)

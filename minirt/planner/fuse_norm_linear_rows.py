@@ -10,8 +10,8 @@ activation type (the LayerNorm not reading or writing a float32 graph edge). Ses
 fuse_norm_linear_rows=False turns the pass off."""
 from __future__ import annotations
 
+from ..kernels import act_code, spec
 from ..kernels.gemm import rows_push
-from ..kernels.variants import act_code, spec
 from ..plan import Dispatch, Plan
 
 OPTION = "fuse_norm_linear_rows"     # the option that switches this pass off (minirt/planner/__init__.py runs it)

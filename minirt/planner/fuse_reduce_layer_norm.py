@@ -10,7 +10,7 @@ a float32 graph output through io=out32), and a row fits the registers of one su
 as in the kernel). Session option fuse_reduce_layer_norm=False turns the pass off."""
 from __future__ import annotations
 
-from ..kernels.variants import ROW_VEC4_PER_LANE as REG, act_code, spec, variant
+from ..kernels import ROW_VEC4_PER_LANE as REG, act_code, spec, variant
 from ..plan import Dispatch, Plan, Push
 
 OPTION = "fuse_reduce_layer_norm"     # the option that switches this pass off (minirt/planner/__init__.py runs it)

@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import ops
 from ..errors import UnsupportedError
-from ..kernels.variants import variant
+from ..kernels import variant
 from ..plan import (CONSTANT, INPUT, INTERMEDIATE, OUTPUT, PARAMS, PARAMS_MAX, PARAMS_TENSOR, SCRATCH, STATE,
                    WEIGHT, Dispatch, Plan, Push, TensorSpec, as_dtype)
 from .storage_layout import packed_dim_for
@@ -174,11 +174,11 @@ class LowerCtx:
     # -- dispatches -------------------------------------------------------------------------
     def dispatch(self, stem, args, push=b"", spec=(), global_size=(1, 1, 1), family="elementwise",
                  flops=0, nbytes=0, exact_kernel=False, io=None, shared_xy=(), local_size=None, axes=None, info=None):
-        """Adds a dispatch of glsl/<stem>.comp's variant with these axes (kernels.variants.variant), at fp16 its dtype=half
+        """Adds a dispatch of glsl/<stem>.comp's variant with these axes (minirt.kernels.variant), at fp16 its dtype=half
         one unless exact_kernel (a kernel with no dtype axis). `io` declares the kernel's float32-edge variant (variant
         axis io, glsl/common.glslh): "in32" reads its first read argument as float32, "out32" writes its first written
         argument as float32. At fp16 it runs where that argument is a graph input or output; elsewhere a cast stands
-        between (_edges). spec: kernels.variants.spec's tuple. shared_xy: the kernel's shared memory per local x and y
+        between (_edges). spec: minirt.kernels.spec's tuple. shared_xy: the kernel's shared memory per local x and y
         (bytes), for the picker; local_size: chosen by the family's module (minirt/kernels/) instead of by the planner.
         info: what a later plan pass reads about the work (Dispatch.info)."""
         axes = dict(axes or {})

@@ -27,12 +27,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ModelError, UnsupportedError
-from ..kernels import attention_cached
-from ..kernels import spec
+from ..kernels import attention_cached, spec
 from ..kernels.attention_cached import ATTENTION_MAX_DH
 from ..plan import Push
 from . import Op, attr, register
-
 
 
 def _width(shape, axis=1) -> int:

@@ -70,7 +70,6 @@ def forced_tile(value, dh, profile):
     return t
 
 
-
 def lower(node, ctx):
     """Dispatches computing Attention `node`: the tensor-core variants where they can run, else the fp32 kernel."""
     dh = ctx.t(node.inputs[0]).shape[-1] // node.attrs.get("heads", 1)

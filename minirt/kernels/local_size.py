@@ -177,5 +177,3 @@ def fit_shared(local, profile: DeviceProfile, shared_xy=()) -> tuple[int, int, i
         i = 0 if (shared_xy[0] * loc[0] >= shared_xy[1] * loc[1] and loc[0] > 1) or loc[1] == 1 else 1
         loc[i] //= 2
     return tuple(loc)
-
-

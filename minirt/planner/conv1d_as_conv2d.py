@@ -16,7 +16,6 @@ from ..ops.conv import conv_params
 from .conv_routing import IM2COL_MIN_COUT
 
 
-
 def why_not(node, graph, consumers) -> str | None:
     x, w = graph.tensor(node.inputs[0]), graph.tensor(node.inputs[1])
     if x.shape is None or len(x.shape) != 3:

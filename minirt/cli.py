@@ -279,7 +279,7 @@ def _check_local_size(local, device, options):
         where = "'--option local_size'" if "local_size" in options else None
     if local is None:
         return
-    from .lwg import check_local_size
+    from .kernels.local_size import check_local_size
     from .session import get_device
     try:
         check_local_size(local, get_device(device).profile)
@@ -306,7 +306,7 @@ def _check_local_size(local, device, options):
 @quiet_opt
 def run(model, input, output, storage, device, repeat, precision, fp32_precision, local_size, no_conv1d_rewrite,
         options, quiet):
-    """Run MODEL on INPUT (.npy, .npz with one array per model input, or a 16 kHz .wav for Whisper encoders) and
+    """Run MODEL on INPUT (.npy, .npz with one array per model input, or a .wav for Whisper encoders) and
     summarise the first output.
 
     \b
@@ -763,7 +763,7 @@ def profile(model, input, storage, device, runs, warmup, top, json_path, csv_pat
       minirt profile models/whisper-tiny-encoder.onnx --runs 50 --trace whisper.json
       minirt profile model.onnx x.npy --top 10 --csv dispatches.csv --quiet
     """
-    from . import profile as prof
+    from . import dispatch_timing as prof
     from .session import Session
     options = _with_fp32_precision(options, fp32_precision)
     writes = [(flag, path, fn) for flag, path, fn in (("--json", json_path, prof.to_json),

@@ -1,7 +1,7 @@
 """What the planner needs to know about a Vulkan device, as plain data.
 
 The Vulkan side fills a DeviceProfile from the physical device; this module
-must not import `vulkan`, so that pickers (see minirt.lwg) can be tested on
+must not import `vulkan`, so that pickers (see minirt/kernels/) can be tested on
 the fake profiles in KNOWN_PROFILES without a GPU.
 """
 from __future__ import annotations
@@ -130,7 +130,7 @@ class Tuning:
     """Choices that depend on the kind of device, each measured where its row in TUNING says (docs/benchmarks.md,
     "Why the defaults are what they are"). The defaults hold for any device nothing below matches."""
     storage: str = "buffer"           # Session(storage="auto"): where activations live
-    gemm_groups: str = "plain"        # GEMM work groups (minirt/lwg.py): "plain" 8x8, "adreno" fixed 16x4, "desktop"
+    gemm_groups: str = "plain"        # GEMM work groups (minirt/kernels/gemm.py): "plain" 8x8, "adreno" fixed 16x4, "desktop"
                                       # (256-invocation groups, or WAVE_SHAPES where the multiprocessors are known)
     im2col_shape: tuple = (16, 4, 1)  # 2-D im2col work groups (ExecuTorch's shape)
     linear_tile: str = "t44"          # glsl/linear.comp tile: 16-deep slices fit any shared memory

@@ -17,15 +17,11 @@ from pathlib import Path
 from .errors import MinirtError
 
 PRECISIONS = ("fp32", "fp16")
-# fp32_precision: "ieee" (exact fp32 arithmetic) or a split scheme on the fp16 tensor cores (minirt/ops/gemm.py)
+# fp32_precision: "ieee" (exact fp32 arithmetic) or a split scheme on the fp16 tensor cores (minirt/kernels/gemm.py)
 FP32_PRECISIONS = ("ieee", "f16x3")
 STORAGES = ("auto", "texture", "buffer")
 COOPMAT_MODES = ("auto", "off", "emulate")
 DIRECT_IO = ("off", "in", "out", "both")
-# planner passes an option may turn off (minirt/planner/__init__.py runs them)
-OPTIONAL_PASSES = ("fold_batch_norm", "fold_pad_conv", "fuse_layer_norm", "fuse_silu", "conv_output_nlc",
-                   "conv_input_nlc", "conv_channels_last", "fuse_linear", "merge_siblings", "fuse_attention",
-                   "fuse_reduce_layer_norm", "fuse_norm_linear_rows")
 # kernel families a forced local size may apply to (the others size their work from their local size)
 FORCEABLE_FAMILIES = ("gemm", "im2col", "elementwise", "conv", "copy")
 GEMM_TILES = ("t44", "t44k32")
@@ -193,7 +189,8 @@ class Options:
     spin_ms: float | None = _opt(None, _optional(_number),
                                  "milliseconds to poll a run's fence before a sleeping wait (MINIRT_SPIN_MS); "
                                  "default: the device table's")
-    # planner passes that may be turned off (debugging, measuring what a pass gains)
+    # planner passes that may be turned off (debugging, measuring what a pass gains): each is named as the pass, which
+    # declares it (OPTION in its module)
     fold_batch_norm: bool = _opt(True, _flag, "pass: an inference BatchNormalization after a Conv -> the conv's "
                                  "weight and bias")
     fold_pad_conv: bool = _opt(True, _flag, "pass: a zero Pad of the spatial axes before a Conv -> the conv's pads")
@@ -275,7 +272,8 @@ class Options:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) != f.default}
 
     def pass_on(self, name: str) -> bool:
-        """Whether optional planner pass `name` (OPTIONAL_PASSES) runs."""
+        """Whether planner pass `name` runs (its switch, named as the pass: minirt/planner/__init__.py PASSES), for
+        what depends on a later pass."""
         return getattr(self, name)
 
     @property

@@ -93,7 +93,7 @@ class Dispatch:
     spec: tuple = ()                  # kernel specialization constants (ids 3, 4, ...)
     global_size: tuple = (1, 1, 1)    # invocations per axis
     family: str = "elementwise"       # for the local-size picker
-    local_size: tuple | None = None   # set by the planner's picker (minirt/lwg.py) unless the lowering chose it
+    local_size: tuple | None = None   # the family's rule (minirt/kernels/rules.py), unless its module set it
     shared_xy: tuple = ()             # the kernel's shared memory, bytes per local x and per local y (the picker's
                                       # residency); () where not declared
     flops: int = 0

@@ -14,10 +14,9 @@ recorded again however many runs follow.
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
+from .driver import Driver, get_device
 from .errors import InputError, MinirtError
 from .plan import Plan
 
@@ -51,19 +50,18 @@ def check_feeds(plan: Plan, feeds: dict, params: dict) -> dict:
     return out
 
 
-class Program:
+class Program(Driver):
     """plans: {entry point: Plan}, each planned for `device` (an index or UUID as `minirt devices` lists them, or None) in
     buffer storage. Executors are made at creation, all of them, with one StateBuffers for every plan's state.
     Runs are serialised by the Program's lock. profile=True: a GPU timestamp after every dispatch
     (dispatch_times). add() makes more entry points later, over the same state and weights."""
 
     def __init__(self, plans: dict, device=None, timeout_s: float = 600.0, progress=None, profile=False):
-        from .session import get_device
-        from .vk.state import StateBuffers
+        from .vk.state_buffers import StateBuffers
         from .vk.upload import SharedConstants
+        super().__init__()
         self.plans = {}
         self.device = get_device(device)
-        self._lock = threading.Lock()
         self._made = dict(timeout_s=timeout_s, profile=profile, progress=progress)
         self.state = StateBuffers(self.device, timeout_s)
         self.constants = SharedConstants(self.device)
@@ -77,7 +75,6 @@ class Program:
     def add(self, plans: dict) -> None:
         """More entry points ({entry point: Plan}, names not used yet), over this Program's state and weights (a
         weight already uploaded is shared). Where one fails, none of them is added."""
-        from .vk.executor import Executor
         taken = sorted(set(plans) & set(self.plans))
         if taken:
             raise MinirtError(f"entry point(s) {', '.join(taken)} exist already")
@@ -87,8 +84,8 @@ class Program:
                 raise MinirtError("this Program is closed")
             try:
                 for name, plan in plans.items():
-                    made[name] = Executor(self.device, plan, state=self.state, constants=self.constants,
-                                          **self._made)
+                    made[name] = self._make_executor(self.device, plan, state=self.state, constants=self.constants,
+                                                     **self._made)
             except BaseException:
                 for ex in made.values():
                     ex.close()
@@ -114,35 +111,12 @@ class Program:
         ns = ex.dispatch_times_ns() if ex.profiling else None
         return [] if ns is None else [(d.node, d.kernel, t / 1e3) for d, t in zip(plan.dispatches, ns)]
 
-    def close(self):
-        """Free every GPU resource (executors first, then the state and weights they share); idempotent."""
-        with self._lock:
-            execs, self.executors = self.executors or {}, None
-            first = None
-            for ex in execs.values():
-                try:
-                    ex.close()
-                except Exception as e:
-                    first = first or e
-            for shared in (self.state, self.constants):
-                if shared is not None:
-                    try:
-                        shared.close()
-                    except Exception as e:
-                        first = first or e
-            self.state = self.constants = None
-            if first is not None:
-                raise first
+    # -- lifetime (close() and the context manager: minirt.driver.Driver) ----------------------
+    def _release(self) -> list:
+        """The executors first, then the state and weights they share."""
+        execs, self.executors = self.executors or {}, None
+        shared, self.state, self.constants = [self.state, self.constants], None, None
+        return [*execs.values(), *shared]
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            if self.executors:
-                self.close()
-        except Exception:
-            pass
+    def _is_open(self) -> bool:
+        return bool(self.executors)

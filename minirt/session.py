@@ -1,41 +1,18 @@
-"""Session: load -> plan -> execute, with an onnxruntime-like face."""
+"""Session: load -> plan -> execute, with an onnxruntime-like face (the planning and closing shared with Program:
+minirt/driver.py)."""
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import DeviceError, InputError, MinirtError, ModelError, UnsupportedError
+from .driver import Driver, get_device, plan_graph
+from .errors import InputError, MinirtError, ModelError, UnsupportedError
 from .infer import bind_inputs, prepare
 from .loaders import load
 from .options import Options
 from .timing import Phases
-
-_devices: dict = {}
-_devices_lock = threading.Lock()
-
-
-def get_device(device=None):
-    """One logical device per physical device, shared by every Session and Program in the process. device: an index
-    or a UUID as `minirt devices` lists them (minirt.vk.device.parse_device), None: MINIRT_DEVICE, else the best GPU.
-    Each spec is resolved once; specs naming the same physical device get the same Device (and its queue lock)."""
-    from .vk.device import Device, choose, physical_devices
-    if isinstance(device, bool) or not isinstance(device, (int, str, type(None))):
-        raise DeviceError(f"device must be an index or a UUID (see `minirt devices`), not {type(device).__name__}")
-    key = "default" if device is None else device
-    with _devices_lock:
-        dev = _devices.get(key)
-        if dev is None:
-            chosen = choose(physical_devices(), device)
-            dev = _devices.get(chosen[0])
-            if dev is None:
-                dev = Device(chosen)
-                _devices[chosen[0]] = dev
-            _devices[key] = dev
-        return dev
-
 
 def _check_out(out: dict, shapes: dict) -> None:
     """An InputError naming the output unless each out= array can take it: a writeable C-contiguous float32 numpy array
@@ -79,7 +56,7 @@ class IOInfo:
     dtype: str
 
 
-class Session:
+class Session(Driver):
     """Runs one model on one Vulkan device.
 
     storage: "auto" (textures on Adreno, Mali and PowerVR, buffers elsewhere), "texture" or "buffer".
@@ -100,7 +77,7 @@ class Session:
 
     def __init__(self, model, *, storage=None, device=None, weights=None, options=None, profile=False,
                  local_size=None, conv1d_rewrite=None, precision=None, progress=None):
-        self._lock = threading.Lock()
+        super().__init__()
         if profile not in (False, True, "span"):
             raise MinirtError(f"profile must be False, True or 'span', got {profile!r}")
         self.profiling = profile
@@ -146,32 +123,28 @@ class Session:
             self._executor({n: self.graph.tensor(n).shape for n in self.graph.inputs})
 
     # -- planning ---------------------------------------------------------------------------
-    def _prepare_for(self, shapes: dict):
-        """The graph for these input shapes, its integer and boolean arithmetic split off to the host (graph.host;
-        minirt/host.py); the GPU part has no outputs where the host computes them all."""
+    def _plan_for(self, shapes: dict):
+        """(the graph for these input shapes, its integer and boolean arithmetic split off to the host (graph.host;
+        minirt/host.py); the Plan of its GPU part, None where the host computes every output)."""
         limit = self.device.profile.max_storage_buffer_range if self.storage == "buffer" else 0
-        return prepare(bind_inputs(self.graph, shapes), host=True, runtime_gather=limit)
+        return plan_graph(bind_inputs(self.graph, shapes), self.device.profile, self.storage, self.options,
+                          host=True, runtime_gather=limit)
 
     def plan_for(self, shapes: dict):
         """The Plan of the GPU part for these input shapes (None where the host computes every output)."""
-        from .planner import make_plan
-        g = self._prepare_for(shapes)
-        return make_plan(g, self.device.profile, self.storage, self.options) if g.outputs else None
+        return self._plan_for(shapes)[1]
 
     def _executor(self, shapes):
         """(the Executor of these input shapes, or None where the host computes every output; the HostPart)."""
         key = tuple(tuple(shapes[n]) for n in self.graph.inputs)
         if key not in self._execs:
-            from .planner import make_plan
-            from .vk.executor import Executor
             times = {}
             phase = Phases(times, self._progress)
             phase("plan", "planning")
-            g = self._prepare_for(shapes)
-            plan = make_plan(g, self.device.profile, self.storage, self.options) if g.outputs else None
+            g, plan = self._plan_for(shapes)
             phase(None)
-            ex = plan and Executor(self.device, plan, profile=self.profiling, progress=self._progress,
-                                   timeout_s=self.options.timeout_s)
+            ex = plan and self._make_executor(self.device, plan, profile=self.profiling, progress=self._progress,
+                                              timeout_s=self.options.timeout_s)
             self._execs[key], self._hosts[key] = ex, g.host
             if ex is not None and "record" not in self.startup_ms:      # the first executor is the start-up cost
                 self.startup_ms.update(times)
@@ -267,8 +240,8 @@ class Session:
 
     def profile_records(self):
         """Per-dispatch GPU timing of the last run (Session(..., profile=True)): a list of
-        minirt.profile.DispatchRecord, in dispatch order."""
-        from .profile import records_of
+        minirt.dispatch_timing.DispatchRecord, in dispatch order."""
+        from .dispatch_timing import records_of
         if not self.profiling:
             raise MinirtError("profiling is off: create the Session with profile=True")
         if self.profiling == "span":
@@ -287,32 +260,10 @@ class Session:
         t = self._last.dispatch_times_ns()
         return t[0] / 1e6 if t else None
 
-    # -- lifetime ---------------------------------------------------------------------------
-    def close(self):
-        """Free every GPU resource of this Session; idempotent. Every executor is closed even when
-        one fails to (the first failure is raised after)."""
-        with self._lock:
-            execs, self._execs, self._last = self._execs or {}, None, None
-            first = None
-            for ex in execs.values():
-                if ex is None:
-                    continue
-                try:
-                    ex.close()
-                except Exception as e:
-                    first = first or e
-            if first is not None:
-                raise first
+    # -- lifetime (close() and the context manager: minirt.driver.Driver) ----------------------
+    def _release(self) -> list:
+        execs, self._execs, self._last = self._execs or {}, None, None
+        return list(execs.values())
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            if self._execs:
-                self.close()
-        except Exception:
-            pass
+    def _is_open(self) -> bool:
+        return bool(self._execs)

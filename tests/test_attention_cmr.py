@@ -1,4 +1,4 @@
-"""Attention with the softmax in registers (glsl/attention_cmr.comp, minirt/ops/attention_cmr.py), precision fp16.
+"""Attention with the softmax in registers (glsl/attention_cmr.comp, minirt/kernels/attention_cmr.py), precision fp16.
 
 - plan level, on the fake profiles: the kernel runs only where the device's cooperative-matrix element layout is the
   probed "mma" one (or emulated), with its tile and key splits;
@@ -16,7 +16,7 @@ from minirt.options import Options
 from minirt.device_profile import COOPMAT_LAYOUTS, KNOWN_PROFILES
 from minirt.errors import UnsupportedError
 from minirt.planner import make_plan
-from minirt.ops import attention_cmr
+from minirt.kernels import attention_cmr
 from test_coopmat_attention import H200, attention_dispatch, check, device_profile, graph, seed
 
 FP16 = {"precision": "fp16"}

@@ -1,5 +1,5 @@
 """fp32_precision="f16x3" on the Attention op: attention_cmr's dtype=f16x3 variant (glsl/attention_cmr.comp SPLIT3,
-minirt/ops/attention_cmr.py split_problem and lower), fp32 attention from split operands on cooperative matrices.
+minirt/kernels/attention_cmr.py split_problem and lower), fp32 attention from split operands on cooperative matrices.
 
 Plan level (the fake profiles): where it runs, with which tile and note; where it does not, the fp32 SIMT kernel and a
 note saying why; and the plans it must leave alone (devices without cooperative matrices, precision fp16,
@@ -22,7 +22,7 @@ from minirt.device_profile import KNOWN_PROFILES
 from minirt.errors import UnsupportedError
 from minirt.infer import prepare
 from minirt.loaders import load
-from minirt.ops import attention_cmr
+from minirt.kernels import attention_cmr
 from minirt.planner import make_plan
 from test_coopmat_linear import _device_or_skip as _cm_device_or_skip
 from test_fuse_attention import attention_model

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import minirt.ops.attention_splits as attention_splits
-import minirt.ops.attention as attention
+import minirt.kernels.attention_split as attention_splits
+import minirt.kernels.attention_fp32 as attention
 from minirt import Session
 from minirt.device_profile import KNOWN_PROFILES
 from minirt.errors import MinirtError

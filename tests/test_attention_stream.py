@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import minirt.ops.attention_splits as attention_splits
+import minirt.kernels.attention_split as attention_splits
 from minirt.options import Options
 from minirt import Session
 from minirt.device_profile import KNOWN_PROFILES
@@ -104,7 +104,7 @@ def test_stream_groups_are_capped_and_checked():
 
 
 def test_combine_local_size():
-    """On NVIDIA the combine pass runs in groups of a head's 16 vec4 columns by 16 rows (minirt.lwg.head_rows_shape);
+    """On NVIDIA the combine pass runs in groups of a head's 16 vec4 columns by 16 rows (minirt.kernels.attention_split.head_rows_shape);
     a forced elementwise local size still wins; and that shape merges right (lavapipe, forced, against float64)."""
     comb = _plan(H200).dispatches[1]
     assert comb.kernel == "attention_combine_buffer" and comb.local_size == (16, 16, 1)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "build_shaders.py"
-KERNELS = TOOL.parent.parent / "minirt" / "kernels.py"    # the tool names variants with it, loaded by path
+KERNELS = TOOL.parent.parent / "minirt" / "kernels" / "variants.py"    # the tool names variants with it, by path
 
 HEADER = "float scale(float x) { return 2.0 * x; }\n"
 SHADER = """#version 450
@@ -32,8 +32,8 @@ PLAIN = "#version 450\nlayout(local_size_x = 1) in;\nvoid main() {}\n"
 def root(tmp_path):
     (tmp_path / "tools").mkdir()
     shutil.copy(TOOL, tmp_path / "tools" / TOOL.name)
-    (tmp_path / "minirt").mkdir()
-    shutil.copy(KERNELS, tmp_path / "minirt" / KERNELS.name)
+    (tmp_path / "minirt" / "kernels").mkdir(parents=True)
+    shutil.copy(KERNELS, tmp_path / "minirt" / "kernels" / KERNELS.name)
     (tmp_path / "glsl").mkdir()
     (tmp_path / "glsl" / "common.glslh").write_text(HEADER)
     (tmp_path / "glsl" / "scale.comp").write_text(SHADER)
@@ -66,7 +66,7 @@ def test_product_and_exclude(root):
 
 
 def test_names_follow_the_axis_order_of_minirt_kernels(root):
-    """Values go into a name in minirt/kernels.py's AXES order, whatever order the variants line lists them in; an axis
+    """Values go into a name in minirt/kernels/variants.py's AXES order, whatever order the variants line lists them in; an axis
     not in AXES is refused (its place in names would be undefined)."""
     (root / "glsl" / "gemm.comp").write_text(
         "#version 450\n// variants: dtype=float,half storage=buffer\nlayout(local_size_x = 1) in;\nvoid main() {}\n")

@@ -18,7 +18,7 @@ from minirt.device_profile import KNOWN_PROFILES
 from minirt.infer import bind_inputs, prepare
 from minirt.loaders import load
 from minirt.planner import make_plan
-from minirt.reference import run_graph
+from minirt.graph_reference import run_graph
 from oracle import compare, cosine, graph_after, make_model, onnxruntime_run, rand
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))

@@ -1,4 +1,4 @@
-"""Attention on cooperative matrices (glsl/attention_cm.comp, minirt/ops/attention_cm.py), precision fp16.
+"""Attention on cooperative matrices (glsl/attention_cm.comp, minirt/kernels/attention_cm.py), precision fp16.
 
 - plan level, on the fake profiles: which plans take the path and with which tile;
 - emulated (coopmat="emulate": the kernel's impl=emu variant, the matrix operations done by plain code), on any
@@ -22,7 +22,7 @@ from minirt.device_profile import KNOWN_PROFILES
 from minirt.errors import UnsupportedError
 from minirt.infer import prepare
 from minirt.loaders import load
-from minirt.ops import attention_cm
+from minirt.kernels import attention_cm
 from minirt.planner import make_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

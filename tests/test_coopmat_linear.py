@@ -21,7 +21,7 @@ from minirt import MinirtError, Session
 from minirt.device_profile import KNOWN_PROFILES
 from minirt.infer import prepare
 from minirt.loaders import load
-from minirt.ops.gemm import CM_SHAPE, CM_TILES, REG_TILES, cm_shared_bytes
+from minirt.kernels.gemm import CM_SHAPE, CM_TILES, REG_TILES, cm_shared_bytes
 from minirt.planner import make_plan
 from oracle import make_model
 
@@ -220,7 +220,7 @@ def _run(model, feeds, mode, **options):
     """Run at fp16 after checking that the plan's GEMMs are the mode's kernel and that every kernel it needs
     was built (the other kernels' _half variants come with the fp16 kernel work, not with linear_cm)."""
     from minirt.session import get_device
-    from minirt.vk.kernels import spirv_dir
+    from minirt.vk.pipelines import spirv_dir
     opts = _options(mode, **options)
     plan = _plan(model, get_device().profile, **opts)
     want = "linear_cm_emu_" if mode == "emulated" else "linear_cm_"

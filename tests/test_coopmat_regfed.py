@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from minirt import MinirtError, Session
-from minirt.ops.gemm import pack_regfed
+from minirt.kernels.gemm import pack_regfed
 from test_coopmat_linear import H200, _check, _device_or_skip, _f16, _gelu, _linear_model, _plan as _cm_plan
 from test_coopmat_linear import _front_end_model, _front_end_reference
 

@@ -1,5 +1,5 @@
 """fp32_precision="f16x3": fp32 GEMMs on the fp16 tensor cores from split operands (glsl/linear_cm.glslh SPLIT3, the
-dtype=f16x3 variants of linear_cmreg*; minirt/ops/gemm.py split_kernel).
+dtype=f16x3 variants of linear_cmreg*; minirt/kernels/gemm.py split_kernel).
 
 The packing (numpy): hi + lo 2^-11, unscaled, gives back every weight to about fp32's precision at any magnitude.
 Plan level (the fake H200 profile): which GEMMs take it, their split weights, the notes, the fallbacks and refusals.
@@ -22,7 +22,7 @@ from minirt import MinirtError, Session
 from minirt.device_profile import KNOWN_PROFILES
 from minirt.infer import prepare
 from minirt.loaders import load
-from minirt.ops.gemm import pack_regfed, pack_regfed_split, split_f16x3
+from minirt.kernels.gemm import pack_regfed, pack_regfed_split, split_f16x3
 from minirt.options import Options
 from minirt.planner import make_plan
 from oracle import linear_model, onnxruntime_run
@@ -173,7 +173,7 @@ def test_cli_plan_shows_the_split_kernel(tmp_path):
 # -- numerics ----------------------------------------------------------------------------------------------------
 
 def _device_or_skip(mode):
-    from minirt.vk.kernels import spirv_dir
+    from minirt.vk.pipelines import spirv_dir
     p = _cm_device_or_skip(mode)
     if mode == "coopmat" and p.coopmat_layout != "mma":
         pytest.skip(f"{p.name}: cooperative matrices not in the 'mma' layout")

@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import helper
 
-import minirt.ops.attention as attention
+import minirt.kernels.attention_fp32 as attention
 from minirt.options import Options
 from minirt import Session
 from minirt.graph import Node
@@ -18,7 +18,7 @@ from minirt.infer import bind_inputs, prepare
 from minirt.loaders import load
 from minirt.ops import OPS
 from minirt.device_profile import KNOWN_PROFILES
-from minirt.planner import GRAPH_PASSES, fuse_attention
+from minirt.planner import GRAPH_PASSES, Pass, fuse_attention
 from oracle import STORAGES, check_model, compare, cosine, make_model, onnxruntime_run, rand
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
@@ -74,7 +74,7 @@ def feeds(B, Tq, Tk, D, seed=0):
 
 
 def fused(model, options=None):
-    return fuse_attention.rewrite(prepare(load(model)), Options.make(options))
+    return Pass(fuse_attention)(prepare(load(model)), Options.make(options))
 
 
 def ops_of(g):

@@ -8,7 +8,7 @@ from onnx import helper
 
 from minirt.options import Options
 from minirt import MinirtError, Session
-from minirt.ops.gemm import LINEAR_TILES
+from minirt.kernels.gemm import LINEAR_TILES
 from minirt.infer import prepare
 from minirt.loaders import load
 from minirt.planner import fuse_gelu, fuse_linear

@@ -1,4 +1,4 @@
-"""minirt/kernels.py against the GLSL and the build: variant names as tools/build_shaders.py builds them, the
+"""minirt/kernels/variants.py against the GLSL and the build: variant names as tools/build_shaders.py builds them, the
 specialization constants each kernel declares, the activation codes of glsl/activation.glslh, and the plans' dispatches
 (kernel names made from stem and axes, every one a built variant)."""
 import importlib.util

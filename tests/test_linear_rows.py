@@ -4,7 +4,7 @@ and a residual; the plan routes them there and a ninth row back to the tiled GEM
 import pytest
 
 from minirt import Session
-from minirt.ops.gemm import ROWS_MAX
+from minirt.kernels.gemm import ROWS_MAX
 from oracle import compare, linear_case, onnxruntime_run
 
 

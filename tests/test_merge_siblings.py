@@ -18,8 +18,8 @@ from minirt.options import Options
 from minirt.infer import bind_inputs, prepare
 from minirt.loaders import load
 from minirt.ops.linear import SplitParts
-from minirt.planner import make_plan, merge_siblings
-from minirt.reference import run_graph
+from minirt.planner import SWITCHED_OFF, Pass, make_plan, merge_siblings
+from minirt.graph_reference import run_graph
 from oracle import check_model, cosine, graph_after, make_model, onnxruntime_run, rand
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -182,7 +182,7 @@ def _linear_graph(specs, t=37, alignprofile=None):
 
 
 def _merged(g, profile=LAVAPIPE, **options):
-    g = merge_siblings.rewrite(g, Options.make({"storage": "buffer", **options}), profile)
+    g = Pass(merge_siblings)(g, Options.make({"storage": "buffer", **options}), profile)
     return [n for n in g.nodes if n.attrs.get("parts", 1) > 1], g
 
 
@@ -216,7 +216,7 @@ def test_siblings_group_by_activation():
 @pytest.mark.parametrize("off", [False, "0", "false"])
 def test_option_off(off):
     merged, g = _merged(_linear_graph([{}, {}, {}]), merge_siblings=off)
-    assert not merged and not g.notes
+    assert not merged and g.notes == {SWITCHED_OFF: ["pass merge_siblings switched off (option merge_siblings)"]}
 
 
 def test_unaligned_part_offsets_do_not_merge():

@@ -1,10 +1,14 @@
-"""The occupancy probe (minirt/occupancy.py, glsl/occupancy_probe.comp; tools/dev/occupancy.py times it): the kernel
-runs its whole pointer chase in every work group of every dispatch (checked against numpy), and the pipeline-statistics
+"""The occupancy probe (tools/occupancy_probe.py, glsl/occupancy_probe.comp; tools/dev/occupancy.py times it): the
+kernel runs its whole pointer chase in every work group of every dispatch (checked against numpy), and the pipeline-statistics
 reader degrades to {} where the driver has none."""
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from minirt.occupancy import probe_plan
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tools"))   # last: nothing in tools/ shadows a module
+from occupancy_probe import probe_plan  # noqa: E402
 
 
 def chase(words, threads, chain):
@@ -36,7 +40,7 @@ def test_probe_chase_matches_numpy(words, threads, chain):
 def test_statistics_without_capture_is_empty():
     # Without MINIRT_PIPELINE_STATS=1 the device is created without the extension's feature: no statistics
     from minirt.session import get_device
-    from minirt.vk.kernels import Kernels
+    from minirt.vk.pipelines import Kernels
     dev = get_device()
     k = Kernels(dev)
     try:

@@ -1,4 +1,4 @@
-"""Paired lanes (PAIR_LANES in glsl/linear.comp and glsl/attention.glslh, minirt.lwg.paired_lanes): invocations 2i and
+"""Paired lanes (PAIR_LANES in glsl/linear.comp and glsl/attention.glslh, minirt.kernels.gemm.paired_lanes): invocations 2i and
 2i + 1 of a work group take the same columns in two row groups, so that NVIDIA's shared memory returns their 16-byte
 loads in half the passes. Only the invocations' roles move, so every output must keep its bits.
 
@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import minirt.ops.attention as attention
+import minirt.kernels.attention_fp32 as attention
 from minirt.options import Options
 from minirt import Session
 from minirt.device_profile import KNOWN_PROFILES
 from minirt.infer import prepare
 from minirt.loaders import load
-from minirt.lwg import paired_lanes
+from minirt.kernels.gemm import paired_lanes
 from minirt.planner import make_plan
 from oracle import compare, make_model, rand
 

@@ -7,7 +7,7 @@ import pytest
 from onnx import helper
 
 from minirt import MinirtError, Session
-from minirt import profile as prof
+from minirt import dispatch_timing as prof
 from oracle import make_model, rand
 
 

@@ -16,7 +16,7 @@ from minirt.errors import ModelError
 from minirt.infer import prepare
 from minirt.loaders import load
 from minirt.loaders.safetensors_loader import SafetensorsFile, apply_weights, read_safetensors
-from minirt.reference import run_graph
+from minirt.graph_reference import run_graph
 from oracle import cosine, make_model, onnxruntime_run, rand
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

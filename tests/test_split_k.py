@@ -1,4 +1,4 @@
-"""Split K for the fp32 GEMM (glsl/linear.comp OUT_MODE 3 + glsl/linear_reduce.comp, minirt/ops/gemm.py split_k):
+"""Split K for the fp32 GEMM (glsl/linear.comp OUT_MODE 3 + glsl/linear_reduce.comp, minirt/kernels/gemm.py split_k):
 which GEMMs of the Whisper plan split on the H200 profile and how, and the numbers against a float64 reference with
 poisoned activations, for forced split counts on this machine's device."""
 import dataclasses
@@ -14,7 +14,7 @@ from minirt import MinirtError, Session
 from minirt.device_profile import KNOWN_PROFILES
 from minirt.infer import prepare
 from minirt.loaders import load
-from minirt.ops import gemm
+from minirt.kernels import gemm
 from minirt.planner import make_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
@@ -112,7 +112,7 @@ def test_split_gemm_at_fp16_matches_float64():
 def test_wave_splits_rule():
     """The one split-count rule (GEMM K slices, attention keys): the most splits whose groups fit one wave, each
     keeping min_units; never past `most`; 1 where no split fits."""
-    from minirt.lwg import wave_splits
+    from minirt.kernels.local_size import wave_splits
     assert wave_splits(144, 528, 48, 16, 4) == 3      # tiny fc2 on the H200: 432 groups fit, 4 would not keep 16
     assert wave_splits(192, 528, 64, 16, 4) == 2      # base fc2: 576 groups would not fit
     assert wave_splits(144, 528, 12, 16, 4) == 1      # too few slices

@@ -118,7 +118,7 @@ def test_a_lock_per_device(monkeypatch):
     wait for the first one's (faked devices: lavapipe is one)."""
     import dataclasses
 
-    from minirt import session
+    from minirt import driver as session
     from minirt.device_profile import DeviceProfile
     from minirt.vk import device as vk_device
     gpu = DeviceProfile(name="gpu", vendor="nvidia", device_type="discrete")

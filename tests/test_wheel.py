@@ -102,7 +102,7 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env.update(PYTHONNOUSERSITE="1", MINIRT_CACHE_DIR=str(tmp_path / "cache"))
-    where = _run([str(py), "-c", "import minirt, minirt.vk.kernels as k; print(minirt.__file__); print(k.spirv_dir())"],
+    where = _run([str(py), "-c", "import minirt, minirt.vk.pipelines as k; print(minirt.__file__); print(k.spirv_dir())"],
                  cwd=tmp_path, env=env).stdout.split("\n")
     assert Path(where[0]).parent == purelib / "minirt", where
     assert Path(where[1]) == purelib / "minirt" / "spirv", where

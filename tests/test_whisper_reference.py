@@ -5,7 +5,7 @@ import pytest
 
 import real_whisper
 from minirt.whisper.backend import DecoderBackend
-from minirt.whisper.conformance import drive, max_deviation
+from whisper_conformance import drive, max_deviation
 
 pytest.importorskip("tokenizers", reason="the whisper extra (tokenizers) is not installed")
 

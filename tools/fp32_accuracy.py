@@ -56,7 +56,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
 
     from minirt import Session
-    from minirt.reference import run_graph
+    from minirt.graph_reference import run_graph
     model = a.model
     if model is None:
         from models import whisper_encoder as we

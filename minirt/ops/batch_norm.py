@@ -13,7 +13,7 @@ from ._util import same
 from .elementwise import Add, Mul, elementwise_dispatch
 
 
-def _affine(node, scale, bias, mean, var, rank):
+def affine(node, scale, bias, mean, var, rank):
     """(s, t) as float64 arrays shaped [C, 1, ...] to broadcast against an input of `rank` (N, C, spatial...)."""
     s = np.asarray(scale, np.float64) / np.sqrt(np.asarray(var, np.float64) + attr(node, "epsilon", 1e-5))
     t = np.asarray(bias, np.float64) - np.asarray(mean, np.float64) * s
@@ -50,13 +50,13 @@ class BatchNormalization(Op):
                 return f"{what} ('{t.name}') has shape {list(t.shape)}, expected [{c}] (one per channel)"
 
     def reference(self, node, x, scale, bias, mean, var):
-        s, t = _affine(node, scale, bias, mean, var, x.ndim)
+        s, t = affine(node, scale, bias, mean, var, x.ndim)
         return [(x.astype(np.float64) * s + t).astype(x.dtype)]
 
     def lower(self, node, ctx):
         x, out = ctx.t(node.inputs[0]), ctx.t(node.outputs[0])
         consts = [ctx.graph.tensor(n).data for n in node.inputs[1:5]]
-        s, t = _affine(node, *consts, len(x.shape))
+        s, t = affine(node, *consts, len(x.shape))
         s_t, t_t = (ctx.temp(f"{node.name}/{what}", a.shape, role=CONSTANT) for what, a in (("s", s), ("t", t)))
         s_t.data, t_t.data = s.astype(np.float32), t.astype(np.float32)
         scaled = ctx.temp(f"{node.name}/scaled", x.shape)

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import ModelError, UnsupportedError
 from ..kernels import act_code, activate, spec
+from ..kernels.gemm import OUT_NCHW, OUT_ROWS, gemm_dispatch, linear_dispatch, linear_ok, pack_bias, pack_weight
 from ..plan import Push
 from . import Op, attr, register
 
@@ -196,7 +197,6 @@ def _image(ctx, t, n, batch):
 def _lower_linear(node, ctx):
     """A 1x1, stride-1 conv on a channels-last input (conv_channels_last): a Linear over the batch's pixels, rows
     N * H * W by K = C_in, writing channels-last rows, or NCHW image by image on views (OUT_NCHW)."""
-    from .gemm import OUT_NCHW, OUT_ROWS, linear_dispatch, linear_ok, pack_bias, pack_weight
     x, y, w, b, *_ = _operands(node, ctx)
     oc, c = w.shape[:2]
     if node.attrs.get("_in_layout") != "NHWC" or not linear_ok(ctx, c):
@@ -226,7 +226,6 @@ def _lower_im2col(node, ctx):
     offsets). A channels-last output (conv_channels_last) takes the whole batch as GEMM rows."""
     x, y = ctx.t(node.inputs[0]), ctx.t(node.outputs[0])
     res = ctx.t(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] else None
-    from .gemm import pack_bias, pack_weight
     _x, _y, w, b, strides, dil, pb, out = _operands(node, ctx)
     oc, c, kh, kw = w.shape
     k = c * kh * kw
@@ -247,7 +246,6 @@ def _lower_im2col(node, ctx):
 def _im2col_image(node, ctx, x, y, res, w_shape, wt, bt, n4, strides, dil, pb, out, images=1) -> str:
     """One image's dispatches (or, images > 1, a channels-last output's whole batch as GEMM rows); returns the
     planner's note on them."""
-    from .gemm import OUT_NCHW, OUT_ROWS, gemm_dispatch, linear_dispatch, linear_ok
     oc, c, kh, kw = w_shape
     oh, ow = out
     k = c * kh * kw
@@ -297,7 +295,6 @@ def _im2col_image(node, ctx, x, y, res, w_shape, wt, bt, n4, strides, dil, pb, o
 def _lower_pointwise(node, ctx):
     """One GEMM an image (the kernel's A and output are one image's [C, H * W]); a batch image by image on views, as
     the im2col route."""
-    from .gemm import gemm_dispatch, pack_bias, pack_weight
     x, y, w, b, *_ = _operands(node, ctx)
     oc, c = w.shape[:2]
     x4, y4 = _as4d(ctx, x), _out4d(ctx, y)

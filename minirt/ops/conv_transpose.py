@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ModelError
+from ..kernels.gemm import gemm_dispatch, pack_weight
 from ..plan import Push
 from . import Op, attr, register
 from .conv import _as4d, _from4d, _out4d, rank_reason
@@ -124,7 +125,6 @@ class ConvTranspose(Op):
         return [y.astype(np.result_type(x, w))]
 
     def lower(self, node, ctx):
-        from .gemm import gemm_dispatch, pack_weight
         x, y = ctx.t(node.inputs[0]), ctx.t(node.outputs[0])
         w = np.asarray(ctx.graph.tensor(node.inputs[1]).data, np.float32)
         b = ctx.graph.tensor(node.inputs[2]).data if len(node.inputs) > 2 and node.inputs[2] else None

@@ -13,9 +13,9 @@ import numpy as np
 
 from ..errors import ModelError, UnsupportedError
 from ..kernels import activate
+from ..kernels.gemm import OUT_PARTS, linear_dispatch, linear_ok, pack_bias, pack_weight
 from . import Op, attr, register
 from .elementwise import activation_dispatch, elementwise_dispatch
-from .gemm import OUT_PARTS, linear_dispatch, linear_ok, pack_bias, pack_weight
 from .shape_ops import affine_copy, view_or_copy
 
 

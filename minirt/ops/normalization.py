@@ -7,7 +7,7 @@ import numpy as np
 
 from ..errors import ModelError
 from ..kernels import spec
-from ..lwg import row_invocations
+from ..kernels.rows import layer_norm_rows
 from ..plan import Push
 from . import Op, attr, register
 from ._util import norm_axis, same
@@ -78,30 +78,12 @@ class LayerNormalization(Op):
         k = rank - norm_axis(node, attr(node, "axis", -1), rank)   # normalised dims: WHCN 0..k-1
         consts = [ctx.graph.tensor(n).data for n in node.inputs[1:3] if n]
         if k == 1 and x.shape[-1] % 4 == 0 and ctx.storage == "buffer" and ctx.profile.tuning.subgroup_rows:
-            return _lower_rows(node, ctx, x, out, consts)
+            return layer_norm_rows(ctx, node, x, out, consts)
         affine = np.concatenate([_per_texel(a, x.shape[rank - k:], x.packed_dim) for a in consts])
         w = ctx.weight(f"{node.name}/scale_bias", affine)
         row_dispatch(ctx, "layer_norm", out, x, _mask(range(k)), [(w.name, "r")],
                      [attr(node, "epsilon", 1e-5)], spec("layer_norm", HAS_BIAS=len(consts) > 1), flops_per=8,
                      io="out32")
-
-
-def _lower_rows(node, ctx, x, out, consts):
-    """LayerNorm over a last dim that is a multiple of 4, in buffers: one subgroup per row."""
-    from ..plan import Push
-    length = x.shape[-1]
-    rows = int(np.prod(x.shape[:-1]))
-    # invocations a work group (minirt.lwg: the device table's, else 64; option rows_invocations), one row a subgroup
-    inv = row_invocations(ctx.profile, ctx.options.rows_invocations)
-    per = inv // max(ctx.profile.subgroup_size, 1)     # rows a work group (the kernel loops if it gets fewer)
-    aff = np.concatenate([np.broadcast_to(np.asarray(a, np.float32), (length,)) for a in consts])
-    w = ctx.weight(f"{node.name}/scale_bias", aff)
-    eps, has_bias = attr(node, "epsilon", 1e-5), len(consts) > 1
-    p = Push().ivec4(rows, length // 4, per).vec4(eps)
-    ctx.dispatch("layer_norm_rows", [(out.name, "w"), (x.name, "r"), (w.name, "r")], p,
-                 spec("layer_norm_rows", HAS_BIAS=has_bias), (inv, -(-rows // per), 1), "reduction",
-                 flops=8 * x.numel, nbytes=8 * x.numel, io="out32",
-                 info={"rows": rows, "n4": length // 4, "rows_per_group": per, "eps": eps, "has_bias": has_bias})
 
 
 @register

@@ -113,9 +113,9 @@ class TokenSelect(Op):
         rows, V = c.shape[0], x.shape[-1]
         prof = ctx.profile
         most = min(THREADS, prof.max_invocations, prof.max_local_size[0], prof.max_shared_memory // SHARED_PER_THREAD)
+        # a power of two within the device's limits: the reduction family's rule makes it the work group
         threads = 1 << min(most.bit_length() - 1, max(V - 1, 1).bit_length())
         ctx.dispatch("token_select", [(out.name, "w"), (x.name, "r"), (bits.name, "r"), (c.name, "r")],
                      Push().ivec4(V, rows), spec("token_select"), (threads, rows, 1), "reduction",
-                     flops=12 * rows * V, nbytes=4 * (rows * V + bits.numel + c.numel + 4 * rows), io="out32",
-                     local_size=(threads, 1, 1))
+                     flops=12 * rows * V, nbytes=4 * (rows * V + bits.numel + c.numel + 4 * rows), io="out32")
         ctx.note(f"{threads} invocations a row")

@@ -25,16 +25,22 @@ Pass order (each pass is one module of this package):
                                             LayerNorm that reads its output
  17. fuse_norm_linear_rows (fuse_norm_linear_rows.py)  on the Plan: a LayerNorm read only by a few-row Linear
                                             (linear_rows) is done by that Linear as it reads its rows
- 18. local sizes      (minirt.lwg)          one deterministic local size per dispatch
+ 18. local sizes      (minirt.kernels.rules) one deterministic local size per dispatch, by its family's rule
  19. memory plan      (memory_plan.py)      lifetimes for memory reuse (option memory_reuse=False: none), and
                                             the check that the device can hold what the plan allocates
-The planner never imports vulkan: everything it decides is plain data in the Plan. Each graph pass is
-fn(graph, options, profile): the Session's Options (storage resolved for the device) and the DeviceProfile."""
+The planner never imports vulkan: everything it decides is plain data in the Plan. PASSES lists the passes in this
+order; each graph pass is fn(graph, options, profile): the Session's Options (storage resolved for the device) and the
+DeviceProfile. A pass that an option may switch off declares the option's name (OPTION); the runner (Pass) decides
+whether it runs and notes it when it does not."""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
 
 from ..errors import MinirtError, UnsupportedError
 from ..options import PRECISIONS, Options
-from ..lwg import check_local_size, forced_local_size, pick_local_size
+from ..kernels.local_size import check_local_size, forced_local_size
+from ..kernels.rules import pick_local_size
 from . import (conv1d_as_conv2d, conv_channels_last, conv_input_nlc, conv_output_nlc, conv_routing, fold_batch_norm,
                fold_pad_conv, fuse_activation, fuse_attention, fuse_gelu, fuse_layer_norm, fuse_linear,
                fuse_norm_linear_rows, fuse_reduce_layer_norm, fuse_silu, memory_plan, merge_siblings)
@@ -42,14 +48,45 @@ from .lower import lower
 from ..plan import INPUT, OUTPUT, Plan
 from .storage_layout import check_limits, resolve_storage
 
-# (name, function(graph, options, profile) -> graph), run in this order
-GRAPH_PASSES = [("fold_batch_norm", fold_batch_norm.rewrite), ("fold_pad_conv", fold_pad_conv.rewrite),
-                ("conv1d_as_conv2d", conv1d_as_conv2d.rewrite), ("conv_routing", conv_routing.annotate),
-                ("fuse_gelu", fuse_gelu.rewrite), ("fuse_layer_norm", fuse_layer_norm.rewrite),
-                ("fuse_silu", fuse_silu.rewrite), ("fuse_activation", fuse_activation.rewrite),
-                ("conv_output_nlc", conv_output_nlc.rewrite), ("conv_input_nlc", conv_input_nlc.rewrite),
-                ("conv_channels_last", conv_channels_last.rewrite), ("fuse_linear", fuse_linear.rewrite),
-                ("merge_siblings", merge_siblings.rewrite), ("fuse_attention", fuse_attention.rewrite)]
+SWITCHED_OFF = "(planner)"     # the notes key of the passes an option switched off
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One planner pass: `function` of its module, over the graph (fn(graph, options, profile) -> graph) or, with
+    on_plan, over the lowered Plan (fn(plan, profile, options) -> Plan). A module that declares OPTION names the
+    Options switch that turns the pass off: the pass is run here only while it is on, and a note says when it is
+    not."""
+    module: ModuleType
+    function: str = "rewrite"
+    on_plan: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.module.__name__.rpartition(".")[2]
+
+    @property
+    def option(self) -> str | None:
+        return getattr(self.module, "OPTION", None)
+
+    def __call__(self, target, options, profile=None):
+        """Run the pass on `target` (a Graph, or a Plan with on_plan) unless its option switches it off."""
+        if self.option is not None and not getattr(options, self.option):
+            target.notes.setdefault(SWITCHED_OFF, []).append(f"pass {self.name} switched off (option {self.option})")
+            return target
+        fn = getattr(self.module, self.function)
+        return fn(target, profile, options) if self.on_plan else fn(target, options, profile)
+
+
+# Every pass, in the order they run (the module docstring says what each does); lowering comes between the graph
+# passes and the plan passes.
+PASSES = (Pass(fold_batch_norm), Pass(fold_pad_conv), Pass(conv1d_as_conv2d), Pass(conv_routing, "annotate"),
+          Pass(fuse_gelu), Pass(fuse_layer_norm), Pass(fuse_silu), Pass(fuse_activation), Pass(conv_output_nlc),
+          Pass(conv_input_nlc), Pass(conv_channels_last), Pass(fuse_linear), Pass(merge_siblings),
+          Pass(fuse_attention), Pass(fuse_reduce_layer_norm, on_plan=True),
+          Pass(fuse_norm_linear_rows, on_plan=True))
+# (name, pass) of the graph passes: a pass called as fn(graph, options, profile) -> graph
+GRAPH_PASSES = [(p.name, p) for p in PASSES if not p.on_plan]
 
 
 def resolve_precision(precision, profile) -> str:
@@ -69,11 +106,13 @@ def make_plan(graph, profile, storage=None, options=None) -> Plan:
     precision = resolve_precision(options.precision, profile)
     options = options.replace(storage=resolve_storage(storage or options.storage, profile))
     g = graph.copy()
-    for _name, fn in GRAPH_PASSES:
-        g = fn(g, options, profile)
+    for p in PASSES:
+        if not p.on_plan:
+            g = p(g, options, profile)
     plan = lower(g, options.storage, profile, options, precision)
-    plan = fuse_reduce_layer_norm.rewrite(plan, profile, options)
-    plan = fuse_norm_linear_rows.rewrite(plan, profile, options)
+    for p in PASSES:
+        if p.on_plan:
+            plan = p(plan, options, profile)
     check_limits(plan, profile)
     forced = options.local_size
     if forced:

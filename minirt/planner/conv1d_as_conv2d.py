@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Node, Tensor
+from ..ops.conv import conv_params
 from .conv_routing import IM2COL_MIN_COUT
-
 
 
 def why_not(node, graph, consumers) -> str | None:
@@ -66,7 +66,6 @@ def rewrite(graph, options, profile=None):
 
 
 def _rewrite_one(node, graph):
-    from ..ops.conv import conv_params   # here, not at import: the ops package imports the planner
     x, w = graph.tensor(node.inputs[0]), graph.tensor(node.inputs[1])
     y = graph.tensor(node.outputs[0])
     n, c, length = x.shape

@@ -36,6 +36,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Node, Tensor
+from ..kernels import RES_FIRST, activation_of
+from ..kernels.gemm import fast_gemm
+
+OPTION = "conv_channels_last"     # the option that switches this pass off (minirt/planner/__init__.py runs it)
 
 NHWC = "NHWC"
 TO_NHWC, TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
@@ -48,8 +52,7 @@ ELEMENTWISE = ("Add", "Sub", "Mul", "Div", "Pow", "Relu", "Sigmoid", "Tanh", "Ne
 
 
 def rewrite(graph, options, profile=None):
-    from ..ops.gemm import fast_gemm   # here, not at import: the ops package imports the planner
-    if not options.pass_on("conv_channels_last") or not fast_gemm(options.planned_storage, options):
+    if not fast_gemm(options.planned_storage, options):
         return graph
     align = profile.min_storage_buffer_offset_alignment if profile is not None else 16
     convs = {id(n): n for n in graph.nodes if _candidate(n, graph)}
@@ -236,7 +239,6 @@ def _fold_residuals(graph, convs):
     tensor as its GEMM's residual, and the activation op after the Add (where the conv has none of its own) as its
     epilogue's activation after the residual ("res+relu": a ResNet block's relu(conv + skip)). The conv takes the
     place of the last node it absorbs, where the residual exists."""
-    from ..kernels import RES_FIRST, activation_of
     cons = graph.consumers()
 
     def sole(name):

@@ -21,12 +21,13 @@ these attributes. Session option conv_input_nlc=False turns the pass off."""
 from __future__ import annotations
 
 from ..graph import Tensor
+from ..kernels.gemm import fast_gemm
 from .conv_output_nlc import RESHAPES
+
+OPTION = "conv_input_nlc"     # the option that switches this pass off (minirt/planner/__init__.py runs it)
 
 
 def rewrite(graph, options, profile=None):
-    if not options.pass_on("conv_input_nlc"):
-        return graph
     cons, prod = graph.consumers(), graph.producers()
     drop = set()
 
@@ -67,7 +68,6 @@ def rewrite(graph, options, profile=None):
 
 
 def _why_not(a, b, graph, options) -> str | None:
-    from ..ops.gemm import fast_gemm   # here, not at import: the ops package imports the planner
     x, w = graph.tensor(b.inputs[0]), graph.tensor(b.inputs[1])
     y = graph.tensor(a.outputs[0])
     if not (x.is_static and y.is_static and w.shape is not None and len(x.shape) in (3, 4)

@@ -26,13 +26,15 @@ Left alone, with a note: texture storage and the general GEMM (option fast_gemm 
 row-major output with a residual. Session option conv_output_nlc=False turns the pass off."""
 from __future__ import annotations
 
+from ..kernels.gemm import fast_gemm
+
+OPTION = "conv_output_nlc"     # the option that switches this pass off (minirt/planner/__init__.py runs it)
+
 
 RESHAPES = ("Reshape", "Squeeze", "Unsqueeze", "Flatten")   # row-major relabelings (ops.shape_ops.ReshapeLike)
 
 
 def rewrite(graph, options, profile=None):
-    if not options.pass_on("conv_output_nlc"):
-        return graph
     cons = graph.consumers()
     replace, drop = {}, set()
 
@@ -87,7 +89,6 @@ def _to_transpose(conv, graph, sole):
 
 
 def _why_not(conv, graph, options) -> str | None:
-    from ..ops.gemm import fast_gemm   # here, not at import: the ops package imports the planner
     if not fast_gemm(options.planned_storage, options):
         return (f"only the buffer GEMM writes rows with a residual ({options.planned_storage} storage"
                 f"{', fast_gemm off' if not options.fast_gemm else ''})")

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels.gemm import fast_gemm
+
 IM2COL_MIN_COUT = 128
 # On the buffer GEMM, im2col whatever C_out from this many multiply-adds (M x K x N) on: the direct kernel's 546
 # GFLOP/s against 3.8 TFLOP/s for linear.comp (ResNet-50 on an H200, docs/benchmarks.md) make 4 M multiply-adds about
@@ -80,7 +82,6 @@ def route(node, graph, storage="buffer", align=16, options=None) -> tuple[str, s
 
 
 def _fast(storage, options) -> bool:
-    from ..ops.gemm import fast_gemm   # here, not at import: the ops package imports the planner
     return fast_gemm(storage, options)
 
 

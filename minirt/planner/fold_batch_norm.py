@@ -8,12 +8,12 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ops
-from ..ops.batch_norm import _affine
+from ..ops.batch_norm import affine
+
+OPTION = "fold_batch_norm"     # the option that switches this pass off (minirt/planner/__init__.py runs it)
 
 
 def rewrite(graph, options, profile=None):
-    if not options.pass_on("fold_batch_norm"):
-        return graph
     prod, cons = graph.producers(), graph.consumers()
     bn_op = ops.get("BatchNormalization")
     drop = set()
@@ -28,7 +28,7 @@ def rewrite(graph, options, profile=None):
         if w is None or not w.is_const or len(cons.get(conv.inputs[1], [])) != 1 or \
                 (b is not None and (not b.is_const or len(cons.get(conv.inputs[2], [])) != 1)):
             continue
-        s, t = (a.reshape(-1) for a in _affine(bn, *[graph.tensors[n].data for n in bn.inputs[1:5]], 2))
+        s, t = (a.reshape(-1) for a in affine(bn, *[graph.tensors[n].data for n in bn.inputs[1:5]], 2))
         w64 = np.asarray(w.data, np.float64)
         bias = (np.zeros(w64.shape[0]) if b is None else np.asarray(b.data, np.float64)) * s + t
         wname = graph.const(graph.fresh_name(f"{conv.inputs[1]}_bn"),

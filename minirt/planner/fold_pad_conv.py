@@ -9,10 +9,10 @@ import numpy as np
 
 from .. import ops
 
+OPTION = "fold_pad_conv"     # the option that switches this pass off (minirt/planner/__init__.py runs it)
+
 
 def rewrite(graph, options, profile=None):
-    if not options.pass_on("fold_pad_conv"):
-        return graph
     prod, cons = graph.producers(), graph.consumers()
     drop = set()
     pad_op = ops.get("Pad")

@@ -31,6 +31,8 @@ import numpy as np
 from .. import ops
 from ..graph import Node, Tensor
 
+OPTION = "fuse_attention"     # the option that switches this pass off (minirt/planner/__init__.py runs it)
+
 REGROUP = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")   # relabel the shape, keep row-major order
 MAX_CHAIN = 8
 
@@ -276,8 +278,6 @@ def _mask_input(graph, terms, sums, base):
 
 
 def rewrite(graph, options, profile=None):
-    if not options.pass_on("fuse_attention"):
-        return graph
     prod, cons = graph.producers(), graph.consumers()
     drop, new, sums = set(), {}, {}
     names = {n.name for n in graph.nodes}

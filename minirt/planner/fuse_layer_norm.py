@@ -15,6 +15,8 @@ import numpy as np
 
 from ..graph import Node
 
+OPTION = "fuse_layer_norm"     # the option that switches this pass off (minirt/planner/__init__.py runs it)
+
 
 def _ints(graph, node):
     """ReduceMean's axes (attribute before opset 18, input after), or None."""
@@ -35,8 +37,6 @@ def _other(node, name):
 
 
 def rewrite(graph, options, profile=None):
-    if not options.pass_on("fuse_layer_norm"):
-        return graph
     _group_norms(graph)
     cons = graph.consumers()
 

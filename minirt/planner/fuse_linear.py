@@ -10,11 +10,12 @@ import numpy as np
 
 from ..graph import Node
 from ..kernels import activation_of
+from ..ops import attr
+
+OPTION = "fuse_linear"     # the option that switches this pass off (minirt/planner/__init__.py runs it)
 
 
 def rewrite(graph, options, profile=None):
-    if not options.pass_on("fuse_linear"):
-        return graph
     cons = graph.consumers()
     drop, new = set(), {}
 
@@ -84,7 +85,6 @@ def rewrite(graph, options, profile=None):
 
 def _gemm_weights(node, graph):
     """(W [K, N], bias [N] or "") of a Gemm that is a linear layer, as new constants, or None."""
-    from ..ops import attr   # here, not at import: the ops package imports the planner
     b = graph.tensor(node.inputs[1])
     x = graph.tensor(node.inputs[0])
     c = graph.tensor(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None

@@ -11,8 +11,10 @@ fuse_norm_linear_rows=False turns the pass off."""
 from __future__ import annotations
 
 from ..kernels import act_code, spec
-from ..ops.gemm import rows_push
+from ..kernels.gemm import rows_push
 from ..plan import Dispatch, Plan
+
+OPTION = "fuse_norm_linear_rows"     # the option that switches this pass off (minirt/planner/__init__.py runs it)
 
 LAYER_NORM, ROWS = "layer_norm_rows", "linear_rows"
 
@@ -32,8 +34,6 @@ def _fuse(ln: Dispatch, lin: Dispatch) -> Dispatch:
 
 
 def rewrite(plan: Plan, profile, options) -> Plan:
-    if not options.pass_on("fuse_norm_linear_rows"):
-        return plan
     readers: dict[str, int] = {}
     for d in plan.dispatches:
         for name in d.reads:

@@ -13,6 +13,8 @@ from __future__ import annotations
 from ..kernels import ROW_VEC4_PER_LANE as REG, act_code, spec, variant
 from ..plan import Dispatch, Plan, Push
 
+OPTION = "fuse_reduce_layer_norm"     # the option that switches this pass off (minirt/planner/__init__.py runs it)
+
 REDUCE, LAYER_NORM = "linear_reduce", "layer_norm_rows"
 
 
@@ -37,8 +39,6 @@ def _fuse(red: Dispatch, ln: Dispatch) -> Dispatch:
 
 
 def rewrite(plan: Plan, profile, options) -> Plan:
-    if not options.pass_on("fuse_reduce_layer_norm"):
-        return plan
     kept, pending = [], {}      # pending: tensor root -> index in kept of the plain reduce that wrote it last
     for d in plan.dispatches:
         if d.stem == LAYER_NORM and plan.root(d.args[1][0]) in pending:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from ..graph import Node
 
+OPTION = "fuse_silu"     # the option that switches this pass off (minirt/planner/__init__.py runs it)
+
 
 def rewrite(graph, options, profile=None):
-    if not options.pass_on("fuse_silu"):
-        return graph
     prod, cons = graph.producers(), graph.consumers()
     drop, new = set(), {}
     for mul in graph.nodes:

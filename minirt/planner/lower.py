@@ -179,7 +179,7 @@ class LowerCtx:
         axis io, glsl/common.glslh): "in32" reads its first read argument as float32, "out32" writes its first written
         argument as float32. At fp16 it runs where that argument is a graph input or output; elsewhere a cast stands
         between (_edges). spec: minirt.kernels.spec's tuple. shared_xy: the kernel's shared memory per local x and y
-        (bytes), for the picker; local_size: chosen here (by minirt/lwg.py's rules) instead of by the planner.
+        (bytes), for the picker; local_size: chosen by the family's module (minirt/kernels/) instead of by the planner.
         info: what a later plan pass reads about the work (Dispatch.info)."""
         axes = dict(axes or {})
         if self.half and not exact_kernel:

@@ -24,6 +24,8 @@ import numpy as np
 
 from ..graph import Node, Tensor
 
+OPTION = "merge_siblings"     # the option that switches this pass off (minirt/planner/__init__.py runs it)
+
 MAX_ALIGNMENT = 256    # the largest minStorageBufferOffsetAlignment Vulkan allows
 
 
@@ -58,8 +60,6 @@ def _merged_name(names, taken):
 
 
 def rewrite(graph, options, profile=None):
-    if not options.pass_on("merge_siblings"):
-        return graph
     storage = options.planned_storage
     align = profile.min_storage_buffer_offset_alignment if profile is not None else MAX_ALIGNMENT
     itemsize = 2 if options.precision == "fp16" else 4

@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import DeviceError
 from ..layout import from_texels, to_texels
 from ..timing import Phases
-from .kernels import Kernels
+from .pipelines import Kernels
 from .recorder import Recorder, make_query_pools
 from .resources import Resources, count_live, live_objects
 from .upload import TIMEOUT_HINT, place_constants
@@ -35,7 +35,7 @@ class Executor:
     """profile: True (a timestamp after every dispatch), "span" (one before the first dispatch and one after the last:
     the run's GPU time without whatever per-dispatch stamps cost) or False. timeout_s bounds each wait for the GPU.
     How a run moves its data comes from the plan: plan.direct_io, plan.zero_copy, plan.spin_ms. state: the
-    StateBuffers (minirt/vk/state.py) holding plan.state, shared with the executors of the program's other plans."""
+    StateBuffers (minirt/vk/state_buffers.py) holding plan.state, shared with the executors of the program's other plans."""
 
     def __init__(self, dev, plan, profile=False, progress=None, timeout_s=600.0, state=None, constants=None):
         self.dev, self.vk, self.plan, self.d = dev, dev.vk, plan, dev.device

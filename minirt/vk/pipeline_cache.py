@@ -23,17 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..options import environment
+from ..version import __version__
 
 HEADER = struct.Struct("<IIII16s")     # headerSize, headerVersion, vendorID, deviceID, pipelineCacheUUID
 HEADER_VERSION_ONE = 1                 # VK_PIPELINE_CACHE_HEADER_VERSION_ONE
 
 
 def minirt_version() -> str:
-    try:
-        from .. import __version__
-        return str(__version__)
-    except Exception:   # pragma: no cover - a broken install still runs, uncached across versions
-        return "unknown"
+    return str(__version__)
 
 
 @dataclass(frozen=True)

@@ -181,3 +181,19 @@ class LogMel:
         if size > 0:
             out[:, :size] = self.frames(seek, size)
         return out
+
+
+def whisper_features(audio, n_mels: int = 80, n_frames: int = N_FRAMES) -> np.ndarray:
+    """The encoder input [1, n_mels, n_frames] of one window as openai-whisper and Hugging Face compute it, for a
+    Session that runs a Whisper encoder: the audio (a path, read by audio_input.load_audio, or 16 kHz float samples)
+    padded with silence or cut to n_frames * 160 samples, then the log-mel of that window alone (its own maximum).
+    WhisperModel's windows are faster-whisper's instead (LogMel: the log-mel of the whole audio, then cut)."""
+    from .audio_input import load_audio
+    x = load_audio(audio)
+    n = n_frames * HOP_LENGTH
+    x = x[:n] if len(x) >= n else np.pad(x, (0, n - len(x)))
+    padded = np.ascontiguousarray(np.pad(x, N_FFT // 2, mode="reflect"), np.float32)
+    mel = _mel(padded, mel_filters(n_mels))[:, :n_frames]          # Whisper drops the last frame
+    log = np.log10(np.maximum(mel, 1e-10, dtype=np.float64))      # silence gives exactly (-10 + 4) / 4
+    log = np.maximum(log, log.max() - 8.0)
+    return ((log + 4.0) / 4.0).astype(np.float32)[None]

@@ -51,14 +51,13 @@ def plan_program(weights: dict, config: dict, profile, max_batch: int = DEFAULT_
 
 
 def _plans(graphs: dict, profile, options) -> dict:
-    from ..infer import prepare
+    from ..driver import plan_graph
     from ..options import Options
-    from ..planner import make_plan
     opts = Options.of(options)
     if opts.storage not in ("auto", "buffer"):
         raise UnsupportedError(f"the Vulkan Whisper program runs in buffer storage (asked: {opts.storage})")
     opts = opts.replace(storage="buffer")
-    return {k: make_plan(prepare(g), profile, "buffer", opts) for k, g in graphs.items()}
+    return {k: plan_graph(g, profile, "buffer", opts)[1] for k, g in graphs.items()}
 
 
 def plan_batch(weights: dict, config: dict, profile, max_items: int, options=None) -> dict:
@@ -81,7 +80,7 @@ class VulkanBackend:
                  options=None, profile=False, max_items: int = 0, gpu_select: bool = True):
         from ..options import Options
         from ..program import Program
-        from ..session import get_device
+        from ..driver import get_device
         if precision not in ("fp32", "fp16"):
             raise ValueError(f"precision must be 'fp32' or 'fp16', got {precision!r}")
         if max_batch < 1:

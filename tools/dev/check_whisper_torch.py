@@ -52,9 +52,10 @@ def main():
 
     import real_whisper
     from minirt import audio
+    from minirt.whisper.audio_input import load_audio
     from minirt.loaders import load
     from minirt.loaders.safetensors_loader import read_safetensors
-    from minirt.reference import run_graph
+    from minirt.graph_reference import run_graph
 
     ok = True
 
@@ -63,7 +64,7 @@ def main():
         ok &= diff <= bound
         print(f"{'ok  ' if diff <= bound else 'FAIL'} {what}: max abs diff {diff:.3g} (bound {bound:g})")
 
-    samples = audio.read_wav(args.wav)
+    samples = load_audio(args.wav)
     ours = audio.whisper_features(samples)
     with tempfile.TemporaryDirectory() as tmp:
         wa = openai_whisper_audio(tmp)

@@ -28,7 +28,7 @@ sys.path.append(str(ROOT / "tools"))   # benchconfig; last, so nothing in tools/
 
 
 def probe(args):
-    from minirt.occupancy import probe_plan
+    from occupancy_probe import probe_plan
     from minirt.session import get_device
     from minirt.vk.executor import Executor
     dev = get_device()

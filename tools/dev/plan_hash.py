@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Hash the default plans of Whisper tiny and base, fp32 and fp16, on the H200, lavapipe, Adreno and Mali profiles of
 minirt/device_profile.py (and on the machine's own device with --real), and the plans of every entry point of the
-Whisper program (minirt.whisper.vulkan.plan_program) of a random-weights tiny: a refactor that must leave the plans as
-they were compares these hashes between two trees.
+Whisper program (minirt.whisper.vulkan.plan_program) of a random-weights tiny, and (with --families) the default plans of
+every model in models/families/*.onnx in both storages on those profiles: a refactor that must leave the plans as they
+were compares these hashes between two trees.
 
     python tools/dev/plan_hash.py                 # this tree
     python tools/dev/plan_hash.py OTHER_TREE      # another checkout's minirt, with this script
+    python tools/dev/plan_hash.py --families      # also every model of models/families
 
 A hash covers what the executor consumes: every tensor's shape, role, storage, layout, dtype, view and data, and every
 dispatch's kernel, node, bindings, push constants, specialization constants, sizes, FLOPs and bytes, and the
@@ -42,6 +44,7 @@ def main(argv=None) -> int:
     ap.add_argument("tree", nargs="?", default=str(Path(__file__).resolve().parents[2]),
                     help="the checkout whose minirt and models/ to use (default: this one)")
     ap.add_argument("--real", action="store_true", help="also the profile of the machine's own Vulkan device")
+    ap.add_argument("--families", action="store_true", help="also every model in models/families/*.onnx")
     a = ap.parse_args(argv)
     sys.path[:0] = [a.tree, str(Path(a.tree) / "models")]
     import numpy as np
@@ -79,6 +82,25 @@ def main(argv=None) -> int:
                     out[f"{size}/{precision}/{name}"] = f"{digest(plan, np)} n={len(plan.dispatches)}"
                 except Exception as e:      # a tree that cannot plan it: say so, keep going
                     out[f"{size}/{precision}/{name}"] = f"error {type(e).__name__}: {e}"[:120]
+    if a.families:
+        import onnx
+        from minirt.infer import bind_inputs
+        for path in sorted((Path(a.tree) / "models" / "families").glob("*.onnx")):
+            try:    # as a Session prepares it; symbolic dims (the text families' batch, sequence) bound to 1 x 8
+                g = load(onnx.load(path))
+                g = prepare(bind_inputs(g, {n: tuple(d if isinstance(d, int) else (1 if i == 0 else 8)
+                                                     for i, d in enumerate(g.tensor(n).shape)) for n in g.inputs}),
+                            host=True)
+            except Exception as e:
+                out[f"families/{path.stem}"] = f"error {type(e).__name__}: {e}"[:120]
+                continue
+            for storage in ("buffer", "texture"):
+                for name, p in profiles.items():
+                    try:
+                        plan = make_plan(g, p, storage)
+                        out[f"families/{path.stem}/{storage}/{name}"] = f"{digest(plan, np)} n={len(plan.dispatches)}"
+                    except Exception as e:
+                        out[f"families/{path.stem}/{storage}/{name}"] = f"error {type(e).__name__}: {e}"[:120]
     print(json.dumps(out, indent=1))
     return 0
 

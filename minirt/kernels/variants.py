@@ -24,7 +24,7 @@ def variant(stem: str, **axes) -> str:
     """The name of the variant of glsl/<stem>.comp with these axis values; an axis given None takes its default."""
     unknown = [k for k in axes if k not in AXES]
     if unknown:
-        raise ValueError(f"kernel {stem}: unknown variant axis {unknown[0]!r} (minirt/kernels.py AXES: "
+        raise ValueError(f"kernel {stem}: unknown variant axis {unknown[0]!r} (minirt/kernels/variants.py AXES: "
                          f"{', '.join(AXES)})")
     return "_".join([stem, *(str(axes[k]) for k in AXES
                              if axes.get(k) is not None and axes[k] != DEFAULT_VALUES.get(k))])

@@ -1,15 +1,21 @@
-"""The tiled GEMM dispatch (glsl/gemm.comp), shared by conv routes (im2col, pointwise) and linear layers.
+"""The GEMM family: the tiled GEMM (glsl/gemm.comp), shared by conv routes (im2col, pointwise) and linear layers;
+glsl/linear.comp's tiles, K splits and paired lanes; the tensor-core GEMMs (glsl/linear_cm*.comp, linear_cmreg*.comp)
+with their tiles, weight packing and split reduce pass; the few-row GEMM (glsl/linear_rows.comp) and its push layout;
+and the local-size rules of the "gemm" and "im2col" families (local_size, im2col_local_size), which only this module
+sets.
 
-Tile shape: each invocation computes TM rows x 4*TN4 columns; the work group (its local size chosen by
-the "gemm" family picker) stages BK-deep slices of A and B in shared memory."""
+Tile shape of glsl/gemm.comp: each invocation computes TM rows x 4*TN4 columns; the work group (its local size chosen
+by local_size here) stages BK-deep slices of A and B in shared memory."""
 from __future__ import annotations
 
 import numpy as np
 
+from ..device_profile import DeviceProfile
 from ..errors import MinirtError, UnsupportedError
-from ..kernels import ROW_VEC4_PER_LANE, act_code, spec
 from ..plan import Push
-from ..lwg import check_local_size, forced_local_size, wave_splits
+from .local_size import (check_local_size, clamp, default_budget, extent_room, fit_shared, forced_local_size, grow,
+                         largest_first, pow2_floor, wave_places, wave_splits)
+from .variants import ROW_VEC4_PER_LANE, act_code, spec
 
 
 def tile_config(profile) -> tuple[int, int, int]:
@@ -80,6 +86,158 @@ def gemm_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, a_mode=0, out_mode=0, act
                  (-(-n4 // tn4), -(-m // tm), groups), "gemm", flops=2 * groups * m * n * k,
                  nbytes=4 * groups * (m * k + k * n + m * n),
                  axes={"storage": ctx.storage, "a": "scratch" if scratch else "act"})
+
+
+# Local sizes of the GEMM family's work groups.
+# Non-Adreno GEMM: square tiles load the fewest A/B edges per output.
+GEMM_SHAPE = (8, 8, 1)
+# Adreno 840: 8x8x1 and 4x16x1 corrupt whole work groups of the tiled GEMM
+# family (linear, matmul, conv GEMM) in 10-23% of runs; 16x4, 32x2, 64x1,
+# 2x32 and 1x64 are clean.  ExecuTorch uses 16x4x1 there unconditionally.
+ADRENO_GEMM = (16, 4, 1)
+DESKTOP_MIN_GROUPS = 256   # "desktop" GEMM groups (DeviceProfile.tuning.gemm_groups): 256 invocations when this many
+# Desktop GPUs whose driver tells the multiprocessor count: the GEMM shape with the fewest waves of work, each
+# wave costing x + y (a group's shared-memory staging per output, which bounds these kernels more than the FMAs),
+# among these shapes (ties keep this order). A wave is as many groups as run at once: where the dispatch declares its
+# shared memory per local x and y (Dispatch.shared_xy), the groups that memory lets share a multiprocessor
+# (DeviceProfile.wave_slots), else one a multiprocessor. On an H200 (132 SMs, 48 KiB a multiprocessor;
+# tools/dev/dispatch_ab.py, docs/benchmarks.md) for glsl/linear.comp's 32-deep slices (512 bytes per x and per y) it takes
+# 16x12 (14 KiB, 3 a multiprocessor) for Whisper's 3000 x 384 conv1 (26.9 us against 29.0 in 24x12) and 1500 x 1536
+# fc1, 16x8 (4 a multiprocessor) for the 1500 x 1152 QKV GEMM (51.9 against 54.9). 12x12 and 8x16 were slower on
+# every Whisper GEMM (docs/benchmarks.md, "GEMM work-group shapes (WAVE_SHAPES)") and are not offered.
+WAVE_SHAPES = ((16, 16), (16, 8), (24, 12), (16, 12), (24, 16))
+
+
+def _gemm(g, profile: DeviceProfile, shared_xy=()) -> tuple[int, int, int]:
+    rule = profile.tuning.gemm_groups
+    if rule == "adreno":
+        return clamp(ADRENO_GEMM, profile)
+    # 8x8 shrunk to what x/y need (1 -> 1); the spare share goes to the other
+    # of x/y.  Effective table: (8,8) if x,y >= 5; (64,1) (32,2) (16,4) for
+    # y = 1, 2, 3..4 and the transposes.  z stays 1: batches go to group count.
+    need, budget = extent_room(g, profile), default_budget(profile)
+    shape = GEMM_SHAPE
+    waves = _by_waves(g, profile, shared_xy) if rule == "desktop" else None
+    if waves:
+        return waves
+    if rule == "desktop" and -(-g[0] // 16) * -(-g[1] // 16) >= DESKTOP_MIN_GROUPS:
+        # Big GPUs hide latency with 256-invocation groups (16x16 measured faster than 8x8 on an H200),
+        # but only while there are enough of them to spread over every multiprocessor; smaller GEMMs
+        # (Whisper's 1500 x 384 outputs) balance better with 4x as many 8x8 groups.
+        budget = min(256, pow2_floor(profile.max_invocations))
+        shape = (16, 16)
+    elif rule == "desktop" and -(-g[0] // 16) * -(-g[1] // 8) >= DESKTOP_MIN_GROUPS:
+        # In between, 16x8 groups (128 invocations) still make enough groups and beat 8x8 on an H200 for
+        # Whisper's 1500 x 384 outputs (QKV-sized 27.2 vs 28.1 us, fc2 -7%: docs/benchmarks.md).
+        budget = min(128, pow2_floor(profile.max_invocations))
+        shape = (16, 8)
+    start = clamp([min(shape[i], need[i]) for i in (0, 1)] + [1], profile, budget)
+    return grow(start, need, [i for i in largest_first(g) if i < 2], budget)
+
+
+def _wave_shapes(g, profile: DeviceProfile):
+    """WAVE_SHAPES that fit the device, if it has a multiprocessor count and the GEMM fills the largest; else []."""
+    fits = [(x, y) for x, y in WAVE_SHAPES if x * y <= profile.max_invocations and x <= profile.max_local_size[0]
+            and y <= profile.max_local_size[1]]
+    if not profile.compute_units or not fits or g[0] < max(x for x, _ in fits) or g[1] < max(y for _, y in fits):
+        return []
+    return fits
+
+
+def _by_waves(g, profile: DeviceProfile, shared_xy=()):
+    """WAVE_SHAPES' choice for a GEMM big enough to fill its largest shape, on a device with a multiprocessor count;
+    else None."""
+    fits = _wave_shapes(g, profile)
+    if not fits:
+        return None
+
+    def cost(s):
+        groups = -(-g[0] // s[0]) * -(-g[1] // s[1])
+        return -(-groups // wave_places(s, profile, shared_xy)) * (s[0] + s[1])
+    x, y = min(fits, key=cost)
+    return (x, y, 1)
+
+
+def _busy(g, shape, profile: DeviceProfile, shared_xy, splits=1) -> float:
+    """The share of the places a GEMM's groups (times its K splits) keep busy over the waves they take."""
+    groups = -(-g[0] // shape[0]) * -(-g[1] // shape[1]) * splits
+    places = wave_places(shape, profile, shared_xy)
+    return groups / (-(-groups // places) * places)
+
+
+def gemm_split_shape(g, profile: DeviceProfile, shared_xy, units: int, min_units: int, most: int):
+    """(local size, S) for a GEMM over grid g whose K (`units` slices) may split S ways across work groups
+    (glsl/linear.comp OUT_MODE 3), or None (then unsplit, in the plain rule's shape). Of WAVE_SHAPES, the one whose
+    split groups fill the most of one wave (wave_splits: the most splits that still fit it, each at least min_units
+    slices), ties to the smaller x + y, taken where it keeps more of the places busy than the plain rule's unsplit
+    shape does over its waves: on an H200 Whisper's 1500 x 384 outputs split twice in 16x12 groups (384 of 396 places,
+    against 282 of 528 unsplit in 16x8; fc2 63.2 us against 65.8 in 24x12, 256 of 264)."""
+    best = None
+    for s in _wave_shapes(g, profile):
+        groups = -(-g[0] // s[0]) * -(-g[1] // s[1])
+        S = wave_splits(groups, wave_places(s, profile, shared_xy), units, min_units, most)
+        key = (-_busy(g, s, profile, shared_xy, S), s[0] + s[1])
+        if S > 1 and (best is None or key < best[0]):
+            best = (key, (s[0], s[1], 1), S)
+    if best is None or -best[0][0] <= _busy(g, _gemm(g, profile, shared_xy), profile, shared_xy):
+        return None
+    return best[1:]
+
+
+def paired_lanes(profile: DeviceProfile, options) -> bool:
+    """PAIR_LANES of linear.comp and attention.glslh: where the device table says (NVIDIA, whose shared memory returns
+    a 16-byte load to a subgroup in 2 passes instead of 4 when lanes n and n ^ 1 read the same address: invocations 2i
+    and 2i + 1 then take the same columns in two row groups, which only moves work between invocations); the option
+    pair_lanes forces it."""
+    return profile.tuning.paired_lanes if options.pair_lanes is None else options.pair_lanes
+
+
+def im2col_local_size(g, profile: DeviceProfile, shared_xy=()) -> tuple[int, int, int]:
+    """The "im2col" family's rule: the conv GEMM's packing pass (glsl/im2col.comp)."""
+    # Only 1-D cases are reshaped (to n x 1 or 1 x n, clean on Adreno); any
+    # 2-D case keeps 16x4 so we never produce 8x8 or 4x16.
+    need, budget = extent_room(g, profile), default_budget(profile)
+    if g[0] > 1 and g[1] > 1:
+        # the device table's shape: 16x4 (ExecuTorch's), or on desktop GPUs 4x16: x = 4 columns of 4 channels by
+        # y = 16 output positions, so a warp's loads are 4 runs of consecutive positions (whole cache sectors) and its
+        # stores 8 rows of 64 contiguous bytes, where 16x4 spreads both over 32 lines
+        return clamp(profile.tuning.im2col_shape if g[0] >= 4 else (16, 4, 1), profile)
+    if g[0] > 1:
+        return (min(need[0], budget), 1, 1)
+    if g[1] > 1:
+        return (1, min(need[1], budget), 1)
+    return (1, 1, 1)
+
+def local_size(g, profile: DeviceProfile, shared_xy=()) -> tuple[int, int, int]:
+    """The "gemm" family's rule: the device table's GEMM groups (_gemm), halved until the kernel's shared memory
+    (`shared_xy` bytes per local x and per local y) fits the device."""
+    return fit_shared(_gemm(g, profile, shared_xy), profile, shared_xy)
+
+
+def describe_local_size(profile: DeviceProfile) -> str:
+    """One line saying why the "gemm" family gets its local size on `profile`."""
+    if profile.tuning.gemm_groups == "adreno":
+        return ("gemm on Adreno: fixed 16x4x1 (8x8x1 and 4x16x1 corrupt tiled-GEMM "
+                "work groups on Adreno 840)")
+    if profile.tuning.gemm_groups == "desktop" and profile.compute_units:
+        return (f"gemm on {profile.vendor} with {profile.compute_units} multiprocessors: of "
+                f"{', '.join(f'{x}x{y}' for x, y in WAVE_SHAPES)}, the fewest waves x (x + y), a wave being the "
+                f"groups that run at once (as many a multiprocessor as the kernel's shared memory allows, where "
+                f"it declares it); K-split GEMMs the shape whose splits fill the most of one wave; small GEMMs "
+                f"as without a count; z=1")
+    if profile.tuning.gemm_groups == "desktop":
+        return (f"gemm on {profile.vendor}: 16x16x1 when that makes at least {DESKTOP_MIN_GROUPS} groups, else "
+                f"16x8x1 when that does, else 8x8x1; shrunk to the x/y extent, spare share to the other axis; z=1")
+    return (f"gemm: 8x8x1 shrunk to the x/y extent, spare share to the other axis, up to {default_budget(profile)} "
+            f"invocations; z=1")
+
+
+def describe_im2col(profile: DeviceProfile) -> str:
+    """One line saying why the "im2col" family gets its local size on `profile`."""
+    if profile.tuning.im2col_shape == (4, 16, 1):
+        return (f"im2col on {profile.vendor}: 4x16x1 (coalesced position runs); 1-D dispatches become n x 1 or "
+                f"1 x n")
+    return "im2col: 16x4x1 as ExecuTorch; 1-D dispatches become n x 1 or 1 x n"
 
 
 # glsl/linear.comp tile variants: (TM rows, TN4 vec4 columns) per invocation, BK-deep shared-memory slices
@@ -424,9 +582,8 @@ def rows_push(m, n, k, n4, part_n, eps=0.0) -> Push:
 
 
 def _linear_spec(ctx, out_mode, act, has_res, a_win):
-    """linear.comp's specialization constants: after HAS_RES, A_WIN and PAIR_LANES (minirt.lwg.paired_lanes), left
+    """linear.comp's specialization constants: after HAS_RES, A_WIN and PAIR_LANES (paired_lanes), left
     out from the last one on that is off."""
-    from ..lwg import paired_lanes
     return spec("linear", OUT_MODE=out_mode, ACT=act_code(act), HAS_RES=has_res, A_WIN=a_win is not None,
                 PAIR_LANES=paired_lanes(ctx.profile, ctx.options), trim_from="A_WIN")
 
@@ -528,7 +685,7 @@ SPLIT_K_MAX = 4
 def split_k(ctx, tile, m, n4, k, ln_next=False):
     """(K splits, local size or None) of an fp32 row-major linear.comp GEMM (1: none; None: the planner's picker).
     Session(options={"gemm_splitk": S}) forces S; ln_next: as cm_split_k. The shape whose splits fill the most of one
-    wave (minirt/lwg.py gemm_split_shape) is taken with its splits where it keeps more of the places busy than the
+    wave (gemm_split_shape) is taken with its splits where it keeps more of the places busy than the
     picker's unsplit shape does over its waves (Whisper's 1500 x 384 outputs: 384 of 396 places against 282 of 528)."""
     forced = ctx.options.gemm_splitk
     if forced is not None:
@@ -536,7 +693,6 @@ def split_k(ctx, tile, m, n4, k, ln_next=False):
     p = ctx.profile
     if ctx.half or not (p.compute_units and p.tuning.split_work) or tile != "t44k32":
         return 1, None
-    from ..lwg import check_local_size, forced_local_size, gemm_split_shape, wave_places
     tm, tn4, _bk = LINEAR_TILES[tile]
     g = (-(-n4 // tn4), -(-m // tm), 1)
     sxy, forced_local = linear_shared_xy(tile), forced_local_size("gemm", ctx.options)

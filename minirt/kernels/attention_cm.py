@@ -1,6 +1,6 @@
 """Attention on cooperative matrices (glsl/attention_cm.comp): the fp16 path of the Attention op on devices with
 VK_KHR_cooperative_matrix (f16 x f16 -> f32, 16 x 16 x 16, subgroups of 32), buffers only. Same semantics as
-glsl/attention.comp; Attention.lower hands over when `usable` says so.
+glsl/attention.comp; attention_fp32.lower hands over when `usable` says so.
 
 Options (minirt/options.py):
   coopmat="off"        never take this path (the fp32-arithmetic attention kernel runs instead)
@@ -14,11 +14,10 @@ from __future__ import annotations
 import math
 
 from ..errors import UnsupportedError
-from ..kernels import spec
 from ..plan import Push
-from . import attr
-from ..lwg import wave_splits
-from . import attention_splits
+from . import attention_split
+from .local_size import wave_splits
+from .variants import spec
 
 SHAPE = (16, 16, 16, "f16", "f16", "f32", "f32")
 MAX_HEAD_DIM = 128
@@ -101,21 +100,21 @@ def splits(ctx, shared, groups, tk, most=None):
     """Key splits S across work groups (SPLIT in glsl/attention_cm.comp and attention_cmr.comp, merged by
     attention_combine.comp) for `groups` work groups of `shared` bytes each: the most that still run in one wave of
     resident groups (multiprocessors x the groups its shared memory holds, at most `most` where registers bind), each
-    split at least attention_splits.SPLIT_MIN_KEYS keys; 1 where the multiprocessor count is unknown or on other than discrete
+    split at least attention_split.SPLIT_MIN_KEYS keys; 1 where the multiprocessor count is unknown or on other than discrete
     GPUs. Session(options={"attention_splits": S}) forces S."""
     if ctx.options.attention_splits is not None:
-        return attention_splits.splits(ctx.profile, groups, tk, ctx.options)
+        return attention_split.splits(ctx.profile, groups, tk, ctx.options)
     p = ctx.profile
     if not (p.compute_units and p.tuning.split_work):
         return 1
     slots = p.wave_slots(shared, most)
-    return wave_splits(groups, slots, tk, attention_splits.SPLIT_MIN_KEYS, attention_splits.MAX_SPLITS)
+    return wave_splits(groups, slots, tk, attention_split.SPLIT_MIN_KEYS, attention_split.MAX_SPLITS)
 
 
 def sizes(node, ctx):
     """(B, Tq, Tk, heads, head dim, emulated) of an Attention node in ctx's plan."""
     q, k = ctx.t(node.inputs[0]), ctx.t(node.inputs[1])
-    heads = attr(node, "heads", 1)
+    heads = node.attrs.get("heads", 1)
     return q.shape[0], q.shape[1], k.shape[1], heads, q.shape[2] // heads, ctx.options.coopmat == "emulate"
 
 
@@ -144,7 +143,7 @@ def emit(ctx, stem, emulate, node, consts, local, qblocks, S, mask_binding=False
     has attention_cmr.comp's binding 4 and push constants for a mask (q stands in where the node has none). dtype: the
     kernel's dtype variant at fp32 (attention_cmr's f16x3)."""
     out, q, k, v = ctx.t(node.outputs[0]), *(ctx.t(i) for i in node.inputs[:3])
-    heads, scale = attr(node, "heads", 1), float(attr(node, "scale", 1.0))
+    heads, scale = node.attrs.get("heads", 1), float(node.attrs.get("scale", 1.0))
     B, Tq, D = q.shape
     Tk = k.shape[1]
     dh = D // heads
@@ -155,14 +154,14 @@ def emit(ctx, stem, emulate, node, consts, local, qblocks, S, mask_binding=False
     extra, tail = [], Push()
     if mask_binding:
         extra = [(ctx.t(node.inputs[3]).name if masked else q.name, "r")]
-        tail.ivec4(*(attr(node, "mask_shape") if masked else (1, 1, 1, 1))).ivec4(int(attr(node, "nan_zero", 0)))
+        tail.ivec4(*(node.attrs.get("mask_shape") if masked else (1, 1, 1, 1))).ivec4(int(node.attrs.get("nan_zero", 0)))
     # family "attention": the local x is exactly the global x given, so one work group = `local` invocations
     if S == 1:
         ctx.dispatch(stem, [(out.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r"), *extra],
                      push.ivec4(1, 0).bytes() + tail.bytes(), consts(False), (local, qblocks, B * heads), "attention",
                      flops=flops, nbytes=4 * (2 * q.numel + k.numel + v.numel), axes=axes)
         return
-    # partials as attention.py's split kernel writes them (fp32): O rows ((b * H + h) * S + s) * Tq + t of dh floats,
+    # partials as attention_fp32.py's split kernel writes them (fp32): O rows ((b * H + h) * S + s) * Tq + t of dh floats,
     # then one (m, l) pair per row
     rows = B * heads * S * Tq
     part = ctx.scratch("attention.partials", rows * (dh + 2))
@@ -170,5 +169,5 @@ def emit(ctx, stem, emulate, node, consts, local, qblocks, S, mask_binding=False
     ctx.dispatch(stem, [(part.name, "w"), (q.name, "r"), (k.name, "r"), (v.name, "r"), *extra],
                  push.ivec4(S, ml_base).bytes() + tail.bytes(), consts(True), (local, qblocks, B * heads * S),
                  "attention", flops=flops, nbytes=4 * (S * q.numel + k.numel + v.numel + rows * (dh + 2)), axes=axes)
-    attention_splits.combine_dispatch(ctx, out, part, B, Tq, heads, S, ml_base,
-                                      nan_zero=int(attr(node, "nan_zero", 0)))
+    attention_split.combine_dispatch(ctx, out, part, B, Tq, heads, S, ml_base,
+                                     nan_zero=int(node.attrs.get("nan_zero", 0)))

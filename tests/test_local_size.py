@@ -1,4 +1,5 @@
-"""Tests for minirt.lwg and minirt.device_profile (no GPU needed)."""
+"""Tests for the local-size rules (minirt.kernels.local_size, the family table minirt.kernels.rules and the GEMM
+family's rules in minirt.kernels.gemm) and minirt.device_profile (no GPU needed)."""
 import dataclasses
 import itertools
 import math
@@ -9,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from minirt.device_profile import KNOWN_PROFILES, DeviceProfile, classify_vendor
-from minirt import lwg
-from minirt.lwg import FAMILIES, check_local_size, describe_rule, pick_local_size
+from minirt.kernels import gemm
+from minirt.kernels.local_size import FAMILIES, check_local_size, wave_places
+from minirt.kernels.rules import RULES, describe_rule, pick_local_size
 
 # Extra fakes with odd, small limits so clamping is exercised too.
 ODD_PROFILES = {
@@ -136,10 +138,10 @@ def test_gemm_by_waves_with_a_multiprocessor_count():
         x, y, _ = pick_local_size("gemm", g, p)
         groups = -(-g[0] // x) * -(-g[1] // y)
         cost = -(-groups // 132) * (x + y)
-        assert all(cost <= -(-(-(-g[0] // a) * -(-g[1] // b)) // 132) * (a + b) for a, b in lwg.WAVE_SHAPES)
+        assert all(cost <= -(-(-(-g[0] // a) * -(-g[1] // b)) // 132) * (a + b) for a, b in gemm.WAVE_SHAPES)
     small = dataclasses.replace(p, max_invocations=256, max_local_size=(256, 256, 64))
     assert pick_local_size("gemm", (96, 375, 1), small) in ((16, 16, 1), (16, 8, 1), (16, 12, 1))   # 288, 384 don't fit
-    assert "fewest waves" in lwg.describe_rule("gemm", p)
+    assert "fewest waves" in describe_rule("gemm", p)
 
 
 def test_gemm_waves_count_the_groups_a_multiprocessor_holds():
@@ -147,22 +149,22 @@ def test_gemm_waves_count_the_groups_a_multiprocessor_holds():
     a wave is the groups that fit at once: 48 KiB a multiprocessor on the H200 holds 4 groups of 16 x 8 (12 KiB),
     3 of 16 x 12 or 16 x 16 (14, 16 KiB), 2 of 24 x 12 or 24 x 16 (18, 20 KiB)."""
     p, sxy = KNOWN_PROFILES["nvidia-h200"], (512, 512)
-    assert [lwg.wave_places(s, p, sxy) for s in ((16, 8), (16, 12), (16, 16), (24, 12), (24, 16))] == \
+    assert [wave_places(s, p, sxy) for s in ((16, 8), (16, 12), (16, 16), (24, 12), (24, 16))] == \
         [528, 396, 396, 264, 264]
-    assert lwg.wave_places((16, 8), p) == 132                               # undeclared: one a multiprocessor
+    assert wave_places((16, 8), p) == 132                               # undeclared: one a multiprocessor
     assert pick_local_size("gemm", (96, 750, 1), p, None, sxy) == (16, 12, 1)   # conv1: 378 groups, one wave
     assert pick_local_size("gemm", (288, 375, 1), p, None, sxy) == (16, 8, 1)   # QKV: 846 in 2 waves of 528
     assert pick_local_size("gemm", (384, 375, 1), p, None, sxy) == (16, 12, 1)  # fc1: 768 in 2 waves of 396
     for g in ((96, 375, 1), (384, 375, 1), (288, 375, 1), (1000, 1000, 1), (512, 375, 1)):
         x, y, _ = pick_local_size("gemm", g, p, None, sxy)
-        cost = -(-(-(-g[0] // x) * -(-g[1] // y)) // lwg.wave_places((x, y), p, sxy)) * (x + y)
-        assert all(cost <= -(-(-(-g[0] // a) * -(-g[1] // b)) // lwg.wave_places((a, b), p, sxy)) * (a + b)
-                   for a, b in lwg.WAVE_SHAPES)
+        cost = -(-(-(-g[0] // x) * -(-g[1] // y)) // wave_places((x, y), p, sxy)) * (x + y)
+        assert all(cost <= -(-(-(-g[0] // a) * -(-g[1] // b)) // wave_places((a, b), p, sxy)) * (a + b)
+                   for a, b in gemm.WAVE_SHAPES)
     # K-split GEMMs: the shape whose splits fill the most of a wave; none where no shape splits
-    assert lwg.gemm_split_shape((96, 375, 1), p, sxy, 48, 8, 4) == ((16, 12, 1), 2)     # 384 of 396 places
-    assert lwg.gemm_split_shape((288, 375, 1), p, sxy, 48, 8, 4) is None               # every shape fills a wave
-    assert lwg.gemm_split_shape((96, 375, 1), p, sxy, 12, 8, 4) is None                # K too short to split
-    assert lwg.gemm_split_shape((96, 375, 1), dataclasses.replace(p, compute_units=0), sxy, 48, 8, 4) is None
+    assert gemm.gemm_split_shape((96, 375, 1), p, sxy, 48, 8, 4) == ((16, 12, 1), 2)     # 384 of 396 places
+    assert gemm.gemm_split_shape((288, 375, 1), p, sxy, 48, 8, 4) is None               # every shape fills a wave
+    assert gemm.gemm_split_shape((96, 375, 1), p, sxy, 12, 8, 4) is None                # K too short to split
+    assert gemm.gemm_split_shape((96, 375, 1), dataclasses.replace(p, compute_units=0), sxy, 48, 8, 4) is None
 
 
 @pytest.mark.parametrize("pname", PROFILES)
@@ -261,7 +263,7 @@ def test_profiles():
 
 def test_no_vulkan_import():
     root = Path(__file__).resolve().parent.parent
-    code = ("import sys, minirt.lwg, minirt.device_profile; "
+    code = ("import sys, minirt.kernels.rules, minirt.device_profile; "
             "sys.exit('vulkan' in sys.modules)")
     subprocess.run([sys.executable, "-c", code], cwd=root, check=True)
 
@@ -269,7 +271,7 @@ def test_no_vulkan_import():
 def test_attention_combine_shape_on_nvidia_only():
     """The combine pass: a head's vec4 columns by rows up to 256 invocations on NVIDIA (measured on an H200);
     everywhere else (and for head widths that do not divide 256) the elementwise rule decides."""
-    from minirt.lwg import head_rows_shape
+    from minirt.kernels.attention_split import head_rows_shape
     h200 = KNOWN_PROFILES["nvidia-h200"]
     assert head_rows_shape(16, h200) == (16, 16, 1)
     assert head_rows_shape(32, h200) == (32, 8, 1)
@@ -283,7 +285,7 @@ def test_gemm_groups_fit_shared_memory(pname):
     """A GEMM's group never declares more shared memory than the device has (a 1-row GEMM over a vocabulary-wide
     output grew to 256 x 1 on an H200, 131 KiB of a 48 KiB limit, and lost the device); a forced size over it is an
     error that names the limit."""
-    from minirt.ops.gemm import LINEAR_TILES, linear_shared_xy
+    from minirt.kernels.gemm import LINEAR_TILES, linear_shared_xy
     p = PROFILES[pname]
     for tile in LINEAR_TILES:
         sxy = linear_shared_xy(tile)
@@ -295,3 +297,8 @@ def test_gemm_groups_fit_shared_memory(pname):
     h200 = KNOWN_PROFILES["nvidia-h200"]
     with pytest.raises(ValueError, match=r"shared memory, 131584 bytes, exceeds maxComputeSharedMemorySize=49152"):
         pick_local_size("gemm", (12967, 1, 1), h200, forced=(256, 1, 1), shared_xy=linear_shared_xy("t44k32"))
+
+
+def test_one_rule_per_family():
+    """The planner's table names a rule for every family a dispatch may declare, and nothing else."""
+    assert set(RULES) == set(FAMILIES)

@@ -1,10 +1,12 @@
 """How the attention kernels split their work across work groups: key splits (flash decoding, merged by
 glsl/attention_combine.comp) and stream splits of the (query block, key block) items over one wave. Shared by the
-fp32 kernel (attention.py) and the tensor-core ones (attention_cm.py, attention_cmr.py)."""
+fp32 kernel (attention_fp32.py), the tensor-core ones (attention_cm.py, attention_cmr.py) and the decoder's
+(attention_cached.py); the combine pass's work group is sized here (head_rows_shape)."""
 from __future__ import annotations
 
-from ..kernels import spec
+from ..device_profile import DeviceProfile
 from ..plan import Push
+from .variants import spec
 
 
 # Key splits (flash decoding, glsl/attention_split.comp + attention_combine.comp). One work group per
@@ -72,11 +74,25 @@ def splits(profile, groups, tk, options=None):
     return max(1, min(-(-SPLIT_TARGET_GROUPS // groups), most))
 
 
+# The combine pass (glsl/attention_combine.comp, one invocation a vec4 of output) on NVIDIA (the device table's
+# small_pass_invocations, 256): in a head's 16 vec4 columns by 16 rows it took 5.0-6.0 us a pass on an H200 against
+# 5.6-6.9 in the elementwise rule's 8x8 (docs/benchmarks.md).
+def head_rows_shape(head_vec4: int, profile: DeviceProfile):
+    """Local size of the attention combine pass for heads of `head_vec4` vec4 columns (x: one head's columns, the
+    lanes sharing a row's (m, l) pairs; y: rows), or None (the planner's elementwise rule)."""
+    n = profile.tuning.small_pass_invocations
+    if not n or n > profile.max_invocations or n % head_vec4 or head_vec4 > profile.max_local_size[0] \
+            or n // head_vec4 > profile.max_local_size[1]:
+        return None
+    return (head_vec4, n // head_vec4, 1)
+
+
 def combine_dispatch(ctx, out, part, B: int, Tq: int, heads: int, S: int, ml_base: int, stream=(0, 0, 0),
-                     local_size=None, nan_zero=0) -> None:
+                     head_rows=False, nan_zero=0) -> None:
     """glsl/attention_combine.comp: out [B, Tq, D] from the S partials in `part` (unnormalised sums, then (m, l)
     pairs from `ml_base`, as the split kernels write them); stream: (G, query rows a block, key blocks) of a stream
-    split, (0, 0, 0) for plain splits; nan_zero: a row with no weight in any split (every score -inf) is 0, not NaN.
+    split, (0, 0, 0) for plain splits; head_rows: work groups of head_rows_shape where the device table gives one
+(else the elementwise rule's); nan_zero: a row with no weight in any split (every score -inf) is 0, not NaN.
     One invocation per output vec4: S weighted vec4 adds (8 flops each) and S exp2 per row and column."""
     D = out.shape[-1]
     dh = D // heads
@@ -86,4 +102,5 @@ def combine_dispatch(ctx, out, part, B: int, Tq: int, heads: int, S: int, ml_bas
                  spec("attention_combine", DH=dh),
                  (D // 4, Tq, B), "elementwise",
                  flops=2 * S * out.numel + 2 * S * B * Tq * D // 4, nbytes=4 * (rows * (dh + 2) + out.numel),
-                 local_size=local_size, axes={"storage": ctx.storage})
+                 local_size=head_rows_shape(dh // 4, ctx.profile) if head_rows else None,
+                 axes={"storage": ctx.storage})

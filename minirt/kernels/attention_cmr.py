@@ -5,7 +5,7 @@ attention_cm.py's kernel, which moves S and P through shared memory, runs instea
 
 At precision fp32 with fp32_precision="f16x3" the same kernel's dtype=f16x3 variant (SPLIT3 in the source) runs the
 Attention op from float32 q, k, v (and mask) to a float32 out: both products from fp16 hi and lo parts, three
-products each, with the fp32 kernel's softmax (split_problem says where it cannot, and Attention.lower then keeps
+products each, with the fp32 kernel's softmax (split_problem says where it cannot, and attention_fp32.lower then keeps
 the fp32 SIMT kernel with a plan note).
 
 Options (minirt/options.py):
@@ -16,8 +16,8 @@ Options (minirt/options.py):
   attention_splits=S       force S key splits across work groups (1: none), merged by glsl/attention_combine.comp"""
 from __future__ import annotations
 
-from ..kernels import spec
 from . import attention_cm
+from .variants import spec
 from .attention_cm import MAX_HEAD_DIM, SHAPE, SUBGROUP, emit
 
 # (NR, BK) in order of preference: four teams (64 query rows) sharing blocks of 32 keys. tools/dev/attn_bench.py on an H200

@@ -4,8 +4,8 @@ runs, max deviation from a float64 reference, and GPU time. The table ExecuTorch
 built from, for any device.
 
 Examples:
-  python tools/dev/lwg_sweep.py --gemm 1500,384,384 --runs 20
-  python tools/dev/lwg_sweep.py models/whisper-tiny-encoder.onnx --family gemm --sizes 8x8,16x4,4x16,64x1
+  python tools/dev/local_size_sweep.py --gemm 1500,384,384 --runs 20
+  python tools/dev/local_size_sweep.py models/whisper-tiny-encoder.onnx --family gemm --sizes 8x8,16x4,4x16,64x1
 """
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ def main(argv=None):
     ap.add_argument("--json", help="write the table as JSON")
     a = ap.parse_args(argv)
     from minirt import MinirtError, Session
-    from minirt.lwg import FORCEABLE
-    from minirt.reference import run_graph
+    from minirt.kernels.local_size import FORCEABLE
+    from minirt.graph_reference import run_graph
     from minirt.loaders import load
     from minirt.options import parse_local_size
     if a.gemm:

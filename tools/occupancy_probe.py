@@ -1,9 +1,10 @@
 """The occupancy probe: a Plan of glsl/occupancy_probe.comp dispatches, a latency-bound pointer chase through shared
 memory. tools/dev/occupancy.py times such plans to find how many work groups of a given shared-memory size share a
-multiprocessor; the kernel ships with the others, so the probe runs wherever minirt does."""
+multiprocessor; tests/test_occupancy_probe.py checks the kernel. The kernel ships with the others, so the probe runs
+wherever minirt does (a helper module of tools/, not a script)."""
 from __future__ import annotations
 
-from .plan import OUTPUT, Dispatch, Plan, Push, TensorSpec
+from minirt.plan import OUTPUT, Dispatch, Plan, Push, TensorSpec
 
 
 def probe_plan(words: int, threads: int, group_counts, chain: int) -> Plan:

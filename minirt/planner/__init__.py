@@ -20,13 +20,15 @@ Pass order (each pass is one module of this package):
  12. fuse_linear      (fuse_linear.py)      MatMul (or Gemm) + bias + scale + activation + residual -> one Linear
  13. merge_siblings   (merge_siblings.py)   Linears reading the same input (q, k, v) -> one GEMM + part views
  14. fuse_attention   (fuse_attention.py)   head splits + MatMul (+ mask) + Softmax + MatMul -> one Attention
- 15. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
- 16. fuse_reduce_layer_norm (fuse_reduce_layer_norm.py)  on the Plan: a split GEMM's reduce pass also does the
+ 15. split_wide_tables (split_wide_tables.py) a Linear weight or run-time Gather table beyond
+                                            maxStorageBufferRange -> parts by columns that fit, joined by a Concat
+ 16. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
+ 17. fuse_reduce_layer_norm (fuse_reduce_layer_norm.py)  on the Plan: a split GEMM's reduce pass also does the
                                             LayerNorm that reads its output
- 17. fuse_norm_linear_rows (fuse_norm_linear_rows.py)  on the Plan: a LayerNorm read only by a few-row Linear
+ 18. fuse_norm_linear_rows (fuse_norm_linear_rows.py)  on the Plan: a LayerNorm read only by a few-row Linear
                                             (linear_rows) is done by that Linear as it reads its rows
- 18. local sizes      (minirt.lwg)          one deterministic local size per dispatch
- 19. memory plan      (memory_plan.py)      lifetimes for memory reuse (option memory_reuse=False: none), and
+ 19. local sizes      (minirt.lwg)          one deterministic local size per dispatch
+ 20. memory plan      (memory_plan.py)      lifetimes for memory reuse (option memory_reuse=False: none), and
                                             the check that the device can hold what the plan allocates
 The planner never imports vulkan: everything it decides is plain data in the Plan. Each graph pass is
 fn(graph, options, profile): the Session's Options (storage resolved for the device) and the DeviceProfile."""
@@ -37,7 +39,8 @@ from ..options import PRECISIONS, Options
 from ..lwg import check_local_size, forced_local_size, pick_local_size
 from . import (conv1d_as_conv2d, conv_channels_last, conv_input_nlc, conv_output_nlc, conv_routing, fold_batch_norm,
                fold_pad_conv, fuse_activation, fuse_attention, fuse_gelu, fuse_layer_norm, fuse_linear,
-               fuse_norm_linear_rows, fuse_reduce_layer_norm, fuse_silu, memory_plan, merge_siblings)
+               fuse_norm_linear_rows, fuse_reduce_layer_norm, fuse_silu, memory_plan, merge_siblings,
+               split_wide_tables)
 from .lower import lower
 from ..plan import INPUT, OUTPUT, Plan
 from .storage_layout import check_limits, resolve_storage
@@ -49,7 +52,8 @@ GRAPH_PASSES = [("fold_batch_norm", fold_batch_norm.rewrite), ("fold_pad_conv", 
                 ("fuse_silu", fuse_silu.rewrite), ("fuse_activation", fuse_activation.rewrite),
                 ("conv_output_nlc", conv_output_nlc.rewrite), ("conv_input_nlc", conv_input_nlc.rewrite),
                 ("conv_channels_last", conv_channels_last.rewrite), ("fuse_linear", fuse_linear.rewrite),
-                ("merge_siblings", merge_siblings.rewrite), ("fuse_attention", fuse_attention.rewrite)]
+                ("merge_siblings", merge_siblings.rewrite), ("fuse_attention", fuse_attention.rewrite),
+                ("split_wide_tables", split_wide_tables.rewrite)]
 
 
 def resolve_precision(precision, profile) -> str:

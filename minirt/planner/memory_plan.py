@@ -135,6 +135,46 @@ def check_memory(plan: Plan, profile) -> None:
         + ", ".join(f"'{t.name}' {list(t.shape)} ({t.role}) {_size(t.nbytes)}" for t in big), [t.name for t in big])
 
 
+def per_item(plan: Plan, profile) -> tuple:
+    """What a batch holds of `plan`, the plan of one item, for each item: everything but its weights, constants,
+    state and parameters grows with the batch (activations, scratch, inputs and outputs). (the largest such tensor,
+    its bytes, the bytes of its activation arena)."""
+    grows = [t for t in plan.tensors.values() if not t.view_of and t.role not in PINNED]
+    big = max(grows, key=lambda t: t.nbytes)
+    return big, big.nbytes, arena(plan, buffer_alignment(profile))[1]
+
+
+def items_that_fit(profile, most: int, largest: int, total: int = 0, reserved: int = 0,
+                   storage: str = "buffer") -> tuple[int, str]:
+    """The most items, up to `most`, a batch holds where each item adds `largest` bytes to its largest tensor and
+    `total` bytes to one allocation (an activation arena; 0: none), with `reserved` bytes of the device-local heap
+    held besides (weights, state, other plans' memory): its largest tensor within maxStorageBufferRange (buffer
+    storage) and maxMemoryAllocationSize, its allocation within maxMemoryAllocationSize and the heap less reserved.
+    (items, the limit that bounds them, as text; "" where `most` fit). At least 1 where the heap is what binds (one
+    item is what a plan of one item needs anyway); 0 where one item's largest tensor does not fit."""
+    p = profile
+    bounds = []
+    if storage == "buffer":
+        bounds.append((p.max_storage_buffer_range // max(1, largest), "its largest tensor",
+                       "maxStorageBufferRange", p.max_storage_buffer_range))
+    if p.max_allocation:
+        bounds.append((p.max_allocation // max(1, largest), "its largest tensor", "maxMemoryAllocationSize",
+                       p.max_allocation))
+        if total:
+            bounds.append((max(1, p.max_allocation // total), "its activations (one allocation)",
+                           "maxMemoryAllocationSize", p.max_allocation))
+    if p.device_heap and total and p.device_heap > reserved:
+        bounds.append((max(1, (p.device_heap - reserved) // total), "its activations",
+                       f"the device heap less {_size(reserved)} held besides", p.device_heap - reserved))
+    n, why = most, ""
+    for k, what, limit, size in bounds:
+        if k < n:
+            per = largest if what == "its largest tensor" else total
+            n, why = k, (f"{what}, {_size(per)} an item, {_size(per * most)} for {most}, is beyond {limit} "
+                         f"({_size(size)})")
+    return n, why
+
+
 def assign_offsets(items, alignment: int = 256):
     """items: [(key, size, align, first, last)], first <= last. Returns ({key: offset}, total bytes).
 

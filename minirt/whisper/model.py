@@ -176,12 +176,14 @@ class WhisperModel:
         options = setups[0][1]
         files = [(mel, info.language, kw["task"], rng) for mel, _, info, rng in setups]
         segments = generate_segments_batch(self.backend, self.tokenizer, files, options, self.suppress_blank_ids,
-                                           batch_size)
+                                           min(batch_size, self.backend.max_items))
         return [(segs, info) for segs, (_, _, info, _) in zip(segments, setups)]
 
     def batch_backend(self, batch_size: int):
         """The backend, able to decode batches of batch_size windows (BatchDecoder): on the GPU, the batch's entry
-        points are made the first time (for max_batch_items windows, from the checkpoint read again)."""
+        points are made the first time (for max_batch_items windows, from the checkpoint read again, or as many as
+        the device holds: VulkanBackend.add_batch). A backend whose batch holds fewer (its max_items) decodes
+        batch_size windows as batches of that many."""
         b = self.backend
         if not 1 <= batch_size <= self.max_batch_items:
             raise ValueError(f"batch_size must be 1 to {self.max_batch_items} (WhisperModel(max_batch_items=...)), "
@@ -192,8 +194,6 @@ class WhisperModel:
         if not getattr(b, "max_items", 0) and hasattr(b, "add_batch"):
             ckpt = load_checkpoint(self.path)
             b.add_batch(ckpt.weights, ckpt.config, self.max_batch_items)
-        if batch_size > b.max_items:
-            raise ValueError(f"batch_size {batch_size} is more than the backend's batch of {b.max_items}")
         return b
 
     def _setup(self, audio, kw: dict, features=None):

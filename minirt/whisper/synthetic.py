@@ -20,6 +20,9 @@ SIZES = {
                  decoder_attention_heads=8),
     "small": dict(_COMMON, d_model=768, encoder_layers=12, decoder_layers=12, encoder_attention_heads=12,
                   decoder_attention_heads=12),
+    # 128 mel bins and one more token (<|yue|>); its token embedding alone is 253 MiB at float32
+    "large-v3": dict(_COMMON, num_mel_bins=128, vocab_size=51866, d_model=1280, encoder_layers=32, decoder_layers=32,
+                     encoder_attention_heads=20, decoder_attention_heads=20),
 }
 
 

@@ -1,0 +1,102 @@
+"""A Whisper batch fitted to the device's limits (minirt.whisper.vulkan.fit_batch, plan_batch): on a profile whose
+maxStorageBufferRange cannot hold the encoder's activations for the whole batch, bencode takes a chunk of the windows
+a run and says so in the plan; one that cannot hold the batch's state holds fewer sequences; transcribe_batch under
+such a limit gives the tokens of transcribe() file by file; the large-v3 shapes (a token embedding and vocabulary
+projection of 253 MiB at fp32) plan on the phone profiles."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from test_whisper_batch import CFG, clips
+from test_whisper_vulkan import N_AUDIO, N_MELS, small_whisper
+
+
+def _profile(**limits):
+    from minirt.device_profile import KNOWN_PROFILES
+    return dataclasses.replace(KNOWN_PROFILES["lavapipe"], **limits)
+
+
+def test_the_batch_plan_chunks_the_encoder_where_its_activations_do_not_fit():
+    from minirt.planner.memory_plan import per_item
+    from minirt.whisper.vulkan import plan_batch, plan_program
+    w, cfg = small_whisper(max_target_positions=16)        # state of 24 audio and 16 text rows a sequence
+    program = plan_program(w, cfg, _profile(), 2)
+    big, window, _ = per_item(program["encode"], _profile())
+    assert window == big.nbytes and big.shape[0] == 1
+    profile = _profile(max_storage_buffer_range=3 * window + window // 2)
+    plans = plan_batch(w, cfg, profile, 8, None, program)
+    enc = plans["bencode"]
+    assert enc.tensors["input_features"].shape == (3, N_MELS, 2 * N_AUDIO) and enc.params == ["row0"]
+    assert enc.tensors["bcross_k.0"].shape == (8, N_AUDIO, 64) == plans["bstep8"].tensors["bcross_k.0"].shape
+    # each key and value projection goes into the batch's state through a row copy at the chunk's first row
+    writes = [d for d in enc.dispatches if d.kernel.startswith("copy_rows") and d.node.startswith("bcross_")]
+    assert len(writes) == 4 and all(enc.root(d.args[0][0]).startswith("bcross_") for d in writes)
+    note = " ".join(enc.notes["batch"])
+    assert "on 3 of the batch's 8 windows" in note and "maxStorageBufferRange" in note and big.name in note
+    assert max(t.nbytes for t in enc.tensors.values() if t.storage == "buffer") <= profile.max_storage_buffer_range
+    # within the limit the plan is the unchunked one, with no note
+    whole = plan_batch(w, cfg, _profile(), 8, None, program)["bencode"]
+    assert whole.tensors["input_features"].shape[0] == 8 and not whole.params and "batch" not in whole.notes
+
+
+def test_the_batch_holds_fewer_sequences_where_their_state_does_not_fit():
+    from minirt.whisper.vulkan import plan_batch, plan_program
+    w, cfg = small_whisper()                # a sequence's self-attention cache [448, 64]: 112 KiB a tensor
+    program = plan_program(w, cfg, _profile(), 2)
+    plans = plan_batch(w, cfg, _profile(max_storage_buffer_range=5 * 448 * 64 * 4), 8, None, program)
+    assert sorted(k for k in plans if k.startswith("bstep") and "_" not in k) == ["bstep1", "bstep2", "bstep4",
+                                                                                   "bstep5"]
+    assert plans["bstep5"].tensors["bself_k.0"].shape == (5, 448, 64)
+    assert plans["bencode"].tensors["input_features"].shape[0] == 5
+    assert "a batch of 5 sequences, not 8" in " ".join(plans["bencode"].notes["batch"])
+
+
+@pytest.fixture()
+def narrow_device(monkeypatch):
+    """The real device, its profile's maxStorageBufferRange set by the test (the planner reads the profile)."""
+    from minirt.session import get_device
+    dev = get_device()
+
+    def limit(nbytes):
+        monkeypatch.setattr(dev, "profile", dataclasses.replace(dev.profile, max_storage_buffer_range=int(nbytes)))
+    return limit
+
+
+def test_transcribe_batch_in_encoder_chunks_equals_transcribe(tmp_path, narrow_device):
+    """Four files (windows of several files in one batch) on a device whose range holds the encoder's activations
+    for two windows: bencode runs two chunks a batch, and every file's tokens are transcribe()'s."""
+    from minirt.planner.memory_plan import per_item
+    from minirt.whisper import WhisperModel
+    from minirt.whisper.synthetic import write_folder
+    model = WhisperModel(write_folder(tmp_path / "model", CFG, seed=0), max_batch_items=4)
+    _, window, _ = per_item(model.backend.plans["encode"], model.backend.program.device.profile)
+    narrow_device(2.5 * window)
+    audio = clips(4)
+    options = dict(beam_size=1, temperature=0.0, max_new_tokens=20, condition_on_previous_text=False)
+    got = model.transcribe_batch(audio, batch_size=4, **options)
+    assert model.backend.plans["bencode"].tensors["input_features"].shape[0] == 2
+    assert model.backend.max_items == 4
+    want = [[s.tokens for s in model.transcribe(a, **options)[0]] for a in audio]
+    assert [[s.tokens for s in segs] for segs, _ in got] == want and any(want)
+
+
+def test_large_v3_shapes_plan_on_phone_profiles():
+    """A large-v3-shaped Whisper (one layer each side) plans on the Adreno and Mali profiles (128 MiB ranges) at
+    fp32, its token embedding and vocabulary projection split in two, and its batch of 16 within the limits."""
+    from minirt.device_profile import KNOWN_PROFILES
+    from minirt.whisper.synthetic import SIZES, random_checkpoint
+    from minirt.whisper.vulkan import plan_batch, plan_program
+    w, cfg = random_checkpoint(dict(SIZES["large-v3"], encoder_layers=1, decoder_layers=1), 0)
+    for name in ("adreno-840", "mali-g715"):
+        profile = KNOWN_PROFILES[name]
+        program = plan_program(w, cfg, profile, 5)
+        plans = plan_batch(w, cfg, profile, 16, None, program)
+        for plan in (*program.values(), *plans.values()):
+            assert max(t.nbytes for t in plan.tensors.values() if t.storage == "buffer") <= \
+                profile.max_storage_buffer_range
+        step = program["step1"]
+        assert "split into 2 Gathers" in " ".join(step.notes["embed"])
+        assert "split into 2 Linears" in " ".join(step.notes["logits"])
+        enc = plans["bencode"]
+        assert enc.tensors["input_features"].shape[0] < 16 and "maxStorageBufferRange" in enc.notes["batch"][-1]

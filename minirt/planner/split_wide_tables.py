@@ -23,8 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Node, Tensor
-
-_MIB = 1 << 20
+from .memory_plan import _size
 
 
 def _ceil(n: int, m: int) -> int:
@@ -45,10 +44,6 @@ def _widths(n: int, fits, unit: int) -> list[int] | None:
     if n % width:
         out.append(n % width)
     return out
-
-
-def _size(n: int) -> str:
-    return f"{n / _MIB:.1f} MiB"
 
 
 def rewrite(graph, options, profile):
@@ -99,7 +94,7 @@ def _linear(graph, node, limit, itemsize, profile):
     shape = graph.tensor(y).shape
     made, outs = [], []
     for at, cols, name in _parts(graph, w, widths):
-        graph.const(name, np.ascontiguousarray(wt.data[:, at:at + cols]))
+        graph.const(name, wt.data[:, at:at + cols])     # a view: lowering packs it
         bias = ""
         if b:
             bias = graph.fresh_name(f"{b}[{at}:{at + cols}]")
@@ -141,7 +136,7 @@ def _gather(graph, node, limit, itemsize, profile):
     shape = graph.tensor(y).shape
     made, outs = [], []
     for at, cols, name in _parts(graph, table.name, widths):
-        graph.const(name, np.ascontiguousarray(table.data[:, at:at + cols]))
+        graph.const(name, table.data[:, at:at + cols])   # a view: lowering copies it
         part = graph.fresh_name(f"{y}[..., {at}:{at + cols}]")
         graph.add_tensor(Tensor(part, tuple(shape[:-1]) + (cols,), graph.tensor(y).dtype))
         made.append(Node("Gather", f"{node.name}[{at}:{at + cols}]", [name, node.inputs[1]], [part],

@@ -90,6 +90,15 @@ def dims_of(weights: dict, config: dict) -> Dims:
                 vocab)
 
 
+class _Shared(dict):
+    """The weights of several graphs built together, and the transposed copies made of them so far (each made once:
+    a vocabulary projection is 253 MiB at large-v3's shapes, and every step and prompt graph reads it)."""
+
+    def __init__(self, weights):
+        super().__init__(weights)
+        self.transposed = {}
+
+
 class _Builder:
     """Nodes and constants of one graph, named by scope."""
 
@@ -107,8 +116,15 @@ class _Builder:
         self.g.tensors.setdefault(out, Tensor(out))
         return out
 
+    def transposed(self, name):
+        """Checkpoint tensor `name` transposed, contiguous float32 (made once for graphs built together)."""
+        made = getattr(self.w, "transposed", {})
+        if name not in made:
+            made[name] = np.ascontiguousarray(np.asarray(self.w[name], np.float32).T)
+        return made[name]
+
     def linear(self, x, prefix, out, bias=True, act="", residual=""):
-        w = self.param(f"{prefix}.weight^T", np.asarray(self.w[f"{prefix}.weight"], np.float32).T)
+        w = self.param(f"{prefix}.weight^T", self.transposed(f"{prefix}.weight"))
         b = self.param(f"{prefix}.bias") if bias else ""
         return self.node("Linear", [x, w, b, residual], out, "minirt", act=act, scale=1.0)
 
@@ -215,7 +231,7 @@ def _logits(g: Graph, b: _Builder, weights: dict, x: str) -> None:
     d = "model.decoder"
     x = b.layer_norm(x, f"{d}.layer_norm", "ln_out")
     proj = "proj_out.weight" if "proj_out.weight" in weights else f"{d}.embed_tokens.weight"   # tied by default
-    w = b.param("logits.weight^T", np.asarray(weights[proj], np.float32).T)
+    w = b.param("logits.weight^T", b.transposed(proj))
     b.node("Linear", [x, w, "", ""], "logits", "minirt", act="", scale=1.0)
     g.outputs.append("logits")
 
@@ -315,6 +331,7 @@ def program_graphs(weights: dict, dm: Dims, batch: int, step_rows=None) -> dict:
     sizes = sorted(set(step_rows or (1, batch)))
     if not sizes or sizes[0] < 1 or sizes[-1] > batch:
         raise ValueError(f"step row counts {sizes} must be in 1..{batch}")
+    weights = _Shared(weights)
     graphs = {"encode": encoder_graph(weights, dm), "cross": cross_graph(weights, dm)}
     graphs.update({prompt_entry(n): prompt_graph(weights, dm, n, PROMPT_PICKS, batch) for n in prompt_sizes(dm)})
     graphs.update({step_entry(n): step_graph(weights, dm, n, batch) for n in sizes})
@@ -365,6 +382,7 @@ def batch_graphs(weights: dict, dm: Dims, items: int, encode_chunk: int = 0) -> 
     if not 0 <= encode_chunk <= items:
         raise ValueError(f"an encoder chunk of 0 to {items} windows, got {encode_chunk}")
     chunk = encode_chunk if 0 < encode_chunk < items else items
+    weights = _Shared(weights)
     graphs = {"bencode": encoder_graph(weights, dm, chunk, "b", items)}
     for n in batch_step_sizes(items):
         graphs[f"bstep{n}"] = batch_step_graph(weights, dm, n, items)

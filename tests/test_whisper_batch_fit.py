@@ -1,8 +1,8 @@
 """A Whisper batch fitted to the device's limits (minirt.whisper.vulkan.fit_batch, plan_batch): on a profile whose
 maxStorageBufferRange cannot hold the encoder's activations for the whole batch, bencode takes a chunk of the windows
 a run and says so in the plan; one that cannot hold the batch's state holds fewer sequences; transcribe_batch under
-such a limit gives the tokens of transcribe() file by file; the large-v3 shapes (a token embedding and vocabulary
-projection of 253 MiB at fp32) plan on the phone profiles."""
+such a limit gives the tokens of transcribe() file by file (the large-v3 shapes on the phone profiles:
+tests/test_split_wide_tables.py)."""
 import dataclasses
 
 import numpy as np
@@ -80,23 +80,3 @@ def test_transcribe_batch_in_encoder_chunks_equals_transcribe(tmp_path, narrow_d
     want = [[s.tokens for s in model.transcribe(a, **options)[0]] for a in audio]
     assert [[s.tokens for s in segs] for segs, _ in got] == want and any(want)
 
-
-def test_large_v3_shapes_plan_on_phone_profiles():
-    """A large-v3-shaped Whisper (one layer each side) plans on the Adreno and Mali profiles (128 MiB ranges) at
-    fp32, its token embedding and vocabulary projection split in two, and its batch of 16 within the limits."""
-    from minirt.device_profile import KNOWN_PROFILES
-    from minirt.whisper.synthetic import SIZES, random_checkpoint
-    from minirt.whisper.vulkan import plan_batch, plan_program
-    w, cfg = random_checkpoint(dict(SIZES["large-v3"], encoder_layers=1, decoder_layers=1), 0)
-    for name in ("adreno-840", "mali-g715"):
-        profile = KNOWN_PROFILES[name]
-        program = plan_program(w, cfg, profile, 5)
-        plans = plan_batch(w, cfg, profile, 16, None, program)
-        for plan in (*program.values(), *plans.values()):
-            assert max(t.nbytes for t in plan.tensors.values() if t.storage == "buffer") <= \
-                profile.max_storage_buffer_range
-        step = program["step1"]
-        assert "split into 2 Gathers" in " ".join(step.notes["embed"])
-        assert "split into 2 Linears" in " ".join(step.notes["logits"])
-        enc = plans["bencode"]
-        assert enc.tensors["input_features"].shape[0] < 16 and "maxStorageBufferRange" in enc.notes["batch"][-1]

@@ -65,7 +65,8 @@ def narrow_device(monkeypatch):
 
 def test_transcribe_batch_in_encoder_chunks_equals_transcribe(tmp_path, narrow_device):
     """Four files (windows of several files in one batch) on a device whose range holds the encoder's activations
-    for two windows: bencode runs two chunks a batch, and every file's tokens are transcribe()'s."""
+    for two windows: bencode runs two chunks a batch, and every file's tokens are transcribe()'s; `minirt plan
+    --items` shows that plan and its note."""
     from minirt.planner.memory_plan import per_item
     from minirt.whisper import WhisperModel
     from minirt.whisper.synthetic import write_folder
@@ -79,4 +80,12 @@ def test_transcribe_batch_in_encoder_chunks_equals_transcribe(tmp_path, narrow_d
     assert model.backend.max_items == 4
     want = [[s.tokens for s in model.transcribe(a, **options)[0]] for a in audio]
     assert [[s.tokens for s in segs] for segs, _ in got] == want and any(want)
+    # `minirt plan` shows the batch's plans, fitted the same way, and says how
+    from click.testing import CliRunner
+
+    from minirt.cli import main
+    r = CliRunner().invoke(main, ["plan", str(model.path), "--items", "4", "--entry", "bencode"])
+    assert r.exit_code == 0, r.output
+    assert "entry point bencode" in r.output and "input_features [2,80,3000]" in r.output
+    assert "the encoder runs on 2 of the batch's 4 windows" in r.output and "maxStorageBufferRange" in r.output
 

@@ -110,7 +110,8 @@ def fit_batch(dm, profile, max_items: int, program: dict, precision: str = "fp32
     notes = [f"a batch of {items} sequences, not {max_items}: {why}"] if items < max_items else []
     big, big_bytes, arena_bytes = per_item(program["encode"], profile)
     chunk, why = items_that_fit(profile, items, big_bytes, arena_bytes, held_bytes + items * total)
-    if chunk < items:
+    if chunk < items:       # as few runs as that takes, of equal windows (16 in 2 runs of 8, not 14 and 14)
+        chunk = -(-items // -(-items // max(1, chunk)))
         notes.append(f"the encoder runs on {chunk} of the batch's {items} windows at a time (input_features "
                      f"[{chunk}, ...], parameter {decoder_graph.CHUNK_ROW}: the chunk's first row of the bcross_* "
                      f"state): {why} (the largest: '{big.name}' {list(big.shape)} for one window)")

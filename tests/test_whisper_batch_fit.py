@@ -89,3 +89,37 @@ def test_transcribe_batch_in_encoder_chunks_equals_transcribe(tmp_path, narrow_d
     assert "entry point bencode" in r.output and "input_features [2,80,3000]" in r.output
     assert "the encoder runs on 2 of the batch's 4 windows" in r.output and "maxStorageBufferRange" in r.output
 
+
+
+@pytest.mark.long
+def test_real_tiny_en_batch_of_16_equals_one_by_one(tmp_path):
+    """The real tiny.en on 16 spoken clips through the Ray Transcriber (one Ray batch of 16 rows: transcribe_batch,
+    whose encoder, on a device with 128 MiB ranges, runs in chunks): every clip's tokens are transcribe()'s.
+    Minutes on lavapipe: skipped unless --long."""
+    import json
+    import wave
+
+    import real_whisper
+    import speech_clips
+    if not speech_clips.espeak_available():
+        pytest.skip("espeak-ng is not installed (tools/setup.sh installs it)")
+    try:
+        folder = str(real_whisper.tiny_en_ct2_dir())
+    except real_whisper.Unavailable as e:
+        pytest.skip(f"Whisper tiny.en weights unavailable: {e}")
+    from minirt.ray import Transcriber
+    paths = []
+    for i in range(16):
+        samples = speech_clips.clip(speech_clips.sentences(i, 1))
+        paths.append(str(tmp_path / f"c{i}.wav"))
+        with wave.open(paths[-1], "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(16000)
+            w.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+    options = dict(beam_size=1, temperature=0.0, condition_on_previous_text=False)
+    t = Transcriber(folder, **options)
+    out = t({"audio": np.array(paths)})
+    want = [[s.tokens for s in t.model.transcribe(p, **options)[0]] for p in paths]
+    assert [[s["tokens"] for s in json.loads(r)] for r in out["segments"]] == want
+    assert all(want) and t.model.backend.max_items == 16

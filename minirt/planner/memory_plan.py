@@ -144,34 +144,32 @@ def per_item(plan: Plan, profile) -> tuple:
     return big, big.nbytes, arena(plan, buffer_alignment(profile))[1]
 
 
-def items_that_fit(profile, most: int, largest: int, total: int = 0, reserved: int = 0,
+def items_that_fit(profile, most: int, largest: int, allocation: int = 0, heap: int = 0, reserved: int = 0,
                    storage: str = "buffer") -> tuple[int, str]:
-    """The most items, up to `most`, a batch holds where each item adds `largest` bytes to its largest tensor and
-    `total` bytes to one allocation (an activation arena; 0: none), with `reserved` bytes of the device-local heap
-    held besides (weights, state, other plans' memory): its largest tensor within maxStorageBufferRange (buffer
-    storage) and maxMemoryAllocationSize, its allocation within maxMemoryAllocationSize and the heap less reserved.
-    (items, the limit that bounds them, as text; "" where `most` fit). At least 1 where the heap is what binds (one
-    item is what a plan of one item needs anyway); 0 where one item's largest tensor does not fit."""
+    """The most items, up to `most`, a batch holds where each item adds `largest` bytes to its largest tensor,
+    `allocation` bytes to one allocation (an activation arena) and `heap` bytes to the device-local heap, with
+    `reserved` bytes of that heap held besides (weights, other plans' memory): its largest tensor within
+    maxStorageBufferRange (buffer storage) and maxMemoryAllocationSize, the allocation within
+    maxMemoryAllocationSize, and the heap less reserved (where that leaves anything: else the driver judges).
+    (items, the limit that bound them, as text; "" where `most` fit). 0 where one item's largest tensor does not fit;
+    at least 1 otherwise (a plan of one item needs as much anyway)."""
     p = profile
     bounds = []
     if storage == "buffer":
-        bounds.append((p.max_storage_buffer_range // max(1, largest), "its largest tensor",
-                       "maxStorageBufferRange", p.max_storage_buffer_range))
+        bounds.append((p.max_storage_buffer_range, largest, "its largest tensor", "maxStorageBufferRange"))
     if p.max_allocation:
-        bounds.append((p.max_allocation // max(1, largest), "its largest tensor", "maxMemoryAllocationSize",
-                       p.max_allocation))
-        if total:
-            bounds.append((max(1, p.max_allocation // total), "its activations (one allocation)",
-                           "maxMemoryAllocationSize", p.max_allocation))
-    if p.device_heap and total and p.device_heap > reserved:
-        bounds.append((max(1, (p.device_heap - reserved) // total), "its activations",
-                       f"the device heap less {_size(reserved)} held besides", p.device_heap - reserved))
+        bounds.append((p.max_allocation, largest, "its largest tensor", "maxMemoryAllocationSize"))
+        bounds.append((p.max_allocation, allocation, "its activations (one allocation)", "maxMemoryAllocationSize"))
+    if p.device_heap > reserved:
+        bounds.append((p.device_heap - reserved, heap, "what it holds",
+                       f"the device heap less {_size(reserved)} held besides"))
     n, why = most, ""
-    for k, what, limit, size in bounds:
+    for limit, per, what, name in bounds:
+        k = limit // per if per else most
+        if what != "its largest tensor":
+            k = max(1, k)
         if k < n:
-            per = largest if what == "its largest tensor" else total
-            n, why = k, (f"{what}, {_size(per)} an item, {_size(per * most)} for {most}, is beyond {limit} "
-                         f"({_size(size)})")
+            n, why = k, f"{what}, {_size(per)} an item, {_size(per * most)} for {most}, is beyond {name} ({_size(limit)})"
     return n, why
 
 

@@ -98,18 +98,13 @@ def fit_batch(dm, profile, max_items: int, program: dict, precision: str = "fp32
                 held[t.name] = t.nbytes
     held_bytes = sum(held.values()) + sum(per_item(p, profile)[2] for p in program.values() if p.dispatches)
     largest, total = decoder_graph.batch_state_bytes(dm, itemsize)
-    items, why = items_that_fit(profile, max_items, largest, 0, 0)
-    if items and profile.device_heap and profile.device_heap > held_bytes:
-        heap_items = max(1, (profile.device_heap - held_bytes) // total)
-        if heap_items < items:
-            items, why = heap_items, (f"the batch's state, {total / 2**20:.1f} MiB a sequence, is beyond the device "
-                                      f"heap less the program's {held_bytes / 2**20:.1f} MiB")
+    items, why = items_that_fit(profile, max_items, largest, heap=total, reserved=held_bytes)
     if not items:
         raise UnsupportedError(f"a batch's state tensors ({largest / 2**20:.1f} MiB a sequence) do not fit "
                                f"the maxStorageBufferRange or maxMemoryAllocationSize of '{profile.name}'")
-    notes = [f"a batch of {items} sequences, not {max_items}: {why}"] if items < max_items else []
+    notes = [f"a batch of {items} sequences, not {max_items}: for its state, {why}"] if items < max_items else []
     big, big_bytes, arena_bytes = per_item(program["encode"], profile)
-    chunk, why = items_that_fit(profile, items, big_bytes, arena_bytes, held_bytes + items * total)
+    chunk, why = items_that_fit(profile, items, big_bytes, arena_bytes, arena_bytes, held_bytes + items * total)
     if chunk < items:       # as few runs as that takes, of equal windows (16 in 2 runs of 8, not 14 and 14)
         chunk = -(-items // -(-items // max(1, chunk)))
         notes.append(f"the encoder runs on {chunk} of the batch's {items} windows at a time (input_features "

@@ -43,7 +43,8 @@ class WhisperModel:
     beams and best_of up to 5), "reference" (the numpy reference on the CPU), None (the default: vulkan), or a
     DecoderBackend to use as it is.
     max_batch_items: the most windows transcribe_batch and BatchedInferencePipeline decode together (batch_size at
-    most this; on the GPU, the batch's entry points and state are made for this many when first used)."""
+    most this; on the GPU, the batch's entry points and state are made for this many when first used, or for as many
+    as the device's limits hold: VulkanBackend.add_batch)."""
 
     def __init__(self, path, precision: str = "fp32", device=None, backend=None, max_batch_items: int = 16):
         if precision not in ("fp32", "fp16"):

@@ -22,7 +22,8 @@ over state tensors that stay on the GPU (minirt/whisper/decoder_graph.py):
 A batch of independent sequences (BatchDecoder in backend.py: many windows decoded together, each at its own
 position, finishing on its own) runs on entry points of its own (decoder_graph.batch_graphs: bencode, bstepN,
 bstepN_select for step_rows_select, breorder) over state of its own, planned at construction (max_items) or by
-add_batch() when first needed.
+add_batch() when first needed, fitted to the device's limits (plan_batch: fewer sequences, or the encoder on chunks
+of the windows, where the device cannot hold them all).
 
 The cache holds max_batch rows (the most a search uses: beam_size, or best_of when sampling; 5 by default). The step
 entry points share their weights on the GPU (minirt/program.py). At precision fp16 every plan runs its kernels' half
@@ -89,12 +90,13 @@ def fit_batch(dm, profile, max_items: int, program: dict, precision: str = "fp32
     maxMemoryAllocationSize and the device heap beside the program's weights and activations, and as many windows a
     run of the encoder as its activations (program["encode"], the encoder of one window: each window of a batch
     adds its tensors) let fit (minirt.planner.memory_plan.items_that_fit). The notes say what bound them."""
+    from ..plan import CONSTANT, STATE, WEIGHT
     from ..planner.memory_plan import items_that_fit, per_item
     itemsize = 2 if precision == "fp16" else 4
     held = {}
     for plan in program.values():       # weights and constants once (shared by name), every entry's activations
         for t in plan.tensors.values():
-            if t.role in ("weight", "constant", "state") and not t.view_of:
+            if t.role in (WEIGHT, CONSTANT, STATE) and not t.view_of:
                 held[t.name] = t.nbytes
     held_bytes = sum(held.values()) + sum(per_item(p, profile)[2] for p in program.values() if p.dispatches)
     largest, total = decoder_graph.batch_state_bytes(dm, itemsize)

@@ -651,20 +651,24 @@ def models(cache_dir):
                    "prompt232, step1, stepN for N = --batch, step1_select, reorder).")
 @click.option("--batch", type=click.IntRange(min=1), default=5, show_default=True,
               help="A Whisper model folder: the rows (beams) of its Vulkan program.")
+@click.option("--items", type=click.IntRange(min=0, max=32), default=0, show_default=True,
+              help="A Whisper model folder: also the entry points of a batch of this many sequences (bencode, "
+                   "bstepN, breorder: transcribe_batch's), fitted to the device's limits; their notes say how.")
 @precision_opt
 @fp32_precision_opt
 @local_size_opt
 @rewrite_opt
 @option_opt
-def plan(model, storage, device, shapes, entry, batch, precision, fp32_precision, local_size, no_conv1d_rewrite,
-         options):
+def plan(model, storage, device, shapes, entry, batch, items, precision, fp32_precision, local_size,
+         no_conv1d_rewrite, options):
     """Print the plan: per node its op, input and output shapes, the kernels it dispatches (with global
     and local sizes), then the planner's notes (conv1d rewrite, conv routing and why).
 
     MODEL may also be a Whisper model folder or name (as `minirt transcribe --model` takes them): then the plans of
     its Vulkan program, one per entry point (encode, cross, two prompt sizes, a step of 1 row and one of --batch
     rows, the step of 1 row with the pick of its next token on the GPU, reorder), with their int32 inputs, state
-    tensors and run-time parameters.
+    tensors and run-time parameters; with --items, also those of a batch of that many sequences (transcribe_batch's),
+    whose notes say where the device's limits make the encoder take fewer windows a run or the batch hold fewer.
 
     Nothing runs and no weights are uploaded: the model is loaded, checked and planned for the device.
 
@@ -675,6 +679,7 @@ def plan(model, storage, device, shapes, entry, batch, precision, fp32_precision
       minirt plan dynamic.onnx --shape input_features=1,80,3000
       minirt plan whisper-tiny.en --entry step1
       minirt plan tiny.en --entry step1      # a model by name (`minirt models`)
+      minirt plan whisper-tiny.en --items 16 --entry bencode
       minirt plan models/whisper-tiny-encoder.onnx --fp32-precision f16x3 --option coopmat=emulate
     """
     from .infer import bind_inputs, prepare
@@ -689,7 +694,7 @@ def plan(model, storage, device, shapes, entry, batch, precision, fp32_precision
         from .whisper.hub import is_model_name, model_folder
         if os.path.isdir(model) or is_model_name(model):
             return _plan_whisper_program(model_folder(model, progress=sys.stderr.isatty()), entry, batch, device,
-                                         options, precision, storage, local_size)
+                                         options, precision, storage, local_size, items)
         given = dict(shapes)
         max_load = Options.make(options).max_load_bytes
         g = load(model, max_load_bytes=max_load)
@@ -1004,18 +1009,21 @@ def _progress_line(name, done, total) -> str:
     return f"{name}: {done:.0f} of {total:.0f} s ({100 * done / total if total else 100:.0f}%)"
 
 
-def _plan_whisper_program(folder, entry, batch, device, options, precision, storage, local_size):
-    """`minirt plan` of a Whisper model folder: the plans of its Vulkan program (minirt/whisper/vulkan.py)."""
+def _plan_whisper_program(folder, entry, batch, device, options, precision, storage, local_size, items=0):
+    """`minirt plan` of a Whisper model folder: the plans of its Vulkan program (minirt/whisper/vulkan.py), and of
+    its batch entry points for `items` sequences."""
     from .options import Options
     from .session import get_device
     from .whisper.checkpoint import load_checkpoint
-    from .whisper.vulkan import plan_program
+    from .whisper.vulkan import plan_batch, plan_program
     given = {k: v for k, v in dict(precision=precision, storage=storage, local_size=local_size).items()
              if v is not None}
     opts = Options.make(options, **given)
     ckpt = load_checkpoint(folder)
     dev = get_device(device)
     plans = plan_program(ckpt.weights, ckpt.config, dev.profile, batch, opts)
+    if items:
+        plans.update(plan_batch(ckpt.weights, ckpt.config, dev.profile, items, opts, plans))
     if entry is not None and entry not in plans:
         raise click.BadParameter(f"{entry!r} is not an entry point of this program ({', '.join(plans)})",
                                  param_hint="'--entry'")

@@ -7,6 +7,9 @@ def pytest_addoption(parser):
     parser.addoption("--validation", action="store_true",
                      help="run with the Khronos validation layer (also MINIRT_TEST_VALIDATION=1): any validation "
                           "warning or error during a test fails it")
+    parser.addoption("--long", action="store_true",
+                     help="also run the tests marked long (also MINIRT_TEST_LONG=1): many full-size windows, "
+                          "minutes on lavapipe")
 
 
 def _validation_requested(config) -> bool:
@@ -16,6 +19,8 @@ def _validation_requested(config) -> bool:
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a full-size model run, or a kernel that compiles for tens of seconds on "
                                        "lavapipe; runs by default (first), deselect with -m 'not slow'")
+    config.addinivalue_line("markers", "long: many full-size windows on the device, minutes on lavapipe; skipped "
+                                       "unless --long or MINIRT_TEST_LONG=1")
     config.addinivalue_line("markers", "unoptimized: compiles big kernels to run them on small shapes; on lavapipe "
                                        "it runs in a child process whose LLVM does not optimize (GALLIVM_PERF=no_opt: "
                                        "tests/unoptimized_child.py)")
@@ -26,8 +31,13 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked slow first (a stable sort): with -n, no worker ends the run alone on one of them (on lavapipe most
-    of their time is the first compile of a big kernel)."""
+    of their time is the first compile of a big kernel). Tests marked long are skipped unless asked for."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    if not (config.getoption("--long") or os.environ.get("MINIRT_TEST_LONG", "") not in ("", "0")):
+        skip = pytest.mark.skip(reason="long: run with --long or MINIRT_TEST_LONG=1")
+        for item in items:
+            if item.get_closest_marker("long") is not None:
+                item.add_marker(skip)
 
 
 _unoptimized_child = None

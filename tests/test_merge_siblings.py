@@ -236,6 +236,18 @@ def test_unaligned_part_offsets_do_not_merge():
     assert _merged(_linear_graph(specs), profile=H200, precision="fp16")[0]
 
 
+def test_merged_tensors_stay_within_the_range():
+    """Five siblings (outputs 37 x 48, weights 64 x 48: 12288 bytes a part) on a range of two parts' weights merge in
+    groups of two, in order, and the fifth stays alone; a range below two parts merges none; each says why."""
+    import dataclasses
+    specs = [{}] * 5
+    merged, g = _merged(_linear_graph(specs), profile=dataclasses.replace(LAVAPIPE, max_storage_buffer_range=30000))
+    assert [n.attrs["parts"] for n in merged] == [2, 2] and sum(n.op == "Linear" for n in g.nodes) == 3
+    assert all("groups of 2" in g.notes[n.name][0] for n in merged)
+    merged, g = _merged(_linear_graph(specs), profile=dataclasses.replace(LAVAPIPE, max_storage_buffer_range=20000))
+    assert not merged and "maxStorageBufferRange" in g.notes["lin0"][0]
+
+
 def test_texture_and_general_gemm_do_not_merge():
     merged, g = _merged(_linear_graph([{}, {}]), storage="texture")
     assert not merged and "texture storage" in g.notes["lin0"][0]

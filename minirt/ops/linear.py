@@ -55,7 +55,9 @@ class Linear(Op):
         g = ctx.graph
         x, y = ctx.t(node.inputs[0]), ctx.t(node.outputs[0])
         scale = float(node.attrs.get("scale", 1.0))
-        w = np.asarray(g.tensor(node.inputs[1]).data, np.float32) * scale
+        w = np.asarray(g.tensor(node.inputs[1]).data, np.float32)
+        if scale != 1.0:            # (a copy of a vocabulary projection costs a second or two at large-v3's shapes)
+            w = w * scale
         b = g.tensor(node.inputs[2]).data * scale if len(node.inputs) > 2 and node.inputs[2] else None
         res = ctx.t(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] else None
         act = node.attrs.get("act") or None

@@ -8,9 +8,11 @@ at fp16 (the kernels' half variants: 16-bit storage of tensors and state, fp32 a
   ParamRows(table) [param p, rows R, per_row]  out[i] = table[param(p) + i], i < R (a positional embedding); per_row:
                                                table[param(p + i)] (the parameters after p are the slots that follow
                                                it: each row of a batch at its own position)
-  CacheWrite(cache, x) [param p, per_row]      out = cache with out[b, param(p) + t] = x[b, t] (in place where out is
+  CacheWrite(cache, x) [param p, per_row, axis] out = cache with out[b, param(p) + t] = x[b, t] (in place where out is
                                                the new value of the state `cache`: only x's rows are written); per_row:
-                                               at param(p + b)
+                                               at param(p + b); axis 0: x's items at cache's items from param(p) / T
+                                               on, T = the cache's axis 1 (param(p) counts its [B * T] rows: a chunk
+                                               of a batch written into the batch's state; rows past it are dropped)
   ReorderRows(x, rows) [param valid]           out[i] = x[rows[i]] for i < len(rows), rows beyond unchanged (in place,
                                                through a scratch copy; only the first param(valid) entries of axis 1)
   CachedAttention(q, k, v) [heads, scale, param p, offset o, per_row, items i]
@@ -103,6 +105,9 @@ class CacheWrite(_ParamOp):
 
     def infer(self, node, ins):
         c, x = ins[0].shape, ins[1].shape
+        if int(attr(node, "axis", 1)) == 0 and len(c) >= 2 and len(x) == len(c) and x[0] <= c[0] and \
+                tuple(x[1:]) == tuple(c[1:]) and not attr(node, "per_row", 0):
+            return [(c, ins[0].dtype)]
         if len(c) < 2 or len(x) != len(c) or x[0] > c[0] or x[1] > c[1] or tuple(x[2:]) != tuple(c[2:]):
             raise ModelError(f"{node}: writes x {list(x)} into a cache {list(c)} (same rank >= 2, the same "
                              f"trailing dims, at most its rows)")
@@ -111,6 +116,11 @@ class CacheWrite(_ParamOp):
     def reference(self, node, cache, x, offset=0):
         """(offset: the parameter's value; per_row: one a row of x)"""
         y = cache.copy()
+        if int(attr(node, "axis", 1)) == 0:
+            rows = y.reshape((-1,) + y.shape[2:])
+            part = x.reshape((-1,) + x.shape[2:])[:max(0, len(rows) - offset)]
+            rows[offset:offset + len(part)] = part
+            return [y]
         offsets = np.broadcast_to(np.asarray(offset, np.int64).reshape(-1), (x.shape[0],)) if \
             attr(node, "per_row", 0) else [offset] * x.shape[0]
         for b, o in enumerate(offsets):
@@ -123,6 +133,8 @@ class CacheWrite(_ParamOp):
         width = _width(x.shape, 2)
         if not _same_memory(ctx, out, cache):      # not in place: start from a copy of the cache
             copy_rows(ctx, out, cache, cache.shape[0], _width(cache.shape))
+        if int(attr(node, "axis", 1)) == 0:        # x's [B * T] rows at row param(p) of the cache's
+            return copy_rows(ctx, out, x, x.shape[0] * x.shape[1], width, dst_param=attr(node, "param"))
         copy_rows(ctx, out, x, x.shape[0] * x.shape[1], width, group=x.shape[1], dst_stride=cache.shape[1],
                   dst_param=attr(node, "param"), per_row=bool(attr(node, "per_row", 0)))
 

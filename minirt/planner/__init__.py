@@ -20,13 +20,15 @@ Pass order (each pass is one module of this package):
  12. fuse_linear      (fuse_linear.py)      MatMul (or Gemm) + bias + scale + activation + residual -> one Linear
  13. merge_siblings   (merge_siblings.py)   Linears reading the same input (q, k, v) -> one GEMM + part views
  14. fuse_attention   (fuse_attention.py)   head splits + MatMul (+ mask) + Softmax + MatMul -> one Attention
- 15. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
- 16. fuse_reduce_layer_norm (fuse_reduce_layer_norm.py)  on the Plan: a split GEMM's reduce pass also does the
+ 15. split_wide_tables (split_wide_tables.py) a Linear weight or run-time Gather table beyond
+                                            maxStorageBufferRange -> parts by columns that fit, joined by a Concat
+ 16. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
+ 17. fuse_reduce_layer_norm (fuse_reduce_layer_norm.py)  on the Plan: a split GEMM's reduce pass also does the
                                             LayerNorm that reads its output
- 17. fuse_norm_linear_rows (fuse_norm_linear_rows.py)  on the Plan: a LayerNorm read only by a few-row Linear
+ 18. fuse_norm_linear_rows (fuse_norm_linear_rows.py)  on the Plan: a LayerNorm read only by a few-row Linear
                                             (linear_rows) is done by that Linear as it reads its rows
- 18. local sizes      (minirt.kernels.rules) one deterministic local size per dispatch, by its family's rule
- 19. memory plan      (memory_plan.py)      lifetimes for memory reuse (option memory_reuse=False: none), and
+ 19. local sizes      (minirt.kernels.rules) one deterministic local size per dispatch, by its family's rule
+ 20. memory plan      (memory_plan.py)      lifetimes for memory reuse (option memory_reuse=False: none), and
                                             the check that the device can hold what the plan allocates
 The planner never imports vulkan: everything it decides is plain data in the Plan. PASSES lists the passes in this
 order; each graph pass is fn(graph, options, profile): the Session's Options (storage resolved for the device) and the
@@ -43,7 +45,8 @@ from ..kernels.local_size import check_local_size, forced_local_size
 from ..kernels.rules import pick_local_size
 from . import (conv1d_as_conv2d, conv_channels_last, conv_input_nlc, conv_output_nlc, conv_routing, fold_batch_norm,
                fold_pad_conv, fuse_activation, fuse_attention, fuse_gelu, fuse_layer_norm, fuse_linear,
-               fuse_norm_linear_rows, fuse_reduce_layer_norm, fuse_silu, memory_plan, merge_siblings)
+               fuse_norm_linear_rows, fuse_reduce_layer_norm, fuse_silu, memory_plan, merge_siblings,
+               split_wide_tables)
 from .lower import lower
 from ..plan import INPUT, OUTPUT, Plan
 from .storage_layout import check_limits, resolve_storage
@@ -83,7 +86,8 @@ class Pass:
 PASSES = (Pass(fold_batch_norm), Pass(fold_pad_conv), Pass(conv1d_as_conv2d), Pass(conv_routing, "annotate"),
           Pass(fuse_gelu), Pass(fuse_layer_norm), Pass(fuse_silu), Pass(fuse_activation), Pass(conv_output_nlc),
           Pass(conv_input_nlc), Pass(conv_channels_last), Pass(fuse_linear), Pass(merge_siblings),
-          Pass(fuse_attention), Pass(fuse_reduce_layer_norm, on_plan=True),
+          Pass(fuse_attention), Pass(split_wide_tables),
+          Pass(fuse_reduce_layer_norm, on_plan=True),
           Pass(fuse_norm_linear_rows, on_plan=True))
 # (name, pass) of the graph passes: a pass called as fn(graph, options, profile) -> graph
 GRAPH_PASSES = [(p.name, p) for p in PASSES if not p.on_plan]

@@ -135,6 +135,44 @@ def check_memory(plan: Plan, profile) -> None:
         + ", ".join(f"'{t.name}' {list(t.shape)} ({t.role}) {_size(t.nbytes)}" for t in big), [t.name for t in big])
 
 
+def per_item(plan: Plan, profile) -> tuple:
+    """What a batch holds of `plan`, the plan of one item, for each item: everything but its weights, constants,
+    state and parameters grows with the batch (activations, scratch, inputs and outputs). (the largest such tensor,
+    its bytes, the bytes of its activation arena)."""
+    grows = [t for t in plan.tensors.values() if not t.view_of and t.role not in PINNED]
+    big = max(grows, key=lambda t: t.nbytes)
+    return big, big.nbytes, arena(plan, buffer_alignment(profile))[1]
+
+
+def items_that_fit(profile, most: int, largest: int, allocation: int = 0, heap: int = 0, reserved: int = 0,
+                   storage: str = "buffer") -> tuple[int, str]:
+    """The most items, up to `most`, a batch holds where each item adds `largest` bytes to its largest tensor,
+    `allocation` bytes to one allocation (an activation arena) and `heap` bytes to the device-local heap, with
+    `reserved` bytes of that heap held besides (weights, other plans' memory): its largest tensor within
+    maxStorageBufferRange (buffer storage) and maxMemoryAllocationSize, the allocation within
+    maxMemoryAllocationSize, and the heap less reserved (where that leaves anything: else the driver judges).
+    (items, the limit that bound them, as text; "" where `most` fit). 0 where one item's largest tensor does not fit;
+    at least 1 otherwise (a plan of one item needs as much anyway)."""
+    p = profile
+    bounds = []
+    if storage == "buffer":
+        bounds.append((p.max_storage_buffer_range, largest, "its largest tensor", "maxStorageBufferRange"))
+    if p.max_allocation:
+        bounds.append((p.max_allocation, largest, "its largest tensor", "maxMemoryAllocationSize"))
+        bounds.append((p.max_allocation, allocation, "its activations (one allocation)", "maxMemoryAllocationSize"))
+    if p.device_heap > reserved:
+        bounds.append((p.device_heap - reserved, heap, "what it holds",
+                       f"the device heap less {_size(reserved)} held besides"))
+    n, why = most, ""
+    for limit, per, what, name in bounds:
+        k = limit // per if per else most
+        if what != "its largest tensor":
+            k = max(1, k)
+        if k < n:
+            n, why = k, f"{what}, {_size(per)} an item, {_size(per * most)} for {most}, is beyond {name} ({_size(limit)})"
+    return n, why
+
+
 def assign_offsets(items, alignment: int = 256):
     """items: [(key, size, align, first, last)], first <= last. Returns ({key: offset}, total bytes).
 

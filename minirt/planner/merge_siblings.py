@@ -12,7 +12,9 @@ j // N), so each part is one contiguous range and SplitParts lowers to free view
 to take a row stride. A view's offset becomes a descriptor offset, which Vulkan wants a multiple of
 minStorageBufferOffsetAlignment: groups whose part size (M * N elements) is not are left alone.
 
-Linears that write a state tensor (Graph.state) are left out: their output already has its own memory.
+Linears that write a state tensor (Graph.state) are left out: their output already has its own memory. The merged
+output and weight are each bound whole, so a group whose merged tensors would pass the device's
+maxStorageBufferRange is merged in consecutive groups that fit (a note says so), or not at all where two parts do not.
 Left alone as well, with a note: texture storage (an image cannot be viewed at an offset, and its GEMM has no
 part-major output: merging would need a copy per part), the general GEMM fallback (K not a multiple of 4, or
 Session option fast_gemm off), and parts of different widths. Option merge_siblings=False turns the
@@ -85,40 +87,21 @@ def rewrite(graph, options, profile=None):
         elif (m_rows * n * itemsize) % max(align, 1):
             why = (f"a part is {m_rows * n * itemsize} bytes, not a multiple of the device's storage-buffer offset "
                    f"alignment ({align}), so the parts cannot be views")
+        limit = profile.max_storage_buffer_range if profile is not None else 0
+        most = len(members)
+        if not why and limit:      # the merged output and weight, one binding each, within the device's range
+            most = min(most, limit // (m_rows * n * itemsize), limit // (-(-k // 4) * 4 * n * itemsize))
+            if most < 2:
+                why = (f"two parts' output or weight would be beyond the device's maxStorageBufferRange "
+                       f"({limit >> 20} MiB)")
         if why:
             for nm in names:
                 graph.note(nm, f"not merged with its {len(members) - 1} sibling Linear(s) reading '{x}': {why}")
             continue
-        parts = len(members)
-        w = np.empty((k, parts * n), np.float32)
-        bias = np.zeros(parts * n, np.float32)
-        has_bias = False
-        for i, mem in enumerate(members):
-            s = float(mem.attrs.get("scale", 1.0))
-            w[:, i * n:(i + 1) * n] = np.asarray(graph.tensor(mem.inputs[1]).data, np.float32) * s
-            if len(mem.inputs) > 2 and mem.inputs[2]:
-                bias[i * n:(i + 1) * n] = np.asarray(graph.tensor(mem.inputs[2]).data, np.float32).reshape(-1) * s
-                has_bias = True
-        name = _merged_name(names, taken)
-        taken.update((name, f"{name}/split"))
-        w_name = graph.fresh_name(f"{name}/weight")
-        graph.const(w_name, w)
-        b_name = ""
-        if has_bias:
-            b_name = graph.fresh_name(f"{name}/bias")
-            graph.const(b_name, bias)
-        y = graph.fresh_name(f"{name}_output_0")
-        graph.add_tensor(Tensor(y, (parts, m_rows, n), "float32"))
-        outs = [mem.outputs[0] for mem in members]
-        shapes = [tuple(graph.tensor(o).shape) for o in outs]
-        merged = Node("Linear", name, [x, w_name, b_name, ""], [y], {"act": act, "scale": 1.0, "parts": parts},
-                      "minirt")
-        split = Node("SplitParts", f"{name}/split", [y], outs, {"shapes": shapes}, "minirt")
-        replace[id(members[0])] = [merged, split]    # the first member's place: x exists, no part is read yet
-        drop.update(id(mem) for mem in members[1:])
-        graph.note(name, f"merged {parts} sibling Linears reading '{x}' ({', '.join(names)}) into one GEMM: "
-                         f"M={m_rows}, K={k}, N={parts}x{n}; output part-major [{parts}, {m_rows}, {n}], each part a "
-                         f"view at an offset")
+        for at in range(0, len(members), most):     # groups whose merged tensors fit, in order
+            if len(members[at:at + most]) > 1:
+                _merge(graph, members[at:at + most], x, act, k, n, m_rows, taken, replace, drop,
+                       f" (groups of {most}: more would be beyond maxStorageBufferRange)" if most < len(members) else "")
     if not replace:
         return graph
     nodes = []
@@ -130,3 +113,38 @@ def rewrite(graph, options, profile=None):
     graph.nodes = nodes
     graph.remove_unused()
     return graph
+
+
+def _merge(graph, members, x, act, k, n, m_rows, taken, replace, drop, why=""):
+    """One Linear over `members`' weights side by side, and the SplitParts handing out their outputs."""
+    names = [m.name for m in members]
+    parts = len(members)
+    w = np.empty((k, parts * n), np.float32)
+    bias = np.zeros(parts * n, np.float32)
+    has_bias = False
+    for i, mem in enumerate(members):
+        s = float(mem.attrs.get("scale", 1.0))
+        w[:, i * n:(i + 1) * n] = np.asarray(graph.tensor(mem.inputs[1]).data, np.float32) * s
+        if len(mem.inputs) > 2 and mem.inputs[2]:
+            bias[i * n:(i + 1) * n] = np.asarray(graph.tensor(mem.inputs[2]).data, np.float32).reshape(-1) * s
+            has_bias = True
+    name = _merged_name(names, taken)
+    taken.update((name, f"{name}/split"))
+    w_name = graph.fresh_name(f"{name}/weight")
+    graph.const(w_name, w)
+    b_name = ""
+    if has_bias:
+        b_name = graph.fresh_name(f"{name}/bias")
+        graph.const(b_name, bias)
+    y = graph.fresh_name(f"{name}_output_0")
+    graph.add_tensor(Tensor(y, (parts, m_rows, n), "float32"))
+    outs = [mem.outputs[0] for mem in members]
+    shapes = [tuple(graph.tensor(o).shape) for o in outs]
+    merged = Node("Linear", name, [x, w_name, b_name, ""], [y], {"act": act, "scale": 1.0, "parts": parts},
+                  "minirt")
+    split = Node("SplitParts", f"{name}/split", [y], outs, {"shapes": shapes}, "minirt")
+    replace[id(members[0])] = [merged, split]    # the first member's place: x exists, no part is read yet
+    drop.update(id(mem) for mem in members[1:])
+    graph.note(name, f"merged {parts} sibling Linears reading '{x}' ({', '.join(names)}) into one GEMM: "
+                     f"M={m_rows}, K={k}, N={parts}x{n}; output part-major [{parts}, {m_rows}, {n}], each part a "
+                     f"view at an offset{why}")

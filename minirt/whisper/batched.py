@@ -151,6 +151,8 @@ class BatchedInferencePipeline:
     def _segments(self, samples, chunks, prompt, options, batch_size):
         model, tok = self.model, self.model.tokenizer
         backend, idx = model.search_backend(options), 0
+        if options.beam_size == 1:     # as many windows a batch as the backend's holds (the device may hold fewer)
+            batch_size = min(batch_size, backend.max_items)
         for at in range(0, len(chunks), batch_size):
             part = chunks[at:at + batch_size]
             windows = [LogMel(samples.read(s, e), model.n_mels) for s, e in part]

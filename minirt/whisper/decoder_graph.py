@@ -39,7 +39,9 @@ A batch of independent sequences (batch_graphs: many windows decoded together, e
 own length, finishing on its own) has entry points of its own over state of its own, M sequences at most:
   bencode  input_features [M, n_mels, 2 n_audio_ctx] -> the encoder on M windows as one batch, then per decoder
            layer the cross-attention keys and values of each window's output into bcross_k.<i>, bcross_v.<i>
-           [M, n_audio_ctx, d_model] (item m in row m).
+           [M, n_audio_ctx, d_model] (item m in row m). Where the device cannot hold the encoder's activations for
+           M windows (batch_graphs' encode_chunk), it takes C < M windows a run, and a run writes them at window
+           param(row0) / n_audio_ctx on (a CacheWrite along the batch axis after each key and value projection).
   bstepN   tokens [N, 1] int32, parameters pos.0 .. pos.N-1 and item.0 .. item.N-1 -> logits [N, 1, n_vocab]: row r
            appends its token at its own position pos.r (ParamRows, CacheWrite and CachedAttention read a parameter a
            row: per_row) into row r of bself_k.<i>, bself_v.<i> [M, n_text_ctx, d_model], attends causally over its
@@ -103,6 +105,15 @@ def dims_of(weights: dict, config: dict) -> Dims:
                 vocab)
 
 
+class _Shared(dict):
+    """The weights of several graphs built together, and the transposed copies made of them so far (each made once:
+    a vocabulary projection is 253 MiB at large-v3's shapes, and every step and prompt graph reads it)."""
+
+    def __init__(self, weights):
+        super().__init__(weights)
+        self.transposed = {}
+
+
 class _Builder:
     """Nodes and constants of one graph, named by scope."""
 
@@ -120,8 +131,15 @@ class _Builder:
         self.g.tensors.setdefault(out, Tensor(out))
         return out
 
+    def transposed(self, name):
+        """Checkpoint tensor `name` transposed, contiguous float32 (made once for graphs built together)."""
+        made = getattr(self.w, "transposed", {})
+        if name not in made:
+            made[name] = np.ascontiguousarray(np.asarray(self.w[name], np.float32).T)
+        return made[name]
+
     def linear(self, x, prefix, out, bias=True, act="", residual=""):
-        w = self.param(f"{prefix}.weight^T", np.asarray(self.w[f"{prefix}.weight"], np.float32).T)
+        w = self.param(f"{prefix}.weight^T", self.transposed(f"{prefix}.weight"))
         b = self.param(f"{prefix}.bias") if bias else ""
         return self.node("Linear", [x, w, b, residual], out, "minirt", act=act, scale=1.0)
 
@@ -135,15 +153,20 @@ class _Builder:
         return name
 
 
-def encoder_graph(weights: dict, dm: Dims, batch: int = 1, state: str = "") -> Graph:
-    """The encoder on `batch` windows, then the cross-attention keys and values of each into state `state`cross_*."""
+def encoder_graph(weights: dict, dm: Dims, batch: int = 1, state: str = "", items: int = 0) -> Graph:
+    """The encoder on `batch` windows, then the cross-attention keys and values of each into state `state`cross_*.
+    items > batch: a chunk of a batch, the state holding `items` windows; the run's windows go to windows
+    param(CHUNK_ROW) / n_audio_ctx on (the parameter counts the state's rows of n_audio_ctx a window)."""
     cfg = {"d_model": dm.d_model, "encoder_attention_heads": dm.encoder_heads, "num_mel_bins": dm.n_mels,
            "max_source_positions": dm.n_audio_ctx, "encoder_layers": dm.encoder_layers}
     g = build_whisper_encoder_graph(cfg, lambda k: weights[f"model.encoder.{k}"], prefix="model.encoder.",
                                     source=f"whisper {state}encode", batch=batch)
     g.outputs = []
-    _cross_kv(_Builder(g, weights), dm, "last_hidden_state", batch, state)
+    _cross_kv(_Builder(g, weights), dm, "last_hidden_state", batch, state, items if items > batch else 0)
     return g
+
+
+CHUNK_ROW = "row0"   # the parameter of a chunk's encoder (encoder_graph with items): its first row in the state
 
 
 def cross_graph(weights: dict, dm: Dims) -> Graph:
@@ -156,14 +179,21 @@ def cross_graph(weights: dict, dm: Dims) -> Graph:
     return g
 
 
-def _cross_kv(b: _Builder, dm: Dims, x: str, batch: int = 1, state: str = "") -> None:
-    """Every decoder layer's cross-attention keys and values from the encoder output x, into state."""
+def _cross_kv(b: _Builder, dm: Dims, x: str, batch: int = 1, state: str = "", items: int = 0) -> None:
+    """Every decoder layer's cross-attention keys and values from the encoder output x, into state (of `items`
+    windows, a chunk's `batch` at param(CHUNK_ROW), where items is given)."""
+    if items:
+        b.g.params = [CHUNK_ROW]
     for i in range(dm.decoder_layers):
         p = f"model.decoder.layers.{i}.encoder_attn"
         for kv, bias in (("k", False), ("v", True)):
             name = f"{state}cross_{kv}.{i}"
-            b.state(name, (batch, dm.n_audio_ctx, dm.d_model), f"{name}@new")
-            b.linear(x, f"{p}.{kv}_proj", f"{name}@new", bias=bias)
+            b.state(name, (items or batch, dm.n_audio_ctx, dm.d_model), f"{name}@new")
+            if items:
+                part = b.linear(x, f"{p}.{kv}_proj", f"{name}@chunk", bias=bias)
+                b.node("CacheWrite", [name, part], f"{name}@new", "minirt", param=CHUNK_ROW, axis=0)
+            else:
+                b.linear(x, f"{p}.{kv}_proj", f"{name}@new", bias=bias)
 
 
 def _decoder_layers(g: Graph, b: _Builder, dm: Dims, batch: int, tokens: int, rows: int, items: int = 0) -> str:
@@ -216,7 +246,7 @@ def _logits(g: Graph, b: _Builder, weights: dict, x: str) -> None:
     d = "model.decoder"
     x = b.layer_norm(x, f"{d}.layer_norm", "ln_out")
     proj = "proj_out.weight" if "proj_out.weight" in weights else f"{d}.embed_tokens.weight"   # tied by default
-    w = b.param("logits.weight^T", np.asarray(weights[proj], np.float32).T)
+    w = b.param("logits.weight^T", b.transposed(proj))
     b.node("Linear", [x, w, "", ""], "logits", "minirt", act="", scale=1.0)
     g.outputs.append("logits")
 
@@ -390,6 +420,7 @@ def program_graphs(weights: dict, dm: Dims, batch: int, step_rows=None) -> dict:
     sizes = sorted(set(step_rows or (1, batch)))
     if not sizes or sizes[0] < 1 or sizes[-1] > batch:
         raise ValueError(f"step row counts {sizes} must be in 1..{batch}")
+    weights = _Shared(weights)
     graphs = {"encode": encoder_graph(weights, dm), "cross": cross_graph(weights, dm)}
     graphs.update({prompt_entry(n): prompt_graph(weights, dm, n, PROMPT_PICKS, batch) for n in prompt_sizes(dm)})
     graphs.update({step_entry(n): step_graph(weights, dm, n, batch) for n in sizes})
@@ -421,12 +452,27 @@ def batch_step_graph(weights: dict, dm: Dims, rows: int, items: int, select: boo
     return g
 
 
-def batch_graphs(weights: dict, dm: Dims, items: int) -> dict:
+def batch_state_bytes(dm: Dims, itemsize: int) -> tuple:
+    """What each sequence of a batch adds to the batch's state (bcross_*, bself_*): (bytes of its largest state
+    tensor, bytes in all)."""
+    rows = dm.n_audio_ctx + dm.n_text_ctx
+    return max(dm.n_audio_ctx, dm.n_text_ctx) * dm.d_model * itemsize, 2 * dm.decoder_layers * rows * dm.d_model * \
+        itemsize
+
+
+def batch_graphs(weights: dict, dm: Dims, items: int, encode_chunk: int = 0) -> dict:
     """{entry point: Graph} of a batch of up to `items` independent sequences: bencode, bstepN and bstepN_select for N
-    in batch_step_sizes(items), breorder (the module doc)."""
+    in batch_step_sizes(items), breorder (the module doc). encode_chunk (1 to items - 1; 0: items): bencode takes
+    that many windows a run, and encode_batch runs it a chunk at a time, each writing its windows' keys and values at
+    parameter CHUNK_ROW (the chunk's first window times n_audio_ctx), where the device cannot hold the encoder's
+    activations for the whole batch."""
     if not 1 <= items <= MAX_ITEMS:
         raise ValueError(f"a batch of 1 to {MAX_ITEMS} sequences, got {items}")
-    graphs = {"bencode": encoder_graph(weights, dm, items, "b")}
+    if not 0 <= encode_chunk <= items:
+        raise ValueError(f"an encoder chunk of 0 to {items} windows, got {encode_chunk}")
+    chunk = encode_chunk if 0 < encode_chunk < items else items
+    weights = _Shared(weights)
+    graphs = {"bencode": encoder_graph(weights, dm, chunk, "b", items)}
     for n in batch_step_sizes(items):
         graphs[f"bstep{n}"] = batch_step_graph(weights, dm, n, items)
         graphs[select_entry(f"bstep{n}")] = batch_step_graph(weights, dm, n, items, select=True)

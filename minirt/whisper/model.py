@@ -55,7 +55,8 @@ class WhisperModel:
     beams and best_of past 5 run on its batch rows, minirt.whisper.beam_rows), "reference" (the numpy reference on
     the CPU), None (the default: vulkan), or a DecoderBackend to use as it is.
     max_batch_items: the most windows transcribe_batch and BatchedInferencePipeline decode together (batch_size at
-    most this; on the GPU, the batch's entry points and state are made for this many when first used).
+    most this; on the GPU, the batch's entry points and state are made for this many when first used, or for as many
+    as the device's limits hold: VulkanBackend.add_batch).
     compute_type: faster-whisper's argument, "default" (precision decides), "float32" (fp32) or "float16" (fp16);
     the int8, int16 and bfloat16 types are refused (minirt has no quantized or bfloat16 Whisper yet)."""
 
@@ -212,7 +213,8 @@ class WhisperModel:
         files = [(mel, info.language, kw["task"], rng) for mel, _, info, rng in setups]
         with self.lock:
             segments = generate_segments_batch(self.search_backend(options), self.tokenizer, files, options,
-                                               self.suppress_blank_ids, batch_size)
+                                               self.suppress_blank_ids,
+                                               min(batch_size, self.backend.max_items))
         return [(list(restore_times(segs, info.speech_chunks)) if info.speech_chunks else segs, info)
                 for segs, (_, _, info, _) in zip(segments, setups)]
 
@@ -225,7 +227,9 @@ class WhisperModel:
 
     def batch_backend(self, batch_size: int):
         """The backend, able to decode batches of batch_size windows (BatchDecoder): on the GPU, the batch's entry
-        points are made the first time (for max_batch_items windows, from the checkpoint read again)."""
+        points are made the first time (for max_batch_items windows, from the checkpoint read again, or as many as
+        the device holds: VulkanBackend.add_batch). A backend whose batch holds fewer (its max_items) decodes
+        batch_size windows as batches of that many."""
         b = self.backend
         if not is_int(batch_size) or not 1 <= batch_size <= self.max_batch_items:
             raise OptionError(f"batch_size must be 1 to {self.max_batch_items} (WhisperModel(max_batch_items=...)), "
@@ -237,8 +241,6 @@ class WhisperModel:
             if not getattr(b, "max_items", 0) and hasattr(b, "add_batch"):
                 ckpt = load_checkpoint(self.path)
                 b.add_batch(ckpt.weights, ckpt.config, self.max_batch_items)
-        if batch_size > b.max_items:
-            raise OptionError(f"batch_size {batch_size} is more than the backend's batch of {b.max_items}")
         return b
 
     def check_options(self, kw: dict, sampling_allowed: bool = True) -> dict:

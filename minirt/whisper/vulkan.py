@@ -22,7 +22,8 @@ over state tensors that stay on the GPU (minirt/whisper/decoder_graph.py):
 A batch of independent sequences (BatchDecoder in backend.py: many windows decoded together, each at its own
 position, finishing on its own) runs on entry points of its own (decoder_graph.batch_graphs: bencode, bstepN,
 bstepN_select for step_rows_select, breorder) over state of its own, planned at construction (max_items) or by
-add_batch() when first needed.
+add_batch() when first needed, fitted to the device's limits (plan_batch: fewer sequences, or the encoder on chunks
+of the windows, where the device cannot hold them all).
 
 The cache holds max_batch rows (the most a search uses: beam_size, or best_of when sampling; 5 by default). The step
 entry points share their weights on the GPU (minirt/program.py). At precision fp16 every plan runs its kernels' half
@@ -60,10 +61,60 @@ def _plans(graphs: dict, profile, options) -> dict:
     return {k: plan_graph(g, profile, "buffer", opts)[1] for k, g in graphs.items()}
 
 
-def plan_batch(weights: dict, config: dict, profile, max_items: int, options=None) -> dict:
-    """{entry point: Plan} of the batch entry points (decoder_graph.batch_graphs), as plan_program plans."""
-    graphs = decoder_graph.batch_graphs(weights, decoder_graph.dims_of(weights, config), int(max_items))
-    return _plans(graphs, profile, options)
+def plan_batch(weights: dict, config: dict, profile, max_items: int, options=None, program=None) -> dict:
+    """{entry point: Plan} of the batch entry points (decoder_graph.batch_graphs), as plan_program plans, fitted to
+    the device (fit_batch): they hold fewer than max_items sequences where the device cannot hold their state
+    (plans["bstep1"].tensors["bself_k.0"].shape[0] says how many), and bencode takes fewer windows a run where it
+    cannot hold the encoder's activations for all of them (its input's first dimension). program: the plans of the
+    one-sequence program on this device and options (plan_program's; planned here where not given)."""
+    from ..options import Options
+    dm = decoder_graph.dims_of(weights, config)
+    opts = Options.of(options)
+    if program is None:
+        program = _plans({"encode": decoder_graph.encoder_graph(weights, dm)}, profile, opts)
+    items, chunk, notes = fit_batch(dm, profile, int(max_items), program, opts.precision)
+    while True:
+        graphs = decoder_graph.batch_graphs(weights, dm, items, chunk if chunk < items else 0)
+        for n in notes:
+            graphs["bencode"].note("batch", n)
+        try:
+            return _plans(graphs, profile, opts)
+        except UnsupportedError:
+            if chunk <= 1:      # the estimate holds for the encoder, whose activations are linear in windows
+                raise
+            chunk = max(1, chunk // 2)
+            notes = notes[:1] + [f"encoder chunk halved to {chunk} windows: the plan of more did not fit"]
+
+
+def fit_batch(dm, profile, max_items: int, program: dict, precision: str = "fp32") -> tuple:
+    """(sequences, encoder windows a run, [planner notes]) of a batch of up to max_items sequences on `profile`:
+    as many sequences as the batch's state (decoder_graph.batch_state_bytes) lets fit maxStorageBufferRange,
+    maxMemoryAllocationSize and the device heap beside the program's weights and activations, and as many windows a
+    run of the encoder as its activations (program["encode"], the encoder of one window: each window of a batch
+    adds its tensors) let fit (minirt.planner.memory_plan.items_that_fit). The notes say what bound them."""
+    from ..plan import CONSTANT, STATE, WEIGHT
+    from ..planner.memory_plan import items_that_fit, per_item
+    itemsize = 2 if precision == "fp16" else 4
+    held = {}
+    for plan in program.values():       # weights and constants once (shared by name), every entry's activations
+        for t in plan.tensors.values():
+            if t.role in (WEIGHT, CONSTANT, STATE) and not t.view_of:
+                held[t.name] = t.nbytes
+    held_bytes = sum(held.values()) + sum(per_item(p, profile)[2] for p in program.values() if p.dispatches)
+    largest, total = decoder_graph.batch_state_bytes(dm, itemsize)
+    items, why = items_that_fit(profile, max_items, largest, heap=total, reserved=held_bytes)
+    if not items:
+        raise UnsupportedError(f"a batch's state tensors ({largest / 2**20:.1f} MiB a sequence) do not fit "
+                               f"the maxStorageBufferRange or maxMemoryAllocationSize of '{profile.name}'")
+    notes = [f"a batch of {items} sequences, not {max_items}: for its state, {why}"] if items < max_items else []
+    big, big_bytes, arena_bytes = per_item(program["encode"], profile)
+    chunk, why = items_that_fit(profile, items, big_bytes, arena_bytes, arena_bytes, held_bytes + items * total)
+    if chunk < items:       # as few runs as that takes, of equal windows (16 in 2 runs of 8, not 14 and 14)
+        chunk = -(-items // -(-items // max(1, chunk)))
+        notes.append(f"the encoder runs on {chunk} of the batch's {items} windows at a time (input_features "
+                     f"[{chunk}, ...], parameter {decoder_graph.CHUNK_ROW}: the chunk's first row of the bcross_* "
+                     f"state): {why} (the largest: '{big.name}' {list(big.shape)} for one window)")
+    return items, max(1, chunk), notes
 
 
 class VulkanBackend:
@@ -121,11 +172,13 @@ class VulkanBackend:
             return
         if not 1 <= max_items <= decoder_graph.MAX_ITEMS:
             raise ValueError(f"max_items must be 1 to {decoder_graph.MAX_ITEMS}, got {max_items}")
-        plans = plan_batch(weights, config, self.program.device.profile, max_items, self._opts)
+        plans = plan_batch(weights, config, self.program.device.profile, max_items, self._opts, self.plans)
         self.program.add(plans)
         self.plans.update(plans)
-        self._batch_steps = decoder_graph.batch_step_sizes(max_items)
-        self.max_items = int(max_items)
+        items = plans["breorder"].tensors["rows"].shape[0]
+        self._batch_steps = decoder_graph.batch_step_sizes(items)
+        self._encode_chunk = plans["bencode"].tensors["input_features"].shape[0]
+        self.max_items = int(items)
 
     def encode_batch(self, features: np.ndarray) -> None:
         x = np.asarray(features, np.float32)
@@ -135,9 +188,18 @@ class VulkanBackend:
         if x.ndim != 3 or tuple(x.shape[1:]) != want or not 1 <= len(x) <= self.max_items:
             raise ValueError(f"features must be [1 to {self.max_items}, {want[0]}, {want[1]}] (max_items "
                              f"{self.max_items}), got {list(x.shape)}")
-        full = np.zeros((self.max_items,) + want, np.float32)
-        full[:len(x)] = x
-        self.program.run("bencode", {"input_features": full})
+        chunk = self._encode_chunk
+        if chunk == self.max_items:
+            full = np.zeros((chunk,) + want, np.float32)
+            full[:len(x)] = x
+            self.program.run("bencode", {"input_features": full})
+        else:                   # a chunk of windows a run (plan_batch): each writes its rows of the batch's state
+            for at in range(0, len(x), chunk):
+                full = np.zeros((chunk,) + want, np.float32)
+                part = x[at:at + chunk]
+                full[:len(part)] = part
+                self.program.run("bencode", {"input_features": full},
+                                 {decoder_graph.CHUNK_ROW: at * self.dims.n_audio_ctx})
         self._items, self._row_item, self._row_len = len(x), [], []
 
     def start_rows(self, items) -> None:

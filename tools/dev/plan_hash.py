@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Hash the default plans of Whisper tiny and base, fp32 and fp16, on the H200, lavapipe, Adreno and Mali profiles of
 minirt/device_profile.py (and on the machine's own device with --real), and the plans of every entry point of the
-Whisper program (minirt.whisper.vulkan.plan_program) of a random-weights tiny, and (with --families) the default plans of
-every model in models/families/*.onnx in both storages on those profiles: a refactor that must leave the plans as they
-were compares these hashes between two trees.
+Whisper program (minirt.whisper.vulkan.plan_program) of a random-weights tiny and of its batch of 16 sequences
+(plan_batch: fitted to each profile's limits), and (with --families) the default plans of every model in
+models/families/*.onnx in both storages on those profiles: a refactor that must leave the plans as they were compares
+these hashes between two trees.
 
     python tools/dev/plan_hash.py                 # this tree
     python tools/dev/plan_hash.py OTHER_TREE      # another checkout's minirt, with this script
@@ -60,7 +61,7 @@ def main(argv=None) -> int:
     out = {}
     try:
         from minirt.whisper.synthetic import SIZES, random_checkpoint
-        from minirt.whisper.vulkan import plan_program
+        from minirt.whisper.vulkan import plan_batch, plan_program
         weights, cfg = random_checkpoint(SIZES["tiny"], 0)
     except ImportError as e:        # a tree from before the Whisper program
         out["program"] = f"error {type(e).__name__}: {e}"[:120]
@@ -73,6 +74,12 @@ def main(argv=None) -> int:
                             for e, plan in plans.items()})
             except Exception as e:
                 out[f"program/{precision}/{name}"] = f"error {type(e).__name__}: {e}"[:120]
+            try:
+                plans = plan_batch(weights, cfg, p, 16, {"precision": precision})
+                out.update({f"batch/{precision}/{name}/{e}": f"{digest(plan, np)} n={len(plan.dispatches)}"
+                            for e, plan in plans.items()})
+            except Exception as e:
+                out[f"batch/{precision}/{name}"] = f"error {type(e).__name__}: {e}"[:120]
     for size in ("tiny", "base"):
         g = prepare(load(we.build_whisper_encoder(size)))
         for precision in ("fp32", "fp16"):

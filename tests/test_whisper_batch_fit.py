@@ -97,10 +97,10 @@ def test_real_tiny_en_batch_of_16_equals_one_by_one(tmp_path):
     whose encoder, on a device with 128 MiB ranges, runs in chunks): every clip's tokens are transcribe()'s.
     Minutes on lavapipe: skipped unless --long."""
     import json
-    import wave
 
     import real_whisper
     import speech_clips
+    from test_ray import write_wav
     if not speech_clips.espeak_available():
         pytest.skip("espeak-ng is not installed (tools/setup.sh installs it)")
     try:
@@ -112,11 +112,7 @@ def test_real_tiny_en_batch_of_16_equals_one_by_one(tmp_path):
     for i in range(16):
         samples = speech_clips.clip(speech_clips.sentences(i, 1))
         paths.append(str(tmp_path / f"c{i}.wav"))
-        with wave.open(paths[-1], "wb") as w:
-            w.setnchannels(1)
-            w.setsampwidth(2)
-            w.setframerate(16000)
-            w.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+        write_wav(paths[-1], samples)
     options = dict(beam_size=1, temperature=0.0, condition_on_previous_text=False)
     t = Transcriber(folder, **options)
     out = t({"audio": np.array(paths)})

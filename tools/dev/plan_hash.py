@@ -68,18 +68,13 @@ def main(argv=None) -> int:
         weights = None
     for precision in ("fp32", "fp16") if weights is not None else ():
         for name, p in profiles.items():
-            try:
-                plans = plan_program(weights, cfg, p, 5, {"precision": precision})
-                out.update({f"program/{precision}/{name}/{e}": f"{digest(plan, np)} n={len(plan.dispatches)}"
-                            for e, plan in plans.items()})
-            except Exception as e:
-                out[f"program/{precision}/{name}"] = f"error {type(e).__name__}: {e}"[:120]
-            try:
-                plans = plan_batch(weights, cfg, p, 16, {"precision": precision})
-                out.update({f"batch/{precision}/{name}/{e}": f"{digest(plan, np)} n={len(plan.dispatches)}"
-                            for e, plan in plans.items()})
-            except Exception as e:
-                out[f"batch/{precision}/{name}"] = f"error {type(e).__name__}: {e}"[:120]
+            for kind, plan_fn, rows in (("program", plan_program, 5), ("batch", plan_batch, 16)):
+                try:
+                    plans = plan_fn(weights, cfg, p, rows, {"precision": precision})
+                    out.update({f"{kind}/{precision}/{name}/{e}": f"{digest(plan, np)} n={len(plan.dispatches)}"
+                                for e, plan in plans.items()})
+                except Exception as e:
+                    out[f"{kind}/{precision}/{name}"] = f"error {type(e).__name__}: {e}"[:120]
     for size in ("tiny", "base"):
         g = prepare(load(we.build_whisper_encoder(size)))
         for precision in ("fp32", "fp16"):

@@ -408,14 +408,20 @@ def linear_rows_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, act=None, residual
         lx, ly = rows_shape(ctx.profile, k // 4)
     res = residual if residual is not None else bt
     groups = -(-n4 // lx)
-    # binding 5 (a fused LayerNorm's scale and bias, fuse_norm_linear_rows) holds the bias until that pass fills it
+    # binding 5 (a fused LayerNorm's scale and bias, fuse_norm_linear_rows) holds the bias until that pass fills it;
+    # an int8 weight (ops/int8_weight.py) adds its scales and zero points at binding 6
     ctx.dispatch("linear_rows", [(out.name, "w"), (a.name, "r"), (wt.row_major(ctx).name, "r"), (bt.name, "r"),
-                                 (res.name, "r"), (bt.name, "r")],
+                                 (res.name, "r"), (bt.name, "r"), *_int8_args(ctx, wt)],
                  rows_push(m, n, k, n4, part_n), spec("linear_rows", ACT=act_code(act), HAS_RES=residual is not None),
                  (groups * lx, ly, 1), "gemm", flops=2 * m * n * k,
                  nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)),
                  local_size=(lx, ly, 1), info={"rows": m, "n": n, "k": k, "n4": n4, "part_n": part_n, "act": act,
-                                               "has_res": residual is not None})
+                                               "has_res": residual is not None}, axes=getattr(wt, "axes", None))
+
+
+def _int8_args(ctx, wt) -> list:
+    """The extra binding of an int8 weight (its scales and zero points), none for a float one."""
+    return wt.extra_args(ctx) if hasattr(wt, "extra_args") else []
 
 
 def rows_push(m, n, k, n4, part_n, eps=0.0) -> Push:
@@ -562,12 +568,13 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
         linear_rows_dispatch(ctx, out, a, wt, bt, m, n, k, n4, act=act, residual=residual,
                              part_n=part_n if out_mode == OUT_PARTS else 0)
         return
-    cm = cm_kernel(ctx, m, n)
+    int8 = hasattr(wt, "extra_args")     # an int8 weight: linear.comp's w=i8 variant, not the tensor-core kernels
+    cm = None if int8 else cm_kernel(ctx, m, n)
     if cm is not None:
         linear_cm_dispatch(ctx, *cm, out, a, wt, bt, m, n, k, n4, out_mode=out_mode, act=act, m0=m0, lda4=lda4,
                            m_total=m_total, residual=residual, part_n=part_n, a_win=a_win)
         return
-    cm = split_kernel(ctx, a, m, n, k, lda4, a_win)
+    cm = None if int8 else split_kernel(ctx, a, m, n, k, lda4, a_win)
     if cm is not None:
         linear_cm_dispatch(ctx, *cm, out, a, wt, bt, m, n, k, n4, out_mode=out_mode, act=act, m0=m0, lda4=lda4,
                            m_total=m_total, residual=residual, part_n=part_n, a_win=a_win,
@@ -576,6 +583,7 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
     tile = linear_tile(ctx, m, n)
     tm, tn4, _bk = LINEAR_TILES[tile]
     res = residual if residual is not None else bt
+    extra, axes = _int8_args(ctx, wt), {"tile": tile, **getattr(wt, "axes", {})}
     wt = wt.row_major(ctx)
     S, local = split_k(ctx, tile, m, n4, k, before_ln(ctx, out, n)) if out_mode == OUT_ROWS and m0 == 0 else (1, None)
     sxy = linear_shared_xy(tile)
@@ -583,17 +591,18 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
         # K split S ways across work groups (linear.comp OUT_MODE 3): fp32 partials [S][M][N4] vec4, then
         # linear_reduce.comp adds them in order with bias, activation and residual
         part = ctx.scratch("linear.partials", S * m * n4 * 4)
-        ctx.dispatch("linear", [(part.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (bt.name, "r")],
+        ctx.dispatch("linear", [(part.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (bt.name, "r"),
+                                *extra],
                      Push().ivec4(m, n, k, n4).ivec4(0, lda4 if lda4 is not None else k // 4, 0, S).ivec4(*_win(a_win)),
                      _linear_spec(ctx, OUT_SPLIT, None, False, a_win), (-(-n4 // tn4), -(-m // tm), S), "gemm",
                      flops=2 * m * n * k, nbytes=4 * (m * k + k * n + S * m * n), shared_xy=sxy, local_size=local,
-                     axes={"tile": tile})
+                     axes=axes)
         reduce_dispatch(ctx, out, part, bt, res, m, n, n4, S, act, residual is not None)
         return
     p = (Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
          .ivec4(*_win(a_win)))
-    ctx.dispatch("linear", [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
+    ctx.dispatch("linear", [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r"), *extra],
                  p, _linear_spec(ctx, out_mode, act, residual is not None, a_win), (-(-n4 // tn4), -(-m // tm), 1),
                  "gemm",
                  flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)),
-                 io="out32", shared_xy=sxy, axes={"tile": tile})
+                 io="out32", shared_xy=sxy, axes=axes)

@@ -41,6 +41,9 @@ class QuantizedWeight:
         w = self.q.astype(np.float32) * self.scale[:, None]
         return w if dtype is None else w.astype(dtype, copy=False)
 
+    def astype(self, dtype, copy=True):
+        return np.asarray(self, dtype)
+
     def kn(self):
         """(W^T [K, N] int8 contiguous, scale [N]): the operands of a Linear reading x [.., K]."""
         return np.ascontiguousarray(self.q.T), self.scale

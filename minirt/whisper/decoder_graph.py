@@ -53,6 +53,7 @@ from ..errors import ModelError
 from ..graph import Graph, Node, Tensor
 from ..loaders.safetensors_loader import LN_EPS, build_whisper_encoder_graph
 from ..ops.token_select import CONTROL
+from ..quant import QuantizedWeight
 
 
 @dataclass(frozen=True)
@@ -106,9 +107,19 @@ class _Builder:
         return out
 
     def linear(self, x, prefix, out, bias=True, act="", residual=""):
-        w = self.param(f"{prefix}.weight^T", np.asarray(self.w[f"{prefix}.weight"], np.float32).T)
+        w, quant = self.weight_kn(f"{prefix}.weight^T", self.w[f"{prefix}.weight"])
         b = self.param(f"{prefix}.bias") if bias else ""
-        return self.node("Linear", [x, w, b, residual], out, "minirt", act=act, scale=1.0)
+        return self.node("Linear", [x, w, b, residual, *quant], out, "minirt", act=act, scale=1.0)
+
+    def weight_kn(self, name, w):
+        """(the constant W [K, N] of a checkpoint weight [N, K], [its scale, ""] where it is int8 or [])."""
+        if not isinstance(w, QuantizedWeight):
+            return self.param(name, np.asarray(w, np.float32).T), []
+        q, s = w.kn()
+        if name not in self.g.tensors:
+            self.g.const(name, q)
+            self.g.const(f"{name}.scale", s)
+        return name, [f"{name}.scale", ""]
 
     def layer_norm(self, x, prefix, out):
         return self.node("LayerNormalization", [x, self.param(f"{prefix}.weight"), self.param(f"{prefix}.bias")],
@@ -201,8 +212,8 @@ def _logits(g: Graph, b: _Builder, weights: dict, x: str) -> None:
     d = "model.decoder"
     x = b.layer_norm(x, f"{d}.layer_norm", "ln_out")
     proj = "proj_out.weight" if "proj_out.weight" in weights else f"{d}.embed_tokens.weight"   # tied by default
-    w = b.param("logits.weight^T", np.asarray(weights[proj], np.float32).T)
-    b.node("Linear", [x, w, "", ""], "logits", "minirt", act="", scale=1.0)
+    w, quant = b.weight_kn("logits.weight^T", weights[proj])
+    b.node("Linear", [x, w, "", "", *quant], "logits", "minirt", act="", scale=1.0)
     g.outputs.append("logits")
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from ..pools import pool
 from .audio_input import SAMPLE_RATE, audio_samples
 from .checkpoint import load_checkpoint
+from .compute_type import apply_compute_type
 from .decoding import TranscriptionOptions
 from .features import LogMel
 from .hub import model_folder
@@ -49,13 +50,19 @@ class WhisperModel:
     beams and best_of up to 5), "reference" (the numpy reference on the CPU), None (the default: vulkan), or a
     DecoderBackend to use as it is.
     max_batch_items: the most windows transcribe_batch and BatchedInferencePipeline decode together (batch_size at
-    most this; on the GPU, the batch's entry points and state are made for this many when first used)."""
+    most this; on the GPU, the batch's entry points and state are made for this many when first used).
+    compute_type: faster-whisper's ("default", "auto", "float32", "float16", "int8", "int8_float32", "int8_float16",
+    "int8_bfloat16"; minirt.whisper.compute_type): a float type sets the precision, an int8 one the precision and
+    int8 Linear weights (a float checkpoint's quantized at load per output row); None or "default" keeps precision
+    and the weights as the file holds them (a CTranslate2 int8 model.bin runs with int8 weights)."""
 
     def __init__(self, path, precision: str = "fp32", device=None, backend=None, max_batch_items: int = 16,
-                 download_root=None, local_files_only: bool = False, revision=None):
+                 download_root=None, local_files_only: bool = False, revision=None, compute_type=None):
         if precision not in ("fp32", "fp16"):
             raise ValueError(f"precision must be 'fp32' or 'fp16', got {precision!r}")
         ckpt = load_checkpoint(model_folder(path, download_root, local_files_only, revision))
+        self.compute_type = compute_type
+        precision, ckpt.weights = apply_compute_type(compute_type, precision, ckpt.weights)
         self.path = ckpt.folder
         self.precision, self.device = precision, device
         self.config = ckpt.config
@@ -198,7 +205,8 @@ class WhisperModel:
                             f"(minirt.whisper.BatchDecoder)")
         if not getattr(b, "max_items", 0) and hasattr(b, "add_batch"):
             ckpt = load_checkpoint(self.path)
-            b.add_batch(ckpt.weights, ckpt.config, self.max_batch_items)
+            _, weights = apply_compute_type(self.compute_type, self.precision, ckpt.weights)
+            b.add_batch(weights, ckpt.config, self.max_batch_items)
         if batch_size > b.max_items:
             raise ValueError(f"batch_size {batch_size} is more than the backend's batch of {b.max_items}")
         return b

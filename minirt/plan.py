@@ -22,6 +22,8 @@ FP16_MAX = 65504.0
 def as_dtype(data: np.ndarray, dtype: str) -> np.ndarray:
     """data in a GPU element type ("float32" or "float16"); float16 saturates at its range instead of overflowing
     to inf (NaN and inf stay), as the kernels' stores do."""
+    if dtype == "uint4":       # 4-bit weights packed by their op (ops/int8_weight.py), uploaded as they are
+        return data
     if data.dtype == np.dtype(dtype):
         return data
     if dtype == "float16":
@@ -49,7 +51,7 @@ class TensorSpec:
     view_offset: int = 0             # a view's first element within view_of's memory (buffers only; elements
                                      # of dtype, e.g. one part of a merged GEMM's part-major output)
     dtype: str = "float32"           # element type in GPU memory: "float32", "float16", "int32" (integer
-                                     # graph inputs, the parameter block), or "int8" (quantized weights)
+                                     # graph inputs, the parameter block), "int8" or "uint4" (quantized weights)
 
     @property
     def numel(self) -> int:

@@ -69,3 +69,45 @@ class Int8Weight:
 
     def extra_args(self, ctx) -> list:
         return [(self.params(ctx).name, "r")]
+
+
+class Int4Weight(Int8Weight):
+    """B [K, N] as unsigned 4-bit values with a scale and zero point per block of `block` k and column (onnxruntime's
+    MatMulNBits), for the w=q4 variants: packed 16 bits per k and 4 columns (nibble j column 4 n4 + j), two such a
+    uint32; `params` a header vec4 (block, blocks), then scale [blocks][N4] and zero [blocks][N4]."""
+
+    axes = {"w": "q4"}
+
+    def __init__(self, name: str, q_kn: np.ndarray, scale: np.ndarray, zero: np.ndarray, block: int):
+        self.name, self.q, self.scale, self.zero, self.block = name, q_kn, scale, zero, int(block)
+
+    @property
+    def b_kn(self) -> np.ndarray:
+        rows = np.arange(self.q.shape[0]) // self.block
+        return (self.q.astype(np.float32) - self.zero[rows]) * self.scale[rows]
+
+    def row_major(self, ctx) -> TensorSpec:
+        key = f"{self.name}@q4"
+        spec = ctx.plan.tensors.get(key)
+        if spec is None:
+            k, n = self.q.shape
+            n4 = -(-n // 4)
+            w = np.zeros((k, n4 * 4), np.uint16)
+            w[:, :n] = self.q
+            packed = (w[:, 0::4] | w[:, 1::4] << 4 | w[:, 2::4] << 8 | w[:, 3::4] << 12).reshape(-1)
+            packed = np.pad(packed, (0, (-packed.size) % 2)).astype("<u2")
+            spec = TensorSpec(key, (packed.size,), WEIGHT, "buffer", 0, packed.view(np.uint8), dtype="uint4")
+            ctx.plan.tensors[key] = spec
+        return spec
+
+    def params(self, ctx) -> TensorSpec:
+        key = f"{self.name}.q4params"
+        spec = ctx.plan.tensors.get(f"{key}@packed")
+        if spec is None:
+            blocks, n = self.scale.shape
+            n4 = -(-n // 4) * 4
+            s, z = np.zeros((blocks, n4), np.float32), np.zeros((blocks, n4), np.float32)
+            s[:, :n], z[:, :n] = self.scale, self.zero
+            head = np.array([self.block, blocks, 0, 0], np.float32)
+            spec = ctx.weight(key, np.concatenate([head, s.reshape(-1), z.reshape(-1)]), dtype="float32")
+        return spec

@@ -43,6 +43,7 @@ SPEC_CONSTANTS: dict[str, tuple[str, ...]] = {
     "attention_cmr": ("DH", "NR", "BK", "SPLIT", "VEC8", "MASK"),
     "binary": ("OP",),
     "cast": (),
+    "dynamic_quantize": (),
     "col2im": (),
     "cached_attention": ("DH",),
     "concat": (),

@@ -3,6 +3,8 @@
 Pass order (each pass is one module of this package):
   0. fold_dequantize_linear (fold_dequantize_linear.py)  a DequantizeLinear of an int8 weight into a MatMul or Gemm
                                             -> a Linear reading the int8 weight (others fold to float)
+  0b. fold_dynamic_quantize (fold_dynamic_quantize.py)  quantize_dynamic's DynamicQuantizeLinear + MatMulInteger
+                                            + Cast -> DynamicQuantize + a Linear reading the int8 weight
   1. fold_batch_norm  (fold_batch_norm.py)  an inference BatchNormalization after a Conv -> the conv's W and B
   2. fold_pad_conv    (fold_pad_conv.py)    a zero Pad of the spatial axes read by a Conv alone -> the conv's pads
   3. conv1d_as_conv2d (conv1d_as_conv2d.py) eligible 1-D convs become 2-D convs over a height of 1
@@ -37,7 +39,7 @@ from __future__ import annotations
 from ..errors import MinirtError, UnsupportedError
 from ..options import PRECISIONS, Options
 from ..lwg import check_local_size, forced_local_size, pick_local_size
-from . import (fold_dequantize_linear, conv1d_as_conv2d, conv_channels_last, conv_input_nlc, conv_output_nlc, conv_routing, fold_batch_norm,
+from . import (fold_dequantize_linear, fold_dynamic_quantize, conv1d_as_conv2d, conv_channels_last, conv_input_nlc, conv_output_nlc, conv_routing, fold_batch_norm,
                fold_pad_conv, fuse_activation, fuse_attention, fuse_gelu, fuse_layer_norm, fuse_linear,
                fuse_norm_linear_rows, fuse_reduce_layer_norm, fuse_silu, memory_plan, merge_siblings)
 from .lower import lower
@@ -46,6 +48,7 @@ from .storage_layout import check_limits, resolve_storage
 
 # (name, function(graph, options, profile) -> graph), run in this order
 GRAPH_PASSES = [("fold_dequantize_linear", fold_dequantize_linear.rewrite),
+                ("fold_dynamic_quantize", fold_dynamic_quantize.rewrite),
                 ("fold_batch_norm", fold_batch_norm.rewrite), ("fold_pad_conv", fold_pad_conv.rewrite),
                 ("conv1d_as_conv2d", conv1d_as_conv2d.rewrite), ("conv_routing", conv_routing.annotate),
                 ("fuse_gelu", fuse_gelu.rewrite), ("fuse_layer_norm", fuse_layer_norm.rewrite),

@@ -254,3 +254,37 @@ def _weight_only(model):
     for o in g.output:
         assert o.name not in rename
     return model
+
+
+
+@pytest.mark.parametrize("m", [1, 12])
+def test_quantize_weights_option(m):
+    """Session option quantize_weights="int8": a float model's Linear weight quantized per column at planning, as
+    minirt.quant.quantize_rows quantizes a row of W^T; against the float64 reference on those weights."""
+    from minirt.quant import quantize_rows
+    from oracle import linear_case
+    model, feeds = linear_case(m, 24, 36, True, True, seed=m)
+    inits = {i.name: np.asarray(__import__("onnx").numpy_helper.to_array(i)) for i in model.graph.initializer}
+    with Session(model, storage="buffer", options={"poison": True, "quantize_weights": "int8"}) as s:
+        (d,) = [d for d in s.plan.dispatches if d.op == "Linear"]
+        assert "_i8" in d.kernel and int8_weights(s.plan)
+        assert any("quantize_weights int8" in n for v in s.plan.notes.values() for n in v)
+        got = s.run(None, feeds)[0]
+    from minirt.kernels import activate
+    wq = np.asarray(quantize_rows(inits["w"].T), np.float64).T
+    ref = activate(feeds["x"].astype(np.float64) @ wq + inits["b"], "gelu") + feeds["r"]
+    compare(got, ref, 1e-5)
+    compare(got, onnxruntime_run(model, feeds)[0], 2e-2, "near the float model")
+
+
+@pytest.mark.parametrize("t", [1, 16])
+def test_quantize_weights_merges_siblings(t):
+    """q, k and v quantized by the option still merge into one int8 GEMM."""
+    from test_merge_siblings import qkv_feeds, qkv_model
+    model, feeds = qkv_model(t=t), qkv_feeds(t=t)
+    with Session(model, storage="buffer", options={"poison": True, "quantize_weights": "int8"}) as s:
+        lin = [d for d in s.plan.dispatches if d.op == "Linear"]
+        assert len(lin) == 1 and "_i8" in lin[0].kernel
+        got = s.run(None, feeds)
+    for out, r in zip(got, onnxruntime_run(model, feeds)):
+        compare(out, r, 2e-2, "near the float model")

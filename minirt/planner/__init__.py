@@ -22,6 +22,7 @@ Pass order (each pass is one module of this package):
  11. conv_channels_last (conv_channels_last.py)  2-D convs on the buffer GEMM keep activations NHWC between them
                                             (1x1 convs as Linears over pixels), Transposes at the boundaries
  12. fuse_linear      (fuse_linear.py)      MatMul (or Gemm) + bias + scale + activation + residual -> one Linear
+ 12b. quantize_weights (quantize_weights.py) option quantize_weights=int8: float Linear weights -> int8 a column
  13. merge_siblings   (merge_siblings.py)   Linears reading the same input (q, k, v) -> one GEMM + part views
  14. fuse_attention   (fuse_attention.py)   head splits + MatMul (+ mask) + Softmax + MatMul -> one Attention
  15. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
@@ -41,7 +42,8 @@ from ..options import PRECISIONS, Options
 from ..lwg import check_local_size, forced_local_size, pick_local_size
 from . import (fold_dequantize_linear, fold_dynamic_quantize, conv1d_as_conv2d, conv_channels_last, conv_input_nlc, conv_output_nlc, conv_routing, fold_batch_norm,
                fold_pad_conv, fuse_activation, fuse_attention, fuse_gelu, fuse_layer_norm, fuse_linear,
-               fuse_norm_linear_rows, fuse_reduce_layer_norm, fuse_silu, memory_plan, merge_siblings)
+               fuse_norm_linear_rows, fuse_reduce_layer_norm, fuse_silu, memory_plan, merge_siblings,
+               quantize_weights)
 from .lower import lower
 from ..plan import INPUT, OUTPUT, Plan
 from .storage_layout import check_limits, resolve_storage
@@ -55,6 +57,7 @@ GRAPH_PASSES = [("fold_dequantize_linear", fold_dequantize_linear.rewrite),
                 ("fuse_silu", fuse_silu.rewrite), ("fuse_activation", fuse_activation.rewrite),
                 ("conv_output_nlc", conv_output_nlc.rewrite), ("conv_input_nlc", conv_input_nlc.rewrite),
                 ("conv_channels_last", conv_channels_last.rewrite), ("fuse_linear", fuse_linear.rewrite),
+                ("quantize_weights", quantize_weights.rewrite),
                 ("merge_siblings", merge_siblings.rewrite), ("fuse_attention", fuse_attention.rewrite)]
 
 

@@ -288,3 +288,23 @@ def test_quantize_weights_merges_siblings(t):
         got = s.run(None, feeds)
     for out, r in zip(got, onnxruntime_run(model, feeds)):
         compare(out, r, 2e-2, "near the float model")
+
+
+@pytest.mark.parametrize("splitk", [None, 2])
+def test_int8_on_the_tensor_core_gemm(splitk):
+    """At fp16, a GEMM of many rows with an int8 weight runs the tensor-core kernel's w=i8 variant (the weight
+    dequantized into its fp16 stages; here the emulated kernel, coopmat=emulate), unsplit and with K split."""
+    from minirt.session import get_device
+    if get_device().profile.subgroup_size not in (8, 16, 32):
+        pytest.skip("the emulated tensor-core kernel needs subgroups of 8, 16 or 32 lanes")
+    model, feeds, w, b = qdq_linear(70, 64, 72, seed=9, act=True, residual=True)
+    opts = {"poison": True, "precision": "fp16", "coopmat": "emulate", "cm_tile": "m64n64k32s1",
+            **({"gemm_splitk": splitk} if splitk else {})}
+    with Session(model, storage="buffer", options=opts) as s:
+        kernels = [d.kernel for d in s.plan.dispatches if d.op == "Linear"]
+        want = "linear_cm_emu_split_m64n64k32s1_i8_half" if splitk else "linear_cm_emu_m64n64k32s1_i8_half"
+        assert want in kernels, kernels
+        (q,) = int8_weights(s.plan).values()
+        assert q.nbytes == 64 * 72
+        got = s.run(None, feeds)[0]
+    compare(got, reference(feeds, w, b, True, True), 4e-3, "tensor-core int8")

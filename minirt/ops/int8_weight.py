@@ -1,5 +1,5 @@
-"""Weight-only int8 operands of the buffer GEMMs (the w=i8 variants of glsl/linear.comp and linear_rows.comp,
-glsl/qweight.glslh): a Linear whose W is an int8 constant [K, N] with a float32 scale [N] and zero point [N] (inputs 4
+"""Weight-only int8 operands of the buffer GEMMs (the w=i8 variants of glsl/linear.comp, linear_rows.comp and
+linear_cm.glslh; glsl/qweight.glslh): a Linear whose W is an int8 constant [K, N] with a float32 scale [N] and zero point [N] (inputs 4
 and 5, minirt/quant.py) keeps its weight at a byte an element on the GPU, dequantized in the kernels' registers."""
 from __future__ import annotations
 

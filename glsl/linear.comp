@@ -1,7 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
-// variants: tile=t44,t44k32 dtype=float,half io=elem,out32
+// variants: tile=t44,t44k32 w=float,i8,q4 dtype=float,half io=elem,out32
 // exclude: dtype=float io=out32
 // Fast fp32 GEMM for buffers: out = act(A[M, K] @ B[K, N] + bias) (+ residual), A row-major with K a
 // multiple of 4 (rows read as vec4), B a weight prepacked as [K][N4] vec4. A work group computes a
@@ -22,10 +22,13 @@
 //   partials in order and applies bias, activation and residual. More, shorter groups where one per output block
 //   would leave multiprocessors with one group each.
 // io=out32 (fp16): the output is a float32 graph output, written as it is.
+// w=i8: B as int8 with a scale and zero point per column (glsl/qweight.glslh, binding 5), dequantized as it is
+// fetched, so the shared-memory slices and the loop are the float kernel's. w=q4: blockwise 4-bit B (the same header).
 // The epilogue has no `continue` or `break`: written as if-blocks, the unsplit epilogues run 0.3-0.8 us faster a GEMM
 // on the H200 (docs/benchmarks.md; glslc unrolls those loops itself, so the SPIR-V is larger), and in bigger tiles
 // the jumps made NVIDIA's compiler keep the accumulators in local memory. Write such loops with if-blocks.
 #include "common.glslh"
+#include "qweight.glslh"
 
 #if defined(TILE_T44)
 #define TM 4
@@ -57,7 +60,21 @@ layout(set = 0, binding = 0, std430) writeonly buffer o_buf { OUT_ELEM o[]; };
 layout(set = 0, binding = 0, std430) writeonly buffer o4_buf { OUT_ELEM4 o4[]; };   // OUT_MODE 1's column runs
 layout(set = 0, binding = 0, std430) writeonly buffer part_buf { vec4 part4[]; };  // OUT_MODE 3's partials
 layout(set = 0, binding = 1, std430) readonly buffer a_buf { ELEM4 a4[]; };
+#if defined(W_I8)
+layout(set = 0, binding = 2, std430) readonly buffer b_buf { uint b4[]; };
+layout(set = 0, binding = 5, std430) readonly buffer q_buf { vec4 qsz4[]; };   // scale [N4] then zero [N4]
+#define WB(i, n4, k) ((unpack_i8(b4[i]) - qsz4[N4 + (n4)]) * qsz4[n4])
+#elif defined(W_Q4)
+layout(set = 0, binding = 2, std430) readonly buffer b_buf { uint b4[]; };
+layout(set = 0, binding = 5, std430) readonly buffer q_buf { vec4 qsz4[]; };   // header, scale, zero
+#define WB(i, n4, k) q4_at(i, n4, (k) / int(qsz4[0].x), N4)
+vec4 q4_at(int i, int n4, int blk, int N4) {
+  return (unpack_u4(b4[i >> 1], i) - qsz4[1 + (int(qsz4[0].y) + blk) * N4 + n4]) * qsz4[1 + blk * N4 + n4];
+}
+#else
 layout(set = 0, binding = 2, std430) readonly buffer b_buf { ELEM4 b4[]; };
+#define WB(i, n4, k) W4(b4, i)
+#endif
 layout(set = 0, binding = 3, std430) readonly buffer bias_buf { ELEM4 bias4[]; };
 layout(set = 0, binding = 4, std430) readonly buffer r_buf { ELEM res[]; };
 layout(set = 0, binding = 4, std430) readonly buffer r4_buf { ELEM4 res4[]; };
@@ -124,7 +141,7 @@ void main() {
           ? vec4(a4[ai]) : vec4(0.0); } \
     [[unroll]] for (int l = 0; l < B_LOADS; ++l) { \
       int e = tid + l * NT; int kk = e / BN4, c = e % BN4; int k = (k4_0) * 4 + kk, n4 = n4_base + c; \
-      b_reg[l] = (e < BK * BN4 && k < K4 * 4 && n4 < N4) ? W4(b4, k * N4 + n4) : vec4(0.0); } }
+      b_reg[l] = (e < BK * BN4 && k < K4 * 4 && n4 < N4) ? WB(k * N4 + n4, n4, k) : vec4(0.0); } }
   #define STAGE() { \
     [[unroll]] for (int l = 0; l < A_LOADS; ++l) { int e = tid + l * NT; if (e < BM4 * 4 * (BK / 4)) a_sh[e] = a_reg[l]; } \
     [[unroll]] for (int l = 0; l < B_LOADS; ++l) { int e = tid + l * NT; if (e < BK * BN4) b_sh[e] = b_reg[l]; } }

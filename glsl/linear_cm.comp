@@ -1,5 +1,5 @@
 #version 450
-// variants: tile=m64n64k32s1,m64n128k32s1 dtype=half
+// variants: tile=m64n64k32s1,m64n128k32s1 w=float,i8 dtype=half
 // Tensor-core GEMM for precision fp16 (glsl/linear.comp's interface): see linear_cm.glslh.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require

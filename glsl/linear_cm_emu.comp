@@ -1,5 +1,5 @@
 #version 450
-// variants: tile=m64n64k32s1,m64n128k32s1 dtype=half
+// variants: tile=m64n64k32s1,m64n128k32s1 w=float,i8 dtype=half
 // linear_cm.glslh with its three matrix operations (load, multiply-add, store) emulated by plain
 // shared-memory code: for tests on devices without cooperative matrices (lavapipe), and to tell a
 // cooperative-matrix problem from a tiling one on devices that have them. Not a production path.

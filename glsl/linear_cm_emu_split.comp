@@ -1,5 +1,5 @@
 #version 450
-// variants: tile=m64n64k32s1,m64n128k32s1 dtype=half
+// variants: tile=m64n64k32s1,m64n128k32s1 w=float,i8 dtype=half
 // linear_cm_split.comp with the matrix operations emulated (as linear_cm_emu.comp): for tests on lavapipe.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require

@@ -1,5 +1,5 @@
 #version 450
-// variants: tile=m64n64k32s1,m64n128k32s1 dtype=half
+// variants: tile=m64n64k32s1,m64n128k32s1 w=float,i8 dtype=half
 // The tensor-core GEMM with K split across work groups (SPLIT_K in linear_cm.glslh), the one-stage tiles.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require

@@ -1,7 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
-// variants: dtype=float,half
+// variants: w=float,i8,q4 dtype=float,half
 // A Linear of a few rows (M <= MAX_ROWS: a decoder step, one token a beam): out = act(A[M, K] @ B[K, N] + bias)
 // (+ residual), A row-major with K a multiple of 4, B prepacked as [K][N4] vec4 (as glsl/linear.comp reads it). With
 // so few rows the work is reading B once, and a tiled GEMM would leave most of the GPU idle (N / 16 groups); here a
@@ -11,7 +11,11 @@
 // LN (the fuse_norm_linear_rows pass): A's rows are a LayerNorm's input; the group normalises each row as it reads
 // it (numerics as glsl/layer_norm_rows.comp: two passes about the row's first element), so the LayerNorm needs no
 // dispatch and no output of its own.
+// w=i8: B as int8 with a scale and zero point per column (glsl/qweight.glslh, binding 6); the sums are of
+// (q - zero) and the scale is applied once per output. w=q4: blockwise 4-bit B, each 4-k group dequantized with its
+// block's scale and zero point.
 #include "common.glslh"
+#include "qweight.glslh"
 
 layout(constant_id = 3) const int ACT = 0;          // ACT_* of activation.glslh
 layout(constant_id = 4) const bool HAS_RES = false; // + residual[m, n]
@@ -22,7 +26,18 @@ const int MAX_ROWS = 8;
 
 layout(set = 0, binding = 0, std430) writeonly buffer o_buf { ELEM o[]; };
 layout(set = 0, binding = 1, std430) readonly buffer a_buf { ELEM4 a4[]; };
+#if defined(W_I8)
+layout(set = 0, binding = 2, std430) readonly buffer b_buf { uint b4[]; };
+layout(set = 0, binding = 6, std430) readonly buffer q_buf { vec4 qsz4[]; };   // scale [N4] then zero [N4]
+#define WB(i) (unpack_i8(b4[i]) - zero)
+#elif defined(W_Q4)
+layout(set = 0, binding = 2, std430) readonly buffer b_buf { uint b4[]; };
+layout(set = 0, binding = 6, std430) readonly buffer q_buf { vec4 qsz4[]; };   // header, scale, zero
+#define WB(i) ((unpack_u4(b4[(i) >> 1], i) - qz) * qs)
+#else
 layout(set = 0, binding = 2, std430) readonly buffer b_buf { ELEM4 b4[]; };
+#define WB(i) W4(b4, i)
+#endif
 layout(set = 0, binding = 3, std430) readonly buffer bias_buf { ELEM4 bias4[]; };
 layout(set = 0, binding = 4, std430) readonly buffer r_buf { ELEM res[]; };
 layout(set = 0, binding = 5, std430) readonly buffer ln_buf { ELEM4 lnw[]; };   // LN: scale [K4] then bias [K4]
@@ -100,9 +115,16 @@ void main() {
   vec4 acc[MAX_ROWS];
   [[unroll]] for (int m = 0; m < MAX_ROWS; ++m) acc[m] = vec4(0.0);
   if (n4 < N4) {
+#if defined(W_I8)
+    const vec4 zero = qsz4[N4 + n4];
+#endif
     for (int k4 = ty; k4 < K4; k4 += LY) {
       const int kb = 4 * k4 * N4 + n4;
-      const vec4 w0 = W4(b4, kb), w1 = W4(b4, kb + N4), w2 = W4(b4, kb + 2 * N4), w3 = W4(b4, kb + 3 * N4);
+#if defined(W_Q4)
+      const int blk = (4 * k4) / int(qsz4[0].x), nblk = int(qsz4[0].y);
+      const vec4 qs = qsz4[1 + blk * N4 + n4], qz = qsz4[1 + (nblk + blk) * N4 + n4];
+#endif
+      const vec4 w0 = WB(kb), w1 = WB(kb + N4), w2 = WB(kb + 2 * N4), w3 = WB(kb + 3 * N4);
       const vec4 g = LN ? W4(lnw, k4) : vec4(1.0), beta = LN && LN_BIAS ? W4(lnw, K4 + k4) : vec4(0.0);
       [[unroll]] for (int m = 0; m < MAX_ROWS; ++m) {
         if (m < M) {
@@ -122,7 +144,11 @@ void main() {
       }
       barrier();
       if (ty == 0 && n4 < N4) {
+#if defined(W_I8)
+        vec4 v = red_sh[tx] * qsz4[n4] + W4(bias4, n4);
+#else
         vec4 v = red_sh[tx] + W4(bias4, n4);
+#endif
         v = vec4(activate(v.x), activate(v.y), activate(v.z), activate(v.w));
         const int n = n4 * 4, rem = min(N - n, 4);
         [[unroll]] for (int l = 0; l < 4; ++l) {

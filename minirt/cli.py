@@ -880,6 +880,12 @@ def _param(ctx, name):
               help="vulkan: encoder and decoder on the GPU (fp32 or fp16; beams up to 5, or up to the batch's 16 rows "
                    "(--batch-size N: N) planned when first needed); reference: the numpy "
                    "decoder on the CPU; auto: vulkan.")
+@click.option("--compute-type", type=click.Choice(["default", "auto", "float32", "float16", "int8", "int8_float32",
+                                                   "int8_float16", "int8_bfloat16"]), default=None,
+              help="As faster-whisper's: float32 / float16 set the precision; int8, int8_float32 (fp32) and "
+                   "int8_float16, int8_bfloat16 (fp16) run the Linear weights as int8 (a float model's quantized at "
+                   "load per output row); default: --precision, and the weights as the file holds them (a CTranslate2 "
+                   "int8 model stays int8).")
 @device_opt
 @click.option("--format", "fmt", type=click.Choice(["txt", "json", "srt", "vtt"]), default="txt", show_default=True,
               help='txt: a line per segment; json: {"text", "language", "duration", "segments": [{"id", "start", '
@@ -897,8 +903,8 @@ def _param(ctx, name):
 @quiet_opt
 @click.pass_context
 def transcribe(ctx, audio, model_path, beam_size, task, initial_prompt, prefix, hotwords, clip_timestamps,
-               vad_filter, word_timestamps, max_words, language, no_timestamps, precision, backend, device, fmt, output,
-               batch_size, progress_lines, quiet):
+               vad_filter, word_timestamps, max_words, language, no_timestamps, precision, backend, compute_type, device,
+               fmt, output, batch_size, progress_lines, quiet):
     """Transcribe speech in AUDIO files (WAV at any rate; FLAC, OGG, ... with the soundfile package) with a
     Whisper model, as faster-whisper does (its default options: beam search, temperature fallback, previous text
     as the prompt).
@@ -958,6 +964,7 @@ def transcribe(ctx, audio, model_path, beam_size, task, initial_prompt, prefix, 
         with _Status(quiet) as status:
             status("loading the model")
             model = WhisperModel(model_path, precision=precision, device=device, backend=backend,
+                                 **({"compute_type": compute_type} if compute_type else {}),
                                  **({"max_batch_items": batch_size} if batch_size > 1 else {}))
             status.done()
         if task == "translate" and not model.is_multilingual:
@@ -1055,6 +1062,17 @@ def _state_lines(p) -> list:
     return lines
 
 
+def _weight_line(p, role) -> str:
+    """'weights (GPU bytes by type): int8 8.3 MB (24 tensors), float32 2.4 MB (51 tensors)'."""
+    by = {}
+    for t in p.tensors.values():
+        if t.role == role:
+            n, b = by.get(t.dtype, (0, 0))
+            by[t.dtype] = (n + 1, b + t.nbytes)
+    parts = [f"{dt} {b / 1e6:.1f} MB ({n} tensor{'s' if n != 1 else ''})" for dt, (n, b) in sorted(by.items())]
+    return "weights (GPU bytes by type): " + (", ".join(parts) or "none")
+
+
 def format_plan(p) -> str:
     """Per node (in dispatch order): op, input and output shapes, then one line per dispatch with its
     kernel, global and local size; then the planner's notes per node (conv1d rewrite, conv route and the
@@ -1128,6 +1146,7 @@ def format_plan(p) -> str:
                     + (f"{conv:<{cw}}  " if cw > 0 else "")) if i == 0 else " " * (nw + ow + iw + uw + cw + 10)
             lines.append(f"{left}{d.kernel:<{kw}}  {str(list(d.global_size)).replace(' ', ''):<16} "
                          f"{str(list(d.local_size)).replace(' ', '')}")
+    lines.append(_weight_line(p, WEIGHT))
     if p.notes:
         lines += ["", "notes:"]
         for node, notes in p.notes.items():

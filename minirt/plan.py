@@ -22,6 +22,8 @@ FP16_MAX = 65504.0
 def as_dtype(data: np.ndarray, dtype: str) -> np.ndarray:
     """data in a GPU element type ("float32" or "float16"); float16 saturates at its range instead of overflowing
     to inf (NaN and inf stay), as the kernels' stores do."""
+    if dtype == "uint4":       # 4-bit weights packed by their op (ops/int8_weight.py), uploaded as they are
+        return data
     if data.dtype == np.dtype(dtype):
         return data
     if dtype == "float16":
@@ -48,8 +50,8 @@ class TensorSpec:
     view_of: str | None = None       # shares the memory of another tensor (a free reshape)
     view_offset: int = 0             # a view's first element within view_of's memory (buffers only; elements
                                      # of dtype, e.g. one part of a merged GEMM's part-major output)
-    dtype: str = "float32"           # element type in GPU memory: "float32", "float16", or "int32" (integer
-                                     # graph inputs, the parameter block)
+    dtype: str = "float32"           # element type in GPU memory: "float32", "float16", "int32" (integer
+                                     # graph inputs, the parameter block), "int8" or "uint4" (quantized weights)
 
     @property
     def numel(self) -> int:
@@ -71,7 +73,7 @@ class TensorSpec:
 
     @property
     def itemsize(self) -> int:
-        return 2 if self.dtype == "float16" else 4
+        return {"float16": 2, "int8": 1}.get(self.dtype, 4)
 
     @property
     def nbytes(self) -> int:

@@ -119,7 +119,6 @@ def test_alignment_pieces():
 
 
 def test_option_checks(model):
-    from minirt.errors import UnsupportedError
     from minirt.whisper import WhisperModel
     audio = np.zeros(1600, np.float32)
     for bad, match in ((dict(clip_timestamps="1,x"), "clip_timestamps"), (dict(clip_timestamps=[-1.0]), "clip"),
@@ -130,8 +129,6 @@ def test_option_checks(model):
             model.transcribe(audio, **bad)
     segments, _ = model.transcribe(audio, clip_timestamps=[5.0, 2.0], **GREEDY)   # out of order: nothing
     assert list(segments) == []
-    with pytest.raises(UnsupportedError, match="int8"):
-        WhisperModel(model.path, backend="reference", compute_type="int8_float16")
     with pytest.raises(ValueError, match="compute_type"):
         WhisperModel(model.path, backend="reference", compute_type="float64")
     assert WhisperModel(model.path, backend="reference", compute_type="float16").precision == "fp16"

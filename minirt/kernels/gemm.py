@@ -375,10 +375,12 @@ def linear_cm_dispatch(ctx, emulate, tile, out, a, wt, bt, m, n, k, n4, *, out_m
     lda = lda4 if lda4 is not None else k // 4
     splittable = out_mode == OUT_ROWS and m0 == 0 and n % 4 == 0
     S = cm_split_k(ctx, tile, m, n, k, before_ln(ctx, out, n)) if splittable else 1
-    reg = regfed_tile(ctx, m, n, S > 1) if split else cm_regfed(ctx, emulate, a, m, n, k, lda, a_win, S > 1)
+    int8 = _int8_args(ctx, wt)      # an int8 weight: the w=i8 variants (dequantized into the fp16 stages; no REGFED)
+    reg = None if int8 else regfed_tile(ctx, m, n, S > 1) if split else cm_regfed(ctx, emulate, a, m, n, k, lda,
+                                                                                  a_win, S > 1)
     if reg:
         tile = reg      # same splits as the tile it replaces (REGFED's 64 x 64 tile keeps its rules)
-    extra, axes = [], {"tile": tile}
+    extra, axes = int8, {"tile": tile, **getattr(wt, "axes", {})}
     if split:
         wt, scales = wt.split(ctx, split)
         extra, axes["dtype"] = [(scales.name, "r")], split
@@ -394,7 +396,7 @@ def linear_cm_dispatch(ctx, emulate, tile, out, a, wt, bt, m, n, k, n4, *, out_m
         ctx.dispatch(stem, [(part.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (bt.name, "r"), *extra],
                      Push().ivec4(m, n, k, n4).ivec4(0, lda, 0, S).ivec4(*_win(a_win)),
                      _cm_spec(ctx, stem, a, k, n, lda, a_win, out_mode=OUT_SPLIT, act=None, has_res=False,
-                              reg_epi=cm_reg_epilogue(ctx, emulate, True)),
+                              reg_epi=cm_reg_epilogue(ctx, emulate, True), vec8_ok=not int8),
                      (warps * ctx.profile.subgroup_size, -(-m // bm), -(-n // bn) * S),
                      "coopmat", flops=2 * m * n * k, nbytes=4 * (m * k + k * n) + 16 * S * m * n, axes=axes)
         reduce_dispatch(ctx, out, part, bt, res, m, n, n4, S, act, residual is not None)
@@ -404,7 +406,7 @@ def linear_cm_dispatch(ctx, emulate, tile, out, a, wt, bt, m, n, k, n4, *, out_m
     ctx.dispatch(stem, [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r"), *extra],
                  p, _cm_spec(ctx, stem, a, k, n, lda, a_win, out_mode=out_mode, act=act, has_res=residual is not None,
                              reg_epi=cm_reg_epilogue(ctx, emulate, False),
-                             epi8=not split and _cm_epi8(ctx, out, residual, n, out_mode, part_n)),
+                             epi8=not split and _cm_epi8(ctx, out, residual, n, out_mode, part_n), vec8_ok=not int8),
                  (warps * ctx.profile.subgroup_size, -(-m // bm), -(-n // bn)), "coopmat",
                  flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)),
                  axes=axes)
@@ -566,14 +568,20 @@ def linear_rows_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, act=None, residual
         lx, ly = rows_shape(ctx.profile, k // 4)
     res = residual if residual is not None else bt
     groups = -(-n4 // lx)
-    # binding 5 (a fused LayerNorm's scale and bias, fuse_norm_linear_rows) holds the bias until that pass fills it
+    # binding 5 (a fused LayerNorm's scale and bias, fuse_norm_linear_rows) holds the bias until that pass fills it;
+    # an int8 weight (ops/int8_weight.py) adds its scales and zero points at binding 6
     ctx.dispatch("linear_rows", [(out.name, "w"), (a.name, "r"), (wt.row_major(ctx).name, "r"), (bt.name, "r"),
-                                 (res.name, "r"), (bt.name, "r")],
+                                 (res.name, "r"), (bt.name, "r"), *_int8_args(ctx, wt)],
                  rows_push(m, n, k, n4, part_n), spec("linear_rows", ACT=act_code(act), HAS_RES=residual is not None),
                  (groups * lx, ly, 1), "gemm", flops=2 * m * n * k,
                  nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)),
                  local_size=(lx, ly, 1), info={"rows": m, "n": n, "k": k, "n4": n4, "part_n": part_n, "act": act,
-                                               "has_res": residual is not None})
+                                               "has_res": residual is not None}, axes=getattr(wt, "axes", None))
+
+
+def _int8_args(ctx, wt) -> list:
+    """The extra binding of an int8 weight (its scales and zero points), none for a float one."""
+    return wt.extra_args(ctx) if hasattr(wt, "extra_args") else []
 
 
 def rows_push(m, n, k, n4, part_n, eps=0.0) -> Push:
@@ -596,11 +604,11 @@ def _cm_epi8(ctx, out, residual, n, out_mode, part_n) -> bool:
             and all(ctx.plan.byte_offset(t.name) % 16 == 0 for t in (out, residual) if t is not None))
 
 
-def _cm_spec(ctx, stem, a, k, n, lda4, a_win, *, out_mode, act, has_res, reg_epi, epi8=False):
+def _cm_spec(ctx, stem, a, k, n, lda4, a_win, *, out_mode, act, has_res, reg_epi, epi8=False, vec8_ok=True):
     """linear_cm.glslh's specialization constants: after REG_EPI, A_WIN and VEC8 (16-byte loads of A and B) both where
     either is on, and EPI8 (_cm_epi8) where it is on. VEC8 needs whole 8-half groups everywhere (K, N, A's row stride
     and window) and A 16-byte aligned in its buffer (weights and arena tensors are)."""
-    vec8 = (k % 8 == 0 and n % 8 == 0 and lda4 % 2 == 0
+    vec8 = (vec8_ok and k % 8 == 0 and n % 8 == 0 and lda4 % 2 == 0
             and (a_win is None or (a_win[0] % 2 == 0 and a_win[1] % 2 == 0))
             and ctx.plan.byte_offset(a.name) % 16 == 0)
     tail = {"A_WIN": a_win is not None, "VEC8": vec8} if a_win is not None or vec8 or epi8 else {}
@@ -718,12 +726,13 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
         linear_rows_dispatch(ctx, out, a, wt, bt, m, n, k, n4, act=act, residual=residual,
                              part_n=part_n if out_mode == OUT_PARTS else 0)
         return
-    cm = cm_kernel(ctx, m, n)
+    quant = getattr(wt, "axes", {}).get("w")    # int8 ("i8") or 4-bit ("q4") weights: their variants
+    cm = None if quant not in (None, "i8") else cm_kernel(ctx, m, n)
     if cm is not None:
         linear_cm_dispatch(ctx, *cm, out, a, wt, bt, m, n, k, n4, out_mode=out_mode, act=act, m0=m0, lda4=lda4,
                            m_total=m_total, residual=residual, part_n=part_n, a_win=a_win)
         return
-    cm = split_kernel(ctx, a, m, n, k, lda4, a_win)
+    cm = None if quant else split_kernel(ctx, a, m, n, k, lda4, a_win)
     if cm is not None:
         linear_cm_dispatch(ctx, *cm, out, a, wt, bt, m, n, k, n4, out_mode=out_mode, act=act, m0=m0, lda4=lda4,
                            m_total=m_total, residual=residual, part_n=part_n, a_win=a_win,
@@ -732,6 +741,7 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
     tile = linear_tile(ctx, m, n)
     tm, tn4, _bk = LINEAR_TILES[tile]
     res = residual if residual is not None else bt
+    extra, axes = _int8_args(ctx, wt), {"tile": tile, **getattr(wt, "axes", {})}
     wt = wt.row_major(ctx)
     S, local = split_k(ctx, tile, m, n4, k, before_ln(ctx, out, n)) if out_mode == OUT_ROWS and m0 == 0 else (1, None)
     sxy = linear_shared_xy(tile)
@@ -739,17 +749,18 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
         # K split S ways across work groups (linear.comp OUT_MODE 3): fp32 partials [S][M][N4] vec4, then
         # linear_reduce.comp adds them in order with bias, activation and residual
         part = ctx.scratch("linear.partials", S * m * n4 * 4)
-        ctx.dispatch("linear", [(part.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (bt.name, "r")],
+        ctx.dispatch("linear", [(part.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (bt.name, "r"),
+                                *extra],
                      Push().ivec4(m, n, k, n4).ivec4(0, lda4 if lda4 is not None else k // 4, 0, S).ivec4(*_win(a_win)),
                      _linear_spec(ctx, OUT_SPLIT, None, False, a_win), (-(-n4 // tn4), -(-m // tm), S), "gemm",
                      flops=2 * m * n * k, nbytes=4 * (m * k + k * n + S * m * n), shared_xy=sxy, local_size=local,
-                     axes={"tile": tile})
+                     axes=axes)
         reduce_dispatch(ctx, out, part, bt, res, m, n, n4, S, act, residual is not None)
         return
     p = (Push().ivec4(m, n, k, n4).ivec4(m0, lda4 if lda4 is not None else k // 4, m_total, part_n)
          .ivec4(*_win(a_win)))
-    ctx.dispatch("linear", [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r")],
+    ctx.dispatch("linear", [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r"), *extra],
                  p, _linear_spec(ctx, out_mode, act, residual is not None, a_win), (-(-n4 // tn4), -(-m // tm), 1),
                  "gemm",
                  flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)),
-                 io="out32", shared_xy=sxy, axes={"tile": tile})
+                 io="out32", shared_xy=sxy, axes=axes)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 # Variant axes in the order their values appear in a name (whatever order a `// variants:` line lists them in).
-AXES = ("storage", "a", "b", "max", "post", "tile", "impl", "dir", "dtype", "io")
-DEFAULT_VALUES = {"dtype": "float", "max": "smem", "io": "elem", "post": "none"}   # left out of variant names
+AXES = ("storage", "a", "b", "max", "post", "tile", "impl", "dir", "w", "dtype", "io")
+DEFAULT_VALUES = {"dtype": "float", "max": "smem", "io": "elem", "post": "none", "w": "float"}   # left out of names
 # The row kernels (glsl/layer_norm_rows.comp, linear_reduce.comp post=ln) keep a row in registers: this many vec4 a
 # lane, so a row of at most ROW_VEC4_PER_LANE x subgroup size vec4 fits one subgroup.
 ROW_VEC4_PER_LANE = 4
@@ -43,6 +43,7 @@ SPEC_CONSTANTS: dict[str, tuple[str, ...]] = {
     "attention_cmr": ("DH", "NR", "BK", "SPLIT", "VEC8", "MASK"),
     "binary": ("OP",),
     "cast": (),
+    "dynamic_quantize": (),
     "col2im": (),
     "cached_attention": ("DH",),
     "concat": (),

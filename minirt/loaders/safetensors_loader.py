@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import ModelError, UnsupportedError
 from ..graph import Graph, Node, Tensor
+from ..quant import QuantizedWeight
 
 OPSET = 20
 HEAD_DIM = 64           # every Whisper size uses 64-wide heads
@@ -418,7 +419,13 @@ def build_whisper_encoder_graph(cfg: dict, w, prefix: str = "", source: str = "<
         return b.const(prefix + k, np.ascontiguousarray(get(k), f32))
 
     def linear(x, scope, k, bias=True):
-        wt = b.const(f"{prefix}{k}.weight^T", np.ascontiguousarray(np.asarray(get(f"{k}.weight"), f32).T))
+        w = get(f"{k}.weight")
+        if isinstance(w, QuantizedWeight):       # int8: kept int8 into the GEMM (planner/fold_dequantize_linear.py)
+            q, s = w.kn()
+            wt = b.op("DequantizeLinear", [b.const(f"{prefix}{k}.weight^T", q),
+                                           b.const(f"{prefix}{k}.weight_scale", s)], scope, axis=1)
+        else:
+            wt = b.const(f"{prefix}{k}.weight^T", np.ascontiguousarray(np.asarray(w, f32).T))
         y = b.op("MatMul", [x, wt], scope)
         return b.op("Add", [y, param(f"{k}.bias")], scope) if bias else y
 

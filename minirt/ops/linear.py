@@ -1,6 +1,8 @@
 """Linear: minirt's own op for x @ W (+ b) (* s) (+ activation) (+ residual), made by the fuse_linear
 planner pass from MatMul / Add / Mul / Gelu / Relu / Add chains, so a layer is one GEMM dispatch whose
 epilogue does the rest. Inputs: x [.., K], W [K, N] (constant), bias [N] or "", residual [.., N] or "".
+Optional inputs 4 and 5: W's scale [N] and zero point [N] (or ""): W is then an int8 constant, B = (W - zero) * scale
+per column (minirt/quant.py), kept int8 on the GPU (ops/int8_weight.py).
 Attributes: act ("", "relu", "gelu", "gelu_tanh", "hard_swish", "silu"), scale (folded into W and b at lowering), and
 parts P (default 1; set by the merge_siblings pass): P sibling Linears' weights side by side, the output laid out
 part-major [P, M, N / P] (M = the rows of x), which SplitParts hands out as P views.
@@ -14,8 +16,10 @@ import numpy as np
 from ..errors import ModelError, UnsupportedError
 from ..kernels import activate
 from ..kernels.gemm import OUT_PARTS, linear_dispatch, linear_ok, pack_bias, pack_weight
+from ..quant import dequantize_kn
 from . import Op, attr, register
 from .elementwise import activation_dispatch, elementwise_dispatch
+from .int8_weight import Int8Weight, int8_operands
 from .shape_ops import affine_copy, view_or_copy
 
 
@@ -35,7 +39,9 @@ class Linear(Op):
             return [((parts, int(np.prod(rows, dtype=np.int64)), w.shape[1] // parts), x.dtype)]
         return [(tuple(x.shape[:-1]) + (w.shape[1],), x.dtype)]
 
-    def reference(self, node, x, w, b=None, r=None):
+    def reference(self, node, x, w, b=None, r=None, s=None, z=None):
+        if s is not None:
+            w = dequantize_kn(w, s, z)
         parts = int(attr(node, "parts", 1))
         if parts > 1:     # part-major: [M, P * Np] -> [P, M, Np]
             y = self._reference(node, x.reshape(-1, x.shape[-1]), w, b, r)
@@ -55,13 +61,23 @@ class Linear(Op):
         g = ctx.graph
         x, y = ctx.t(node.inputs[0]), ctx.t(node.outputs[0])
         scale = float(node.attrs.get("scale", 1.0))
-        w = np.asarray(g.tensor(node.inputs[1]).data, np.float32)
-        if scale != 1.0:            # (a copy of a vocabulary projection costs a second or two at large-v3's shapes)
-            w = w * scale
+        quant = int8_operands(g, node)
+        k, n = g.tensor(node.inputs[1]).data.shape
+        if quant is not None and linear_ok(ctx, k):      # the scale folds into the column scales
+            q, s, z = quant
+            w = Int8Weight(node.inputs[1], q, s * np.float32(scale), z)
+        else:
+            if quant is not None:
+                ctx.note("int8 weight dequantized to float at planning: the int8 kernels need buffer storage and K "
+                         "a multiple of 4")
+                w = dequantize_kn(*quant) * scale
+            else:
+                w = np.asarray(g.tensor(node.inputs[1]).data, np.float32)
+                if scale != 1.0:    # (a copy of a vocabulary projection costs a second or two at large-v3's shapes)
+                    w = w * scale
         b = g.tensor(node.inputs[2]).data * scale if len(node.inputs) > 2 and node.inputs[2] else None
         res = ctx.t(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] else None
         act = node.attrs.get("act") or None
-        k, n = w.shape
         m = int(np.prod(x.shape[:-1]))
         parts = int(attr(node, "parts", 1))
         if parts > 1:
@@ -69,13 +85,13 @@ class Linear(Op):
             if not linear_ok(ctx, k) or res is not None:
                 raise UnsupportedError(f"{node}: a merged Linear ({parts} parts) runs only on the buffer GEMM "
                                        f"(buffer storage, K a multiple of 4, no residual)")
-            wt, n4 = pack_weight(ctx, node.inputs[1], w)
+            wt, n4 = _weight(ctx, node, w)
             bt = pack_bias(ctx, f"{node.name}.bias", b, n)
             linear_dispatch(ctx, y, x, wt, bt, m, n, k, n4, act=act, out_mode=OUT_PARTS, m_total=m,
                             part_n=n // parts)
             return
         if linear_ok(ctx, k):
-            wt, n4 = pack_weight(ctx, node.inputs[1], w)
+            wt, n4 = _weight(ctx, node, w)
             bt = pack_bias(ctx, f"{node.name}.bias", b, n)
             linear_dispatch(ctx, y, x, wt, bt, m, n, k, n4, act=act, residual=res)
             return
@@ -91,6 +107,13 @@ class Linear(Op):
             else:
                 activation_dispatch(ctx, s, nxt, cur)
             cur = nxt
+
+
+def _weight(ctx, node, w):
+    """(the GEMM's weight, N4) of a float W [K, N] or an Int8Weight."""
+    if isinstance(w, Int8Weight):
+        return w, -(-w.q.shape[1] // 4)
+    return pack_weight(ctx, node.inputs[1], w)
 
 
 @register

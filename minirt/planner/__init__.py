@@ -1,6 +1,10 @@
 """The planner: graph-to-graph passes in a fixed order, then lowering to a Plan.
 
 Pass order (each pass is one module of this package):
+  0. fold_dequantize_linear (fold_dequantize_linear.py)  a DequantizeLinear of an int8 weight into a MatMul or Gemm
+                                            -> a Linear reading the int8 weight (others fold to float)
+  0b. fold_dynamic_quantize (fold_dynamic_quantize.py)  quantize_dynamic's DynamicQuantizeLinear + MatMulInteger
+                                            + Cast -> DynamicQuantize + a Linear reading the int8 weight
   1. fold_batch_norm  (fold_batch_norm.py)  an inference BatchNormalization after a Conv -> the conv's W and B
   2. fold_pad_conv    (fold_pad_conv.py)    a zero Pad of the spatial axes read by a Conv alone -> the conv's pads
   3. conv1d_as_conv2d (conv1d_as_conv2d.py) eligible 1-D convs become 2-D convs over a height of 1
@@ -18,6 +22,7 @@ Pass order (each pass is one module of this package):
  11. conv_channels_last (conv_channels_last.py)  2-D convs on the buffer GEMM keep activations NHWC between them
                                             (1x1 convs as Linears over pixels), Transposes at the boundaries
  12. fuse_linear      (fuse_linear.py)      MatMul (or Gemm) + bias + scale + activation + residual -> one Linear
+ 12b. quantize_weights (quantize_weights.py) option quantize_weights=int8: float Linear weights -> int8 a column
  13. merge_siblings   (merge_siblings.py)   Linears reading the same input (q, k, v) -> one GEMM + part views
  14. fuse_attention   (fuse_attention.py)   head splits + MatMul (+ mask) + Softmax + MatMul -> one Attention
  15. split_wide_tables (split_wide_tables.py) a Linear weight or run-time Gather table beyond
@@ -44,9 +49,9 @@ from ..options import PRECISIONS, Options
 from ..kernels.local_size import check_local_size, forced_local_size
 from ..kernels.rules import pick_local_size
 from . import (conv1d_as_conv2d, conv_channels_last, conv_input_nlc, conv_output_nlc, conv_routing, fold_batch_norm,
-               fold_pad_conv, fuse_activation, fuse_attention, fuse_gelu, fuse_layer_norm, fuse_linear,
-               fuse_norm_linear_rows, fuse_reduce_layer_norm, fuse_silu, memory_plan, merge_siblings,
-               split_wide_tables)
+               fold_dequantize_linear, fold_dynamic_quantize, fold_pad_conv, fuse_activation, fuse_attention,
+               fuse_gelu, fuse_layer_norm, fuse_linear, fuse_norm_linear_rows, fuse_reduce_layer_norm, fuse_silu,
+               memory_plan, merge_siblings, quantize_weights, split_wide_tables)
 from .lower import lower
 from ..plan import INPUT, OUTPUT, Plan
 from .storage_layout import check_limits, resolve_storage
@@ -83,9 +88,10 @@ class Pass:
 
 # Every pass, in the order they run (the module docstring says what each does); lowering comes between the graph
 # passes and the plan passes.
-PASSES = (Pass(fold_batch_norm), Pass(fold_pad_conv), Pass(conv1d_as_conv2d), Pass(conv_routing, "annotate"),
+PASSES = (Pass(fold_dequantize_linear), Pass(fold_dynamic_quantize), Pass(fold_batch_norm), Pass(fold_pad_conv), Pass(conv1d_as_conv2d), Pass(conv_routing, "annotate"),
           Pass(fuse_gelu), Pass(fuse_layer_norm), Pass(fuse_silu), Pass(fuse_activation), Pass(conv_output_nlc),
-          Pass(conv_input_nlc), Pass(conv_channels_last), Pass(fuse_linear), Pass(merge_siblings),
+          Pass(conv_input_nlc), Pass(conv_channels_last), Pass(fuse_linear), Pass(quantize_weights),
+          Pass(merge_siblings),
           Pass(fuse_attention), Pass(split_wide_tables),
           Pass(fuse_reduce_layer_norm, on_plan=True),
           Pass(fuse_norm_linear_rows, on_plan=True))

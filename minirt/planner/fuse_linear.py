@@ -28,9 +28,12 @@ def rewrite(graph, options, profile=None):
         return b if a == name else a
 
     for mm in graph.nodes:
-        if mm.op not in ("MatMul", "Gemm") or id(mm) in drop:
+        # a Linear of fold_dequantize_linear (an int8 weight, nothing fused yet) starts a chain as a MatMul does
+        start = mm.op == "Linear" and len(mm.inputs) > 4 and not mm.inputs[3] and not mm.attrs.get("act") \
+            and "parts" not in mm.attrs
+        if (mm.op not in ("MatMul", "Gemm") and not start) or id(mm) in drop:
             continue
-        wname, bias = mm.inputs[1], ""
+        wname, bias = mm.inputs[1], mm.inputs[2] if start else ""
         if mm.op == "Gemm":
             gemm = _gemm_weights(mm, graph)
             if gemm is None:
@@ -72,8 +75,8 @@ def rewrite(graph, options, profile=None):
                 cur = nxt.outputs[0]
         if bias:
             graph.tensor(bias).data = np.asarray(graph.tensor(bias).data, np.float32).reshape(-1)
-        node = Node("Linear", mm.name, [mm.inputs[0], wname, bias, res], [cur],
-                    {"act": act, "scale": scale}, "minirt")
+        node = Node("Linear", mm.name, [mm.inputs[0], wname, bias, res, *mm.inputs[4:6]], [cur],
+                    {"act": act, "scale": scale * float(mm.attrs.get("scale", 1.0))}, "minirt")
         drop.update(id(c) for c in chain)
         new[id(chain[-1])] = node
         parts = [mm.op] + [c.op for c in chain[1:]]

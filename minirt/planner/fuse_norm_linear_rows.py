@@ -23,9 +23,9 @@ def _fuse(ln: Dispatch, lin: Dispatch) -> Dispatch:
     """The linear_rows dispatch that reads the LayerNorm's input and normalises it (LN), its scale and bias at
     binding 5."""
     (_z, _), (x, _), (w, _) = ln.args
-    out, _a, wt, bt, res, _ = lin.args
+    out, _a, wt, bt, res, _, *q = lin.args     # q: an int8 weight's scales (binding 6)
     i, n = lin.info, ln.info
-    return Dispatch(kernel=lin.kernel, node=lin.node, op=lin.op, args=[out, (x, "r"), wt, bt, res, (w, "r")],
+    return Dispatch(kernel=lin.kernel, node=lin.node, op=lin.op, args=[out, (x, "r"), wt, bt, res, (w, "r"), *q],
                     push=rows_push(i["rows"], i["n"], i["k"], i["n4"], i["part_n"], n["eps"]).bytes(),
                     spec=spec(ROWS, ACT=act_code(i["act"]), HAS_RES=i["has_res"], LN=True, LN_BIAS=n["has_bias"]),
                     global_size=lin.global_size, family=lin.family, local_size=lin.local_size,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Node, Tensor
+from ..ops.int8_weight import int8_operands
 
 OPTION = "merge_siblings"     # the option that switches this pass off (minirt/planner/__init__.py runs it)
 
@@ -44,7 +45,8 @@ def _candidate(graph, node):
         return None
     if b and not graph.tensor(b).is_const:
         return None
-    return x, node.attrs.get("act", "") or "", int(wt.data.shape[0]), int(wt.data.shape[1])
+    quant = int8_operands(graph, node) is not None      # int8 weights merge with int8 weights only
+    return x, node.attrs.get("act", "") or "", int(wt.data.shape[0]), int(wt.data.shape[1]), quant
 
 
 def _merged_name(names, taken):
@@ -73,7 +75,7 @@ def rewrite(graph, options, profile=None):
             groups.setdefault(key, []).append(node)
     replace, drop = {}, set()
     taken = {n.name for n in graph.nodes}
-    for (x, act, k, n), members in groups.items():
+    for (x, act, k, n, quant), members in groups.items():
         if len(members) < 2:
             continue
         names = [m.name for m in members]
@@ -100,7 +102,7 @@ def rewrite(graph, options, profile=None):
             continue
         for at in range(0, len(members), most):     # groups whose merged tensors fit, in order
             if len(members[at:at + most]) > 1:
-                _merge(graph, members[at:at + most], x, act, k, n, m_rows, taken, replace, drop,
+                _merge(graph, members[at:at + most], x, act, k, n, quant, m_rows, taken, replace, drop,
                        f" (groups of {most}: more would be beyond maxStorageBufferRange)" if most < len(members) else "")
     if not replace:
         return graph
@@ -115,16 +117,24 @@ def rewrite(graph, options, profile=None):
     return graph
 
 
-def _merge(graph, members, x, act, k, n, m_rows, taken, replace, drop, why=""):
-    """One Linear over `members`' weights side by side, and the SplitParts handing out their outputs."""
+def _merge(graph, members, x, act, k, n, quant, m_rows, taken, replace, drop, why=""):
+    """One Linear over `members`' weights side by side (int8 with their column scales where `quant`), and the
+    SplitParts handing out their outputs."""
     names = [m.name for m in members]
     parts = len(members)
-    w = np.empty((k, parts * n), np.float32)
+    w = np.empty((k, parts * n), np.int8 if quant else np.float32)
+    wscale, wzero = np.empty(parts * n, np.float32), np.zeros(parts * n, np.float32)
     bias = np.zeros(parts * n, np.float32)
     has_bias = False
     for i, mem in enumerate(members):
         s = float(mem.attrs.get("scale", 1.0))
-        w[:, i * n:(i + 1) * n] = np.asarray(graph.tensor(mem.inputs[1]).data, np.float32) * s
+        if quant:      # the part's scale folds into its column scales
+            q, cs, cz = int8_operands(graph, mem)
+            w[:, i * n:(i + 1) * n] = q
+            wscale[i * n:(i + 1) * n] = cs * np.float32(s)
+            wzero[i * n:(i + 1) * n] = 0 if cz is None else cz
+        else:
+            w[:, i * n:(i + 1) * n] = np.asarray(graph.tensor(mem.inputs[1]).data, np.float32) * s
         if len(mem.inputs) > 2 and mem.inputs[2]:
             bias[i * n:(i + 1) * n] = np.asarray(graph.tensor(mem.inputs[2]).data, np.float32).reshape(-1) * s
             has_bias = True
@@ -136,11 +146,16 @@ def _merge(graph, members, x, act, k, n, m_rows, taken, replace, drop, why=""):
     if has_bias:
         b_name = graph.fresh_name(f"{name}/bias")
         graph.const(b_name, bias)
+    qins = []
+    if quant:
+        qins = [graph.const(graph.fresh_name(f"{name}/weight_scale"), wscale).name, ""]
+        if wzero.any():
+            qins[1] = graph.const(graph.fresh_name(f"{name}/weight_zero"), wzero).name
     y = graph.fresh_name(f"{name}_output_0")
     graph.add_tensor(Tensor(y, (parts, m_rows, n), "float32"))
     outs = [mem.outputs[0] for mem in members]
     shapes = [tuple(graph.tensor(o).shape) for o in outs]
-    merged = Node("Linear", name, [x, w_name, b_name, ""], [y], {"act": act, "scale": 1.0, "parts": parts},
+    merged = Node("Linear", name, [x, w_name, b_name, "", *qins], [y], {"act": act, "scale": 1.0, "parts": parts},
                   "minirt")
     split = Node("SplitParts", f"{name}/split", [y], outs, {"shapes": shapes}, "minirt")
     replace[id(members[0])] = [merged, split]    # the first member's place: x exists, no part is read yet

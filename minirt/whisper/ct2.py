@@ -2,8 +2,10 @@
 Whisper names, in memory.
 
 The reader consumes the file exactly: a short read or bytes left over is an error, and so is a variable the
-mapping does not know (nothing is dropped silently). Quantized (int8) files are refused. models/ct2_to_safetensors.py
-writes the result as a safetensors file.
+mapping does not know (nothing is dropped silently). Quantized files (int8, int8_float16, int8_float32, int8_bfloat16:
+int8 weights with a per-row `weight_scale`) give their Linear weights and the token embedding as
+minirt.quant.QuantizedWeight (int8 on the GPU; np.asarray gives the float weight), their conv weights dequantized to
+float. models/ct2_to_safetensors.py writes the result as a safetensors file.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import struct
 import numpy as np
 
 from ..errors import ModelError
+from ..quant import QuantizedWeight, from_ct2
 
 # CTranslate2 dtype codes
 _CT2_DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16, 5: "bfloat16"}
@@ -125,9 +128,22 @@ def ct2_to_hf(variables: dict, aliases: dict | None = None, encoder_only=False, 
     def get(name):
         if name not in v:
             raise CT2FormatError(f"{source}: variable '{name}' is missing")
-        if name.endswith("/weight") and name[:-len("weight")] + "weight_scale" in v:
-            raise CT2FormatError(f"{source}: '{name}' is quantized (int8 with weight_scale); convert the "
-                                 f"model with quantization none")
+        scale = name + "_scale"
+        if name.endswith("/weight") and scale in v:
+            used.update((name, scale))
+            try:
+                w = from_ct2(v[name], v[scale], name, source) if v[name].ndim == 2 else None
+            except ModelError as e:
+                raise CT2FormatError(str(e)) from None
+            if w is None:      # a conv's [out, in, width]: dequantized (the convs have no int8 kernel)
+                q, s = v[name], np.asarray(v[scale], np.float32)
+                if q.dtype != np.int8 or s.shape != q.shape[:1]:
+                    raise CT2FormatError(f"{source}: '{scale}' {list(s.shape)} does not match '{name}' "
+                                         f"{q.dtype} {list(q.shape)}: one scale per output row")
+                w = q.astype(np.float32) / s.reshape((-1,) + (1,) * (q.ndim - 1))
+            return w
+        if name.endswith("/weight") and v[name].dtype == np.int8:
+            raise CT2FormatError(f"{source}: '{name}' is int8 but the file has no '{scale}'")
         used.add(name)
         return v[name]
 
@@ -138,7 +154,7 @@ def ct2_to_hf(variables: dict, aliases: dict | None = None, encoder_only=False, 
         return v[name].reshape(()).item() if v[name].size == 1 else v[name]
 
     def put(name, arr):
-        out[name] = np.ascontiguousarray(arr)
+        out[name] = arr if isinstance(arr, QuantizedWeight) else np.ascontiguousarray(arr)
 
     def linear(ct, hf, bias=True):
         put(f"{hf}.weight", get(f"{ct}/weight"))
@@ -152,7 +168,9 @@ def ct2_to_hf(variables: dict, aliases: dict | None = None, encoder_only=False, 
         n = len(hfs)
         if w.shape[0] % n or b.shape[0] != w.shape[0]:
             raise CT2FormatError(f"{source}: '{ct}/weight' {list(w.shape)} does not split into {n}")
-        for hf, ws, bs in zip(hfs, np.split(w, n), np.split(b, n)):
+        parts = np.split(w, n) if not isinstance(w, QuantizedWeight) else [
+            QuantizedWeight(q, s, f"{ct}/weight") for q, s in zip(np.split(w.q, n), np.split(w.scale, n))]
+        for hf, ws, bs in zip(hfs, parts, np.split(b, n)):
             put(f"{hf}.weight", ws)
             if hf.endswith("k_proj"):
                 if np.any(bs != 0):
@@ -225,7 +243,9 @@ def ct2_to_hf(variables: dict, aliases: dict | None = None, encoder_only=False, 
             got = scalar(flag)
             if got is not None and int(got) != want:
                 raise CT2FormatError(f"{source}: {flag} is {got}, expected {want} for Whisper")
-        for flag in ("decoder/start_from_zero_embedding", "decoder/alignment_heads", "decoder/alignment_layer"):
+        # flags newer converters write that do not change Whisper (alibi is checked off above)
+        for flag in ("decoder/start_from_zero_embedding", "decoder/alignment_heads", "decoder/alignment_layer",
+                     "decoder/alibi_use_positive_positions", "decoder/scale_alibi"):
             scalar(flag)
         config.update({
             "decoder_layers": n_dec,

@@ -61,6 +61,7 @@ from ..errors import ModelError, UnsupportedError
 from ..graph import Graph, Node, Tensor
 from ..loaders.safetensors_loader import LN_EPS, build_whisper_encoder_graph
 from ..ops.token_select import CONTROL
+from ..quant import QuantizedWeight
 
 
 @dataclass(frozen=True)
@@ -139,9 +140,20 @@ class _Builder:
         return made[name]
 
     def linear(self, x, prefix, out, bias=True, act="", residual=""):
-        w = self.param(f"{prefix}.weight^T", self.transposed(f"{prefix}.weight"))
+        w, quant = self.weight_kn(f"{prefix}.weight^T", f"{prefix}.weight")
         b = self.param(f"{prefix}.bias") if bias else ""
-        return self.node("Linear", [x, w, b, residual], out, "minirt", act=act, scale=1.0)
+        return self.node("Linear", [x, w, b, residual, *quant], out, "minirt", act=act, scale=1.0)
+
+    def weight_kn(self, name, key):
+        """(the constant W [K, N] of checkpoint weight `key` [N, K], [its scale, ""] where it is int8 or [])."""
+        w = self.w[key]
+        if not isinstance(w, QuantizedWeight):
+            return self.param(name, self.transposed(key)), []
+        q, s = w.kn()
+        if name not in self.g.tensors:
+            self.g.const(name, q)
+            self.g.const(f"{name}.scale", s)
+        return name, [f"{name}.scale", ""]
 
     def layer_norm(self, x, prefix, out):
         return self.node("LayerNormalization", [x, self.param(f"{prefix}.weight"), self.param(f"{prefix}.bias")],
@@ -246,8 +258,8 @@ def _logits(g: Graph, b: _Builder, weights: dict, x: str) -> None:
     d = "model.decoder"
     x = b.layer_norm(x, f"{d}.layer_norm", "ln_out")
     proj = "proj_out.weight" if "proj_out.weight" in weights else f"{d}.embed_tokens.weight"   # tied by default
-    w = b.param("logits.weight^T", b.transposed(proj))
-    b.node("Linear", [x, w, "", ""], "logits", "minirt", act="", scale=1.0)
+    w, quant = b.weight_kn("logits.weight^T", proj)
+    b.node("Linear", [x, w, "", "", *quant], "logits", "minirt", act="", scale=1.0)
     g.outputs.append("logits")
 
 

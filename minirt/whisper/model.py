@@ -22,6 +22,7 @@ from ..pools import pool
 from .audio_input import SAMPLE_RATE, audio_samples, load_audio
 from .checkpoint import load_checkpoint
 from .checkpoint_checks import check_tokenizer
+from .compute_type import apply_compute_type
 from .decoding import TranscriptionOptions
 from .features import LogMel
 from .hub import model_folder
@@ -57,16 +58,19 @@ class WhisperModel:
     max_batch_items: the most windows transcribe_batch and BatchedInferencePipeline decode together (batch_size at
     most this; on the GPU, the batch's entry points and state are made for this many when first used, or for as many
     as the device's limits hold: VulkanBackend.add_batch).
-    compute_type: faster-whisper's argument, "default" (precision decides), "float32" (fp32) or "float16" (fp16);
-    the int8, int16 and bfloat16 types are refused (minirt has no quantized or bfloat16 Whisper yet)."""
+    compute_type: faster-whisper's ("default", "auto", "float32", "float16", "int8", "int8_float32", "int8_float16",
+    "int8_bfloat16"; minirt.whisper.compute_type): a float type sets the precision, an int8 one the precision and
+    int8 Linear weights (a float checkpoint's quantized at load per output row); None or "default" keeps precision
+    and the weights as the file holds them (a CTranslate2 int8 model.bin runs with int8 weights)."""
 
     def __init__(self, path, precision: str = "fp32", device=None, backend=None,
                  max_batch_items: int = MAX_BATCH_ITEMS, download_root=None, local_files_only: bool = False,
-                 revision=None, compute_type: str = "default"):
-        precision = precision_of(compute_type, precision)
+                 revision=None, compute_type=None):
         if precision not in ("fp32", "fp16"):
             raise ValueError(f"precision must be 'fp32' or 'fp16', got {precision!r}")
         ckpt = load_checkpoint(model_folder(path, download_root, local_files_only, revision))
+        self.compute_type = compute_type
+        precision, ckpt.weights = apply_compute_type(compute_type, precision, ckpt.weights)
         self.path = ckpt.folder
         self.precision, self.device = precision, device
         self.config = ckpt.config
@@ -240,7 +244,8 @@ class WhisperModel:
         with self.lock:
             if not getattr(b, "max_items", 0) and hasattr(b, "add_batch"):
                 ckpt = load_checkpoint(self.path)
-                b.add_batch(ckpt.weights, ckpt.config, self.max_batch_items)
+                _, weights = apply_compute_type(self.compute_type, self.precision, ckpt.weights)
+                b.add_batch(weights, ckpt.config, self.max_batch_items)
         return b
 
     def check_options(self, kw: dict, sampling_allowed: bool = True) -> dict:
@@ -282,7 +287,8 @@ class WhisperModel:
         if getattr(b, "align_heads", None) is None:
             heads = self.alignment_heads or openai_alignment_heads(self.config) or default_alignment_heads(
                 int(self.config["decoder_layers"]), int(self.config["decoder_attention_heads"]))
-            b.add_align(heads, self.tokenizer.eot, lambda: load_checkpoint(self.path).weights)
+            b.add_align(heads, self.tokenizer.eot, lambda: apply_compute_type(
+                self.compute_type, self.precision, load_checkpoint(self.path).weights)[1])
         return b
 
     def _setup(self, audio, kw: dict, features=None):
@@ -360,22 +366,6 @@ class WhisperModel:
                                  all_language_probs=all_language_probs, transcription_options=options,
                                  vad_options=vad, speech_chunks=chunks)
         return mel, options, info, np.random.default_rng(seed)
-
-
-def precision_of(compute_type: str, precision: str) -> str:
-    """The precision for faster-whisper's compute_type ("default": `precision` as given)."""
-    from ..errors import UnsupportedError
-    types = {"default": precision, "float32": "fp32", "float16": "fp16", "auto": precision}
-    if compute_type in types:
-        chosen = types[compute_type]
-        if compute_type not in ("default", "auto") and precision not in ("fp32", chosen):
-            raise ValueError(f"compute_type {compute_type!r} and precision {precision!r} disagree; give one")
-        return chosen
-    if isinstance(compute_type, str) and compute_type.startswith(("int8", "int16", "bfloat16")):
-        raise UnsupportedError(f"compute_type {compute_type!r}: minirt's Whisper runs in float32 or float16 "
-                               f"(compute_type 'float32' or 'float16'); int8, int16 and bfloat16 are not supported "
-                               f"yet")
-    raise ValueError(f"compute_type must be 'default', 'float32' or 'float16', got {compute_type!r}")
 
 
 def parity_options(prefix=None, hotwords=None, clip_timestamps="0", word_timestamps=False, max_new_tokens=None,

@@ -7,7 +7,11 @@ several planner configurations, timed per dispatch from the timestamp query pool
   python tools/dev/gemm_bench.py --config fp16 --config fp16:coopmat=0 --json gemm.json
   python tools/dev/gemm_bench.py --torch                            # with PyTorch CUDA (cuBLAS) at the same shapes
 
-A config is PRECISION[:KEY=VALUE,...] with Session options (gemm_tile, cm_tile, coopmat=0, local_size=XxY).
+A config is PRECISION[:KEY=VALUE,...] with Session options (gemm_tile, cm_tile, coopmat=0, local_size=XxY), and
+weights=int8 (the weight as a per-column int8 DequantizeLinear: the w=i8 kernels) or weights=q4 (MatMulNBits, 4-bit
+blocks of 32: the w=q4 kernels); e.g. a decode step's Linears, fp16 beside int8 and 4-bit weights:
+  python tools/dev/gemm_bench.py --shapes "1,384,1536,gelu;1,1536,384,residual;1,384,51864" \
+      --config fp16 --config fp16:weights=int8 --config fp16:weights=q4
 Shapes and configs are measured round-robin (--rounds times --runs each), so a slow stretch of a shared GPU
 touches them alike. Per row: the GEMM dispatch's median GPU time, TFLOP/s, and the max error against a float64 reference
 computed from the inputs and weights as the kernel sees them (rounded to fp16 at fp16).
@@ -35,12 +39,30 @@ from benchconfig import cuda_kernels, parse_config, round_robin, torch_case, tor
 SHAPES = "1500,384,384,none;1500,384,1536,gelu;1500,1536,384,residual"   # M,K,N,epilogue
 
 
-def linear_model(m, k, n, epilogue, seed=0):
+def linear_model(m, k, n, epilogue, seed=0, weights="float"):
+    """(model, W [K, N] as the kernel sees it, bias); weights "int8" / "q4": quantized (see the module doc)."""
     from onnx import TensorProto, helper, numpy_helper
     rng = np.random.default_rng(seed)
     w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
     b = (0.1 * rng.standard_normal(n)).astype(np.float32)
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"])]
+    inits = {"b": b}
+    if weights == "int8":
+        s = (np.abs(w).max(axis=0) / 127).astype(np.float32)
+        inits.update(q=np.clip(np.rint(w / s), -127, 127).astype(np.int8), s=s)
+        w = inits["q"].astype(np.float32) * s
+        nodes.insert(0, helper.make_node("DequantizeLinear", ["q", "s"], ["w"], axis=1))
+    elif weights == "q4":
+        blk = 32
+        wb = np.pad(w.T, ((0, 0), (0, -k % blk))).reshape(n, -1, blk)
+        s = (np.abs(wb).max(axis=2) / 7 + 1e-12).astype(np.float32)
+        q = np.clip(np.rint(wb / s[..., None]) + 8, 0, 15).astype(np.uint8)
+        w = ((q.astype(np.float32) - 8) * s[..., None]).reshape(n, -1)[:, :k].T.copy()
+        inits.update(B=q[..., 0::2] | (q[..., 1::2] << 4), scales=s.reshape(-1))
+        nodes[:2] = [helper.make_node("MatMulNBits", ["x", "B", "scales", "", "", "b"], ["hb"], domain="com.microsoft",
+                                      K=k, N=n, bits=4, block_size=blk)]
+    else:
+        inits["w"] = w
     ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, m, k])]
     if epilogue == "gelu":
         nodes.append(helper.make_node("Gelu", ["hb"], ["y"]))
@@ -50,8 +72,8 @@ def linear_model(m, k, n, epilogue, seed=0):
     else:
         nodes[-1].output[0] = "y"
     g = helper.make_graph(nodes, "linear", ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
+                          [numpy_helper.from_array(v, name) for name, v in inits.items()])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = 9
     return model, w, b
 
@@ -87,14 +109,15 @@ def main(argv=None):
         parts = spec.split(",")
         m, k, n = (int(v) for v in parts[:3])
         epi = parts[3] if len(parts) > 3 else "none"
-        model, w, b = linear_model(m, k, n, epi)
         rng = np.random.default_rng(1)
         feeds = {"x": rng.standard_normal((1, m, k)).astype(np.float32)}
         if epi == "residual":
             feeds["r"] = rng.standard_normal((1, m, n)).astype(np.float32)
         for cfg in configs:
+            opts = parse_config(cfg)
+            model, w, b = linear_model(m, k, n, epi, weights=opts.pop("weights", "float"))
             try:
-                s = Session(model, storage="buffer", profile=True, options=parse_config(cfg))
+                s = Session(model, storage="buffer", profile=True, options=opts)
             except MinirtError as e:
                 print(f"{m}x{k}x{n:<12} {epi:<9} {cfg:<36} refused: {e}")
                 continue

@@ -1,0 +1,113 @@
+"""Weight-only int8 operands of the buffer GEMMs (the w=i8 variants of glsl/linear.comp, linear_rows.comp and
+linear_cm.glslh; glsl/qweight.glslh): a Linear whose W is an int8 constant [K, N] with a float32 scale [N] and zero point [N] (inputs 4
+and 5, minirt/quant.py) keeps its weight at a byte an element on the GPU, dequantized in the kernels' registers."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ModelError
+from ..plan import WEIGHT, TensorSpec
+from ..quant import dequantize_kn
+
+
+def int8_operands(graph, node):
+    """(q [K, N] int8, scale [N] float32, zero [N] float32 or None) of a Linear with an int8 weight, else None."""
+    ins = list(node.inputs) + [""] * (6 - len(node.inputs))
+    if not ins[4]:
+        return None
+    q, s = graph.tensor(ins[1]), graph.tensor(ins[4])
+    z = graph.tensor(ins[5]) if ins[5] else None
+    if not q.is_const or q.data.dtype != np.int8 or q.data.ndim != 2:
+        raise ModelError(f"{node}: a weight scale needs an int8 2-D constant weight, '{q.name}' is "
+                         f"{getattr(q.data, 'dtype', 'not a constant')}")
+    n = q.data.shape[1]
+    for t in (s, z):
+        if t is not None and (not t.is_const or t.data.size != n):
+            raise ModelError(f"{node}: '{t.name}' must be a constant of {n} values (one per column of '{q.name}')")
+    return (q.data, np.asarray(s.data, np.float32).reshape(-1),
+            None if z is None else np.asarray(z.data, np.float32).reshape(-1))
+
+
+class Int8Weight:
+    """B [K, N] int8 with per-column scale and zero point, as the GEMM dispatches take a weight (GemmWeight's
+    row_major): packed [K][N4] one uint32 per k and 4 columns (little-endian bytes), zero past N; `params` the
+    float32 scale [N4 vec4] then zero [N4 vec4]."""
+
+    axes = {"w": "i8"}
+
+    def __init__(self, name: str, q_kn: np.ndarray, scale: np.ndarray, zero: np.ndarray | None):
+        self.name, self.q, self.scale, self.zero = name, q_kn, scale, zero
+
+    @property
+    def b_kn(self) -> np.ndarray:
+        """The dequantized float weight (paths that have no int8 kernel)."""
+        return dequantize_kn(self.q, self.scale, self.zero)
+
+    def row_major(self, ctx) -> TensorSpec:
+        key = f"{self.name}@i8"
+        spec = ctx.plan.tensors.get(key)
+        if spec is None:
+            k, n = self.q.shape
+            w = np.zeros((k, -(-n // 4) * 4), np.int8)
+            w[:, :n] = self.q
+            spec = TensorSpec(key, (w.size,), WEIGHT, "buffer", 0, w.reshape(-1), dtype="int8")
+            ctx.plan.tensors[key] = spec
+        return spec
+
+    def params(self, ctx) -> TensorSpec:
+        key = f"{self.name}.qparams"
+        spec = ctx.plan.tensors.get(f"{key}@packed")
+        if spec is None:
+            n = self.q.shape[1]
+            n4 = -(-n // 4) * 4
+            p = np.zeros(2 * n4, np.float32)
+            p[:n] = self.scale
+            if self.zero is not None:
+                p[n4:n4 + n] = self.zero
+            spec = ctx.weight(key, p, dtype="float32")
+        return spec
+
+    def extra_args(self, ctx) -> list:
+        return [(self.params(ctx).name, "r")]
+
+
+class Int4Weight(Int8Weight):
+    """B [K, N] as unsigned 4-bit values with a scale and zero point per block of `block` k and column (onnxruntime's
+    MatMulNBits), for the w=q4 variants: packed 16 bits per k and 4 columns (nibble j column 4 n4 + j), two such a
+    uint32; `params` a header vec4 (block, blocks), then scale [blocks][N4] and zero [blocks][N4]."""
+
+    axes = {"w": "q4"}
+
+    def __init__(self, name: str, q_kn: np.ndarray, scale: np.ndarray, zero: np.ndarray, block: int):
+        self.name, self.q, self.scale, self.zero, self.block = name, q_kn, scale, zero, int(block)
+
+    @property
+    def b_kn(self) -> np.ndarray:
+        rows = np.arange(self.q.shape[0]) // self.block
+        return (self.q.astype(np.float32) - self.zero[rows]) * self.scale[rows]
+
+    def row_major(self, ctx) -> TensorSpec:
+        key = f"{self.name}@q4"
+        spec = ctx.plan.tensors.get(key)
+        if spec is None:
+            k, n = self.q.shape
+            n4 = -(-n // 4)
+            w = np.zeros((k, n4 * 4), np.uint16)
+            w[:, :n] = self.q
+            packed = (w[:, 0::4] | w[:, 1::4] << 4 | w[:, 2::4] << 8 | w[:, 3::4] << 12).reshape(-1)
+            packed = np.pad(packed, (0, (-packed.size) % 2)).astype("<u2")
+            spec = TensorSpec(key, (packed.size,), WEIGHT, "buffer", 0, packed.view(np.uint8), dtype="uint4")
+            ctx.plan.tensors[key] = spec
+        return spec
+
+    def params(self, ctx) -> TensorSpec:
+        key = f"{self.name}.q4params"
+        spec = ctx.plan.tensors.get(f"{key}@packed")
+        if spec is None:
+            blocks, n = self.scale.shape
+            n4 = -(-n // 4) * 4
+            s, z = np.zeros((blocks, n4), np.float32), np.zeros((blocks, n4), np.float32)
+            s[:, :n], z[:, :n] = self.scale, self.zero
+            head = np.array([self.block, blocks, 0, 0], np.float32)
+            spec = ctx.weight(key, np.concatenate([head, s.reshape(-1), z.reshape(-1)]), dtype="float32")
+        return spec

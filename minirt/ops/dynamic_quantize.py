@@ -6,10 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import UnsupportedError
-from ..plan import Push
+from ..kernels.quantize import dynamic_quantize_dispatch
 from . import Op, register
-
-GROUP = 256
 
 
 def dynamic_quantize(x):
@@ -41,12 +39,7 @@ class DynamicQuantize(Op):
         if ctx.storage != "buffer":
             raise UnsupportedError(f"{node}: runs in buffer storage only")
         x, q, s = ctx.t(node.inputs[0]), ctx.t(node.outputs[0]), ctx.t(node.outputs[1])
-        group = GROUP
-        while group > ctx.profile.max_invocations or group > ctx.profile.max_local_size[0]:
-            group //= 2
-        ctx.dispatch("dynamic_quantize", [(q.name, "w"), (s.name, "w"), (x.name, "r")],
-                     Push().ivec4(x.numel, 0, 0, 0), (), (group, 1, 1), "reduction", flops=4 * x.numel,
-                     nbytes=8 * x.numel, local_size=(group, 1, 1))
+        dynamic_quantize_dispatch(ctx, x, q, s)
 
 
 _FOLDED = "runs only as quantize_dynamic writes it (DynamicQuantizeLinear -> MatMulInteger with a constant int8 / uint8 weight -> Cast to float), which fold_dynamic_quantize puts on the int8 GEMM"

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import ModelError, UnsupportedError
 from . import Op, attr, register
-from .gemm import linear_dispatch, linear_ok, pack_bias
+from ..kernels.gemm import linear_dispatch, linear_ok, pack_bias
 from .int8_weight import Int4Weight
 
 

@@ -1,39 +1,39 @@
 """The planner: graph-to-graph passes in a fixed order, then lowering to a Plan.
 
 Pass order (each pass is one module of this package):
-  0. fold_dequantize_linear (fold_dequantize_linear.py)  a DequantizeLinear of an int8 weight into a MatMul or Gemm
+  1. fold_dequantize_linear (fold_dequantize_linear.py)  a DequantizeLinear of an int8 weight into a MatMul or Gemm
                                             -> a Linear reading the int8 weight (others fold to float)
-  0b. fold_dynamic_quantize (fold_dynamic_quantize.py)  quantize_dynamic's DynamicQuantizeLinear + MatMulInteger
+  2. fold_dynamic_quantize (fold_dynamic_quantize.py)  quantize_dynamic's DynamicQuantizeLinear + MatMulInteger
                                             + Cast -> DynamicQuantize + a Linear reading the int8 weight
-  1. fold_batch_norm  (fold_batch_norm.py)  an inference BatchNormalization after a Conv -> the conv's W and B
-  2. fold_pad_conv    (fold_pad_conv.py)    a zero Pad of the spatial axes read by a Conv alone -> the conv's pads
-  3. conv1d_as_conv2d (conv1d_as_conv2d.py) eligible 1-D convs become 2-D convs over a height of 1
-  4. conv routing     (conv_routing.py)     every Conv gets one kernel: im2col, pointwise, depthwise, direct
-  5. fuse_gelu        (fuse_gelu.py)        the Erf GELU pattern, and its tanh form (GPT-2), become one Gelu node
-  6. fuse_layer_norm  (fuse_layer_norm.py)  LayerNorm spelt out as ReduceMean chains -> one LayerNormalization, or
+  3. fold_batch_norm  (fold_batch_norm.py)  an inference BatchNormalization after a Conv -> the conv's W and B
+  4. fold_pad_conv    (fold_pad_conv.py)    a zero Pad of the spatial axes read by a Conv alone -> the conv's pads
+  5. conv1d_as_conv2d (conv1d_as_conv2d.py) eligible 1-D convs become 2-D convs over a height of 1
+  6. conv routing     (conv_routing.py)     every Conv gets one kernel: im2col, pointwise, depthwise, direct
+  7. fuse_gelu        (fuse_gelu.py)        the Erf GELU pattern, and its tanh form (GPT-2), become one Gelu node
+  8. fuse_layer_norm  (fuse_layer_norm.py)  LayerNorm spelt out as ReduceMean chains -> one LayerNormalization, or
                                             one AxisLayerNorm over a non-last axis (ConvNeXt's channels); a GroupNorm
                                             of one channel a group -> one InstanceNormalization with its affine
-  7. fuse_silu        (fuse_silu.py)        Mul(x, Sigmoid(x)) becomes one Silu node
-  8. fuse_activation  (fuse_activation.py)  Relu/Gelu/HardSwish/Silu after a conv goes into the conv's epilogue
-  9. conv_output_nlc  (conv_output_nlc.py)  an im2col conv + channels-last Transpose (+ Add) -> one GEMM writing
+  9. fuse_silu        (fuse_silu.py)        Mul(x, Sigmoid(x)) becomes one Silu node
+ 10. fuse_activation  (fuse_activation.py)  Relu/Gelu/HardSwish/Silu after a conv goes into the conv's epilogue
+ 11. conv_output_nlc  (conv_output_nlc.py)  an im2col conv + channels-last Transpose (+ Add) -> one GEMM writing
                                             [1, L, C] (adding the residual)
- 10. conv_input_nlc   (conv_input_nlc.py)   a 1-D im2col conv reading another's output: that one writes it
+ 12. conv_input_nlc   (conv_input_nlc.py)   a 1-D im2col conv reading another's output: that one writes it
                                             channels-last, this one's GEMM reads it as overlapping rows (no im2col)
- 11. conv_channels_last (conv_channels_last.py)  2-D convs on the buffer GEMM keep activations NHWC between them
+ 13. conv_channels_last (conv_channels_last.py)  2-D convs on the buffer GEMM keep activations NHWC between them
                                             (1x1 convs as Linears over pixels), Transposes at the boundaries
- 12. fuse_linear      (fuse_linear.py)      MatMul (or Gemm) + bias + scale + activation + residual -> one Linear
- 12b. quantize_weights (quantize_weights.py) option quantize_weights=int8: float Linear weights -> int8 a column
- 13. merge_siblings   (merge_siblings.py)   Linears reading the same input (q, k, v) -> one GEMM + part views
- 14. fuse_attention   (fuse_attention.py)   head splits + MatMul (+ mask) + Softmax + MatMul -> one Attention
- 15. split_wide_tables (split_wide_tables.py) a Linear weight or run-time Gather table beyond
+ 14. fuse_linear      (fuse_linear.py)      MatMul (or Gemm) + bias + scale + activation + residual -> one Linear
+ 15. quantize_weights (quantize_weights.py) option quantize_weights=int8: float Linear weights -> int8 a column
+ 16. merge_siblings   (merge_siblings.py)   Linears reading the same input (q, k, v) -> one GEMM + part views
+ 17. fuse_attention   (fuse_attention.py)   head splits + MatMul (+ mask) + Softmax + MatMul -> one Attention
+ 18. split_wide_tables (split_wide_tables.py) a Linear weight or run-time Gather table beyond
                                             maxStorageBufferRange -> parts by columns that fit, joined by a Concat
- 16. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
- 17. fuse_reduce_layer_norm (fuse_reduce_layer_norm.py)  on the Plan: a split GEMM's reduce pass also does the
+ 19. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
+ 20. fuse_reduce_layer_norm (fuse_reduce_layer_norm.py)  on the Plan: a split GEMM's reduce pass also does the
                                             LayerNorm that reads its output
- 18. fuse_norm_linear_rows (fuse_norm_linear_rows.py)  on the Plan: a LayerNorm read only by a few-row Linear
+ 21. fuse_norm_linear_rows (fuse_norm_linear_rows.py)  on the Plan: a LayerNorm read only by a few-row Linear
                                             (linear_rows) is done by that Linear as it reads its rows
- 19. local sizes      (minirt.kernels.rules) one deterministic local size per dispatch, by its family's rule
- 20. memory plan      (memory_plan.py)      lifetimes for memory reuse (option memory_reuse=False: none), and
+ 22. local sizes      (minirt.kernels.rules) one deterministic local size per dispatch, by its family's rule
+ 23. memory plan      (memory_plan.py)      lifetimes for memory reuse (option memory_reuse=False: none), and
                                             the check that the device can hold what the plan allocates
 The planner never imports vulkan: everything it decides is plain data in the Plan. PASSES lists the passes in this
 order; each graph pass is fn(graph, options, profile): the Session's Options (storage resolved for the device) and the

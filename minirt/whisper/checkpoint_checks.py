@@ -121,7 +121,7 @@ def check_checkpoint(weights: dict, config: dict, config_file: str, weights_file
     for name, a in weights.items():
         if a.dtype.kind != "f":
             raise ModelError(f"{weights_file}: '{name}' holds {a.dtype}; Whisper's weights are floating point")
-        if not _finite(a):
+        if not _finite(getattr(a, "scale", a)):    # an int8 weight is finite where its scales are (QuantizedWeight)
             raise ModelError(f"{weights_file}: '{name}' holds NaN or infinite values")
 
 

@@ -156,7 +156,7 @@ class Session:
         """The Plan of the GPU part for these input shapes (None where the host computes every output)."""
         from .planner import make_plan
         g = self._prepare_for(shapes)
-        return make_plan(g, self.device.profile, self.storage, self.options) if g.outputs else None
+        return make_plan(g, self.device.profile, None, self.options) if g.outputs else None
 
     def _executor(self, shapes):
         """(the Executor of these input shapes, or None where the host computes every output; the HostPart)."""
@@ -168,7 +168,7 @@ class Session:
             phase = Phases(times, self._progress)
             phase("plan", "planning")
             g = self._prepare_for(shapes)
-            plan = make_plan(g, self.device.profile, self.storage, self.options) if g.outputs else None
+            plan = make_plan(g, self.device.profile, None, self.options) if g.outputs else None
             phase(None)
             ex = plan and Executor(self.device, plan, profile=self.profiling, progress=self._progress,
                                    timeout_s=self.options.timeout_s)

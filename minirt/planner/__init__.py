@@ -20,7 +20,9 @@ Pass order (each pass is one module of this package):
  12. fuse_linear      (fuse_linear.py)      MatMul (or Gemm) + bias + scale + activation + residual -> one Linear
  13. merge_siblings   (merge_siblings.py)   Linears reading the same input (q, k, v) -> one GEMM + part views
  14. fuse_attention   (fuse_attention.py)   head splits + MatMul (+ mask) + Softmax + MatMul -> one Attention
- 15. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
+ 15. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor (storage "auto"
+                                            on a texture device: buffers where textures do not fit,
+                                            storage_layout.py)
  16. fuse_reduce_layer_norm (fuse_reduce_layer_norm.py)  on the Plan: a split GEMM's reduce pass also does the
                                             LayerNorm that reads its output
  17. fuse_norm_linear_rows (fuse_norm_linear_rows.py)  on the Plan: a LayerNorm read only by a few-row Linear
@@ -38,7 +40,7 @@ from ..lwg import check_local_size, forced_local_size, pick_local_size
 from . import (conv1d_as_conv2d, conv_channels_last, conv_input_nlc, conv_output_nlc, conv_routing, fold_batch_norm,
                fold_pad_conv, fuse_activation, fuse_attention, fuse_gelu, fuse_layer_norm, fuse_linear,
                fuse_norm_linear_rows, fuse_reduce_layer_norm, fuse_silu, memory_plan, merge_siblings)
-from .lower import lower
+from .lower import lower, lower_mixed
 from ..plan import INPUT, OUTPUT, Plan
 from .storage_layout import check_limits, resolve_storage
 
@@ -67,11 +69,15 @@ def make_plan(graph, profile, storage=None, options=None) -> Plan:
     overrides options.storage."""
     options = Options.of(options)
     precision = resolve_precision(options.precision, profile)
-    options = options.replace(storage=resolve_storage(storage or options.storage, profile))
+    asked = storage or options.storage
+    options = options.replace(storage=resolve_storage(asked, profile))
     g = graph.copy()
     for _name, fn in GRAPH_PASSES:
         g = fn(g, options, profile)
-    plan = lower(g, options.storage, profile, options, precision)
+    if asked == "auto" and options.storage == "texture":    # textures where they fit, buffers around the rest
+        plan = lower_mixed(g, profile, options, precision)
+    else:
+        plan = lower(g, options.storage, profile, options, precision)
     plan = fuse_reduce_layer_norm.rewrite(plan, profile, options)
     plan = fuse_norm_linear_rows.rewrite(plan, profile, options)
     check_limits(plan, profile)

@@ -937,6 +937,10 @@ def _storage_lines(p) -> list:
     moved = [node for node, notes in p.notes.items() if any(n.startswith("storage: buffer") for n in notes)]
     if not moved:
         return []
+    first = {}
+    for i, d in enumerate(p.dispatches):
+        first.setdefault(d.node, i)
+    moved.sort(key=lambda node: first.get(node, len(p.dispatches)))
     copies = sum(d.kernel.startswith("storage_copy") for d in p.dispatches)
     return [f"mixed storage: {len(moved)} node(s) in buffers where textures do not fit or have no kernel "
             f"({', '.join(moved[:6])}{', ...' if len(moved) > 6 else ''}; see the notes), {copies} storage copies"]

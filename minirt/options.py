@@ -159,8 +159,8 @@ class Options:
                                "docs/usage.md); where it cannot run, ieee, with a plan note; precision fp32 only",
                                "devices with VK_KHR_cooperative_matrix in NVIDIA's 'mma' layout (coopmat=emulate: any)")
     storage: str = _opt("auto", _choice(STORAGES),
-                        "where activations live: auto (textures on Adreno, Mali and PowerVR, buffers elsewhere), "
-                        "texture or buffer")
+                        "where activations live: auto (textures on Adreno, Mali and PowerVR, buffers for what their "
+                        "images cannot hold; buffers elsewhere), texture or buffer")
     conv1d_rewrite: bool = _opt(True, _flag, "run 1-D convolutions as 2-D ones over a height of 1 "
                                 "(MINIRT_NO_CONV1D_REWRITE=1 turns it off)")
     local_size: tuple | None = _opt(None, _optional(_local_size),

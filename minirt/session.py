@@ -82,7 +82,8 @@ class IOInfo:
 class Session:
     """Runs one model on one Vulkan device.
 
-    storage: "auto" (textures on Adreno, Mali and PowerVR, buffers elsewhere), "texture" or "buffer".
+    storage: "auto" (textures on Adreno, Mali and PowerVR, with buffers for what their images cannot hold; buffers
+    elsewhere), "texture" or "buffer".
     precision: "fp32" (default) or "fp16": weights and activations in 16-bit storage with fp32 arithmetic
     (tensor cores through VK_KHR_cooperative_matrix where the device has them); inputs and outputs stay float32.
     A device without 16-bit storage buffers refuses fp16 with an UnsupportedError.

@@ -19,6 +19,14 @@ layout(push_constant) uniform Params {
   ivec4 pd;     // packed dims of out, in
 } p;
 
+// The window positions k in [0, K) whose element base + k * dil lies in [lo, hi): [first, end) (empty: first >= end).
+// Only positive numbers are divided, so the rounding of negative integer division never matters.
+ivec2 window_span(int base, int dil, int K, int lo, int hi) {
+  int first = lo > base ? (lo - base + dil - 1) / dil : 0;
+  int end = hi > base ? min(K, (hi - base + dil - 1) / dil) : 0;
+  return ivec2(first, end);
+}
+
 void main() {
   ivec3 pos = ivec3(gl_GlobalInvocationID);
   if (!texel_in_range(pos, p.out_sizes, p.pd.x)) return;
@@ -28,18 +36,21 @@ void main() {
     ivec4 i = o;
     i[p.pd.x] += l;
     if (i[p.pd.x] >= p.out_sizes[p.pd.x]) break;
+    int bh = i.y * p.kern.z - p.pad.x, bw = i.x * p.kern.w - p.pad.y;
+    // The loops visit only the window positions inside the input, so a window far larger than the input (a global
+    // pool written as kernel_shape = 1280 over a 2 x 2 map) costs what the input holds, not K x K iterations.
+    ivec2 rows = window_span(bh, p.pad.z, p.kern.x, 0, p.in_sizes.y);
+    ivec2 cols = window_span(bw, p.pad.w, p.kern.y, 0, p.in_sizes.x);
+    // average: the divisor counts the window positions inside the counted region (see cnt)
+    ivec2 crows = window_span(bh, p.pad.z, p.kern.x, p.cnt.x, p.cnt.z);
+    ivec2 ccols = window_span(bw, p.pad.w, p.kern.y, p.cnt.y, p.cnt.w);
+    int n = max(crows.y - crows.x, 0) * max(ccols.y - ccols.x, 0);
     float acc = 0.0;
-    int n = 0;
     bool got = false;   // max: a value that is not NaN was seen
-    for (int kh = 0; kh < p.kern.x; ++kh) {
-      int ih = i.y * p.kern.z - p.pad.x + kh * p.pad.z;
-      bool row_in = ih >= 0 && ih < p.in_sizes.y;
-      bool row_counts = ih >= p.cnt.x && ih < p.cnt.z;
-      for (int kw = 0; kw < p.kern.y; ++kw) {
-        int iw = i.x * p.kern.w - p.pad.y + kw * p.pad.w;
-        if (row_counts && iw >= p.cnt.y && iw < p.cnt.w) ++n;
-        if (!row_in || iw < 0 || iw >= p.in_sizes.x) continue;
-        float v = LOAD(t_in, ivec4(iw, ih, i.z, i.w), p.in_sizes, p.pd.y);
+    for (int kh = rows.x; kh < rows.y; ++kh) {
+      int ih = bh + kh * p.pad.z;
+      for (int kw = cols.x; kw < cols.y; ++kw) {
+        float v = LOAD(t_in, ivec4(bw + kw * p.pad.w, ih, i.z, i.w), p.in_sizes, p.pd.y);
         if (OP == 1) {
           acc += v;
         } else if (!isnan(v) && (!got || v > acc)) {   // NaN is skipped, as onnxruntime and ONNX's reference do
@@ -48,7 +59,15 @@ void main() {
         }
       }
     }
-    r[l] = OP == 1 ? acc / float(n) : got ? acc : NAN_F;   // a window of NaN alone gives NaN
+    // A window that holds no input element (dilated windows can fall between the rows or columns, or in the
+    // padding) gives what onnxruntime gives: 0 for average, the lowest float for max. A max window of NaN alone
+    // gives NaN.
+    bool empty = rows.x >= rows.y || cols.x >= cols.y;
+    if (OP == 1) {
+      r[l] = empty || n == 0 ? 0.0 : acc / float(n);
+    } else {
+      r[l] = got ? acc : empty ? -3.402823466e38 : NAN_F;
+    }
   }
   STORE4(t_out, o, p.out_sizes, p.pd.x, r);
 }

@@ -1045,6 +1045,20 @@ def _shapes(plan, names):
     return " ".join(str(list(plan.tensors[n].shape)).replace(" ", "") for n in names) or "-"
 
 
+def _storage_lines(p) -> list:
+    """Mixed storage (storage auto on a texture device): which nodes run in buffers; the notes say why."""
+    moved = [node for node, notes in p.notes.items() if any(n.startswith("storage: buffer") for n in notes)]
+    if not moved:
+        return []
+    first = {}
+    for i, d in enumerate(p.dispatches):
+        first.setdefault(d.node, i)
+    moved.sort(key=lambda node: first.get(node, len(p.dispatches)))
+    copies = sum(d.kernel.startswith("storage_copy") for d in p.dispatches)
+    return [f"mixed storage: {len(moved)} node(s) in buffers where textures do not fit or have no kernel "
+            f"({', '.join(moved[:6])}{', ...' if len(moved) > 6 else ''}; see the notes), {copies} storage copies"]
+
+
 def _state_lines(p) -> list:
     """The plan's inputs (with their dtypes), state tensors and run-time parameters, where it has state or parameters."""
     if not p.state and not p.params:
@@ -1080,11 +1094,12 @@ def format_plan(p) -> str:
     only through their notes, if any."""
     from .plan import CONSTANT, PARAMS, SCRATCH, WEIGHT
     by_node, order = {}, []
-    for d in p.dispatches:
-        if d.node not in by_node:
-            by_node[d.node] = []
-            order.append(d.node)
-        by_node[d.node].append(d)
+    for i, d in enumerate(p.dispatches):
+        key = d.node or ("", i)     # an edge's dispatch (a cast, a storage copy): its own row, where it runs
+        if key not in by_node:
+            by_node[key] = []
+            order.append(key)
+        by_node[key].append(d)
     # a node's outputs: what it writes that another node (or the caller) reads
     read_by = {}
     for d in p.dispatches:
@@ -1121,7 +1136,7 @@ def format_plan(p) -> str:
             route = next((n.split()[1] for n in p.notes.get(node, []) if n.startswith("route: ")), "")
             conv += route
         ins_s = _shapes(p, ins) + (f" +{len(consts)} const" if consts else "")
-        rows.append((node, ds[0].op, ins_s, _shapes(p, outs), conv, ds))
+        rows.append((node if isinstance(node, str) else "", ds[0].op, ins_s, _shapes(p, outs), conv, ds))
     nw = min(max([4] + [len(r[0]) for r in rows]), 36)
     ow = max([2] + [len(r[1]) for r in rows])
     iw = min(max([6] + [len(r[2]) for r in rows]), 34)
@@ -1133,7 +1148,7 @@ def format_plan(p) -> str:
              f"{sum(d.flops for d in p.dispatches) / 1e9:.3f} GFLOP",
              f"run: inputs and outputs {io}, zero-copy outputs {'on' if p.zero_copy else 'off'}, "
              f"fence spin {p.spin_ms:g} ms",
-             *_state_lines(p),
+             *_state_lines(p), *_storage_lines(p),
              f"{'node':<{nw}}  {'op':<{ow}}  {'inputs':<{iw}}  {'outputs':<{uw}}  "
              + (f"{'conv':<{cw}}  " if cw > 0 else "") + f"{'kernel':<{kw}}  {'global':<16} local"]
 

@@ -155,8 +155,8 @@ class Options:
                                "docs/usage.md); where it cannot run, ieee, with a plan note; precision fp32 only",
                                "devices with VK_KHR_cooperative_matrix in NVIDIA's 'mma' layout (coopmat=emulate: any)")
     storage: str = _opt("auto", _choice(STORAGES),
-                        "where activations live: auto (textures on Adreno, Mali and PowerVR, buffers elsewhere), "
-                        "texture or buffer")
+                        "where activations live: auto (textures on Adreno, Mali and PowerVR, buffers for what their "
+                        "images cannot hold; buffers elsewhere), texture or buffer")
     quantize_weights: str = _opt("off", _choice(("off", "int8")),
                                  "int8: every float Linear weight (MatMul, Gemm) quantized at planning per output "
                                  "column, symmetric, onto the int8 GEMM kernels (a byte a weight on the GPU; buffer "

@@ -39,6 +39,16 @@ def whcn(shape) -> tuple[int, int, int, int]:
     return tuple(s)
 
 
+def texel_extents(shape, packed_dim: int) -> tuple[int, int, int]:
+    """The image extents (x, y, z) of a texture of `shape` packed along WHCN dim `packed_dim`."""
+    w, h, c, n = whcn(shape)
+    if packed_dim == 0:
+        return ((w + 3) // 4, h, c * n)
+    if packed_dim == 2:
+        return (w, h, ((c + 3) // 4) * n)
+    raise ValueError(f"unsupported packed dim {packed_dim}")
+
+
 @dataclass
 class TensorSpec:
     name: str
@@ -64,12 +74,7 @@ class TensorSpec:
     @property
     def texel_extents(self) -> tuple[int, int, int]:
         """Image extents for textures; the invocation grid of per-texel kernels for both storages."""
-        w, h, c, n = self.whcn
-        if self.packed_dim == 0:
-            return ((w + 3) // 4, h, c * n)
-        if self.packed_dim == 2:
-            return (w, h, ((c + 3) // 4) * n)
-        raise ValueError(f"unsupported packed dim {self.packed_dim}")
+        return texel_extents(self.shape, self.packed_dim)
 
     @property
     def itemsize(self) -> int:

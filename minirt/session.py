@@ -59,7 +59,8 @@ class IOInfo:
 class Session(Driver):
     """Runs one model on one Vulkan device.
 
-    storage: "auto" (textures on Adreno, Mali and PowerVR, buffers elsewhere), "texture" or "buffer".
+    storage: "auto" (textures on Adreno, Mali and PowerVR, with buffers for what their images cannot hold; buffers
+    elsewhere), "texture" or "buffer".
     precision: "fp32" (default) or "fp16": weights and activations in 16-bit storage with fp32 arithmetic
     (tensor cores through VK_KHR_cooperative_matrix where the device has them); inputs and outputs stay float32.
     A device without 16-bit storage buffers refuses fp16 with an UnsupportedError.
@@ -127,7 +128,8 @@ class Session(Driver):
         """(the graph for these input shapes, its integer and boolean arithmetic split off to the host (graph.host;
         minirt/host.py); the Plan of its GPU part, None where the host computes every output)."""
         limit = self.device.profile.max_storage_buffer_range if self.storage == "buffer" else 0
-        return plan_graph(bind_inputs(self.graph, shapes), self.device.profile, self.storage, self.options,
+        # storage None: the options' own, so that "auto" reaches the planner (mixed storage on texture devices)
+        return plan_graph(bind_inputs(self.graph, shapes), self.device.profile, None, self.options,
                           host=True, runtime_gather=limit)
 
     def plan_for(self, shapes: dict):

@@ -44,6 +44,32 @@ def linear_case(m, n, k, act, residual, seed=0):
     return model, {name: rng.standard_normal(shape).astype(np.float32) for name, shape in inputs.items()}
 
 
+def with_lm_head(model, vocab, d, seed=0):
+    """A copy of a text model whose output [.., d] goes through an LM head: MatMul by a random [d, vocab] weight, the
+    one output 'logits' [.., vocab] (the families export the last hidden state alone)."""
+    import onnx
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    hidden = m.graph.output[0].name
+    w = (np.random.default_rng(seed).standard_normal((d, vocab)) / np.sqrt(d)).astype(np.float32)
+    m.graph.initializer.append(numpy_helper.from_array(w, "lm_head.weight"))
+    m.graph.node.append(helper.make_node("MatMul", [hidden, "lm_head.weight"], ["logits"], name="lm_head"))
+    del m.graph.output[:]
+    m.graph.output.append(helper.make_tensor_value_info("logits", TensorProto.FLOAT, None))
+    return m
+
+
+def fake_profile(monkeypatch, **changes):
+    """This process's device (lavapipe) planned as another: its profile with `changes` (vendor="adreno" makes
+    storage "auto" plan textures; a small max_image_3d makes tensors too large for an image)."""
+    import dataclasses
+
+    from minirt.session import get_device
+    dev = get_device()
+    monkeypatch.setattr(dev, "profile", dataclasses.replace(dev.profile, **changes))
+    return dev.profile
+
+
 def onnxruntime_run(model, feeds):
     import onnxruntime as ort
     so = ort.SessionOptions()

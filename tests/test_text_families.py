@@ -2,7 +2,8 @@
 GPT-2, DistilBERT, the T5 encoder and the Whisper decoder, each by TorchScript at opset 17 and by torch.export at
 opset 20) against onnxruntime in both storages, on fresh seeded token ids and attention masks (int64, some rows
 padded at the end): their masks, position ids and index tensors are computed on the host each run
-(minirt/host.py), the rest on the GPU. Also: what cannot run is refused at load with every node named at once, and
+(minirt/host.py), the rest on the GPU; one, with an LM head, in mixed storage (textures, and buffers where the
+device's images cannot hold the logits). Also: what cannot run is refused at load with every node named at once, and
 bad token ids or masks are InputErrors naming the tensor. Every attention runs as one fused Attention dispatch."""
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from minirt import InputError, Session, UnsupportedError
-from oracle import STORAGES, cosine, onnxruntime_run
+from oracle import STORAGES, cosine, fake_profile, onnxruntime_run, with_lm_head
 
 F32 = TensorProto.FLOAT
 FAMILIES = Path(__file__).resolve().parents[1] / "models" / "families"
@@ -49,6 +50,25 @@ def test_text_family_matches_onnxruntime(name):
         assert cosine(out, ref) >= 0.99999, f"{name} {storage}: cosine {cosine(out, ref)}"
         err, scale = np.abs(out.astype(np.float64) - ref).max(), np.abs(ref).max()
         assert err <= 1e-3 * scale, f"{name} {storage}: max abs err {err:.3g}, max|ref| {scale:.3g}"
+
+
+def test_a_family_in_mixed_storage_matches_onnxruntime(monkeypatch):
+    """The Whisper decoder with an LM head, storage "auto" on an Adreno whose images hold at most 128 texels a side:
+    the logits [2, 16, 1000] (250 texels wide) and the head in buffers, the decoder in textures, as exact as the
+    buffer and texture runs."""
+    model = with_lm_head(onnx.load(FAMILIES / "whisper_decoder.onnx"), VOCAB, 64)
+    feeds = feeds_for(model, seed=9)
+    (ref,) = onnxruntime_run(model, feeds)
+    fake_profile(monkeypatch, vendor="adreno", max_image_3d=128)
+    with Session(model, storage="auto", options={"poison": True}) as s:
+        (out,) = s.run(None, feeds)
+        storages = {t.storage for n, t in s.plan.tensors.items() if n != "logits" and t.role == "intermediate"}
+        assert s.plan.tensors["logits"].storage == "buffer" and "texture" in storages
+        assert [n for n, notes in s.plan.notes.items() if any(x.startswith("storage: buffer") for x in notes)] == \
+            ["lm_head"]
+    assert cosine(out, ref) >= 0.99999
+    err, scale = np.abs(out.astype(np.float64) - ref).max(), np.abs(ref).max()
+    assert err <= 1e-3 * scale, f"mixed storage: max abs err {err:.3g}, max|ref| {scale:.3g}"
 
 
 def test_ids_and_masks_are_checked_naming_the_tensor():

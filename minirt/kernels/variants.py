@@ -67,6 +67,7 @@ SPEC_CONSTANTS: dict[str, tuple[str, ...]] = {
     "reduce": ("OP",),
     "resize": (),
     "softmax": (),
+    "storage_copy": (),
     "token_select": (),
     "unary": ("OP",),
 }

@@ -1,7 +1,10 @@
 """MaxPool and AveragePool, 1-D and 2-D, on glsl/pool.comp: kernel_shape, strides, pads, auto_pad, dilations and
 ceil_mode as ONNX defines them; AveragePool's count_include_pad. A 1-D pool runs as a 2-D one of height 1 over
 [N, C, L] (the kernel's H then indexes C, with a window of one row). MaxPool skips NaN elements, as onnxruntime and
-ONNX's reference do; a window of NaN alone gives NaN."""
+ONNX's reference do; a window of NaN alone gives NaN. A window that holds no input element at all (dilations can make
+one) gives what onnxruntime gives: 0 for AveragePool, the lowest float for MaxPool. AveragePool's divisor, as
+onnxruntime's: the window positions inside the input, and with count_include_pad those in the explicit pads too, never
+those past the end pad where ceil_mode adds a last window."""
 from __future__ import annotations
 
 import functools
@@ -52,6 +55,8 @@ class Pool(Op):
     def reference(self, node, x):
         strides, dil, pb, pe, out = self._params(node, x.shape)
         ks = [int(k) for k in attr(node, "kernel_shape")]
+        # kernel positions past the padded input add nothing: a window far larger than the input costs what it holds
+        ks = [min(k, -(-(b + i + e) // d)) for k, b, i, e, d in zip(ks, pb, x.shape[2:], pe, dil)]
         # pad past the explicit pads as far as the last window reaches (ceil_mode)
         reach = [(o - 1) * s + d * (k - 1) + 1 for o, s, d, k in zip(out, strides, dil, ks)]
         tail = [max(e, r - i - b) for e, r, i, b in zip(pe, reach, x.shape[2:], pb)]
@@ -66,13 +71,22 @@ class Pool(Op):
         counts = functools.reduce(np.multiply.outer, masks)
         y = np.full(x.shape[:2] + tuple(out), np.nan if self.code == MAX else 0.0)
         n = np.zeros(out)
+        inside = np.zeros(out)     # input elements in each window
+        held = functools.reduce(np.multiply.outer, [((np.arange(b + i + t) - b >= 0) & (np.arange(b + i + t) - b < i))
+                                                    .astype(np.float64) for b, i, t in zip(pb, x.shape[2:], tail)])
         for k in np.ndindex(*ks):
             sl = tuple(slice(ki * d, ki * d + (o - 1) * s + 1, s) for ki, d, o, s in zip(k, dil, out, strides))
             win = xp[(Ellipsis, *sl)]
             y = np.fmax(y, win) if self.code == MAX else y + win
             n += counts[sl]
+            inside += held[sl]
+        # a window holding no input element (dilated windows can miss the input) gives what onnxruntime gives: 0 for
+        # average, the lowest float for max
         if self.code == AVERAGE:
-            y = y / n
+            with np.errstate(invalid="ignore", divide="ignore"):
+                y = np.where(inside > 0, y / n, 0.0)
+        else:
+            y = np.where(inside > 0, y, np.finfo(np.float32).min)
         return [y.astype(x.dtype)]
 
     def lower(self, node, ctx):

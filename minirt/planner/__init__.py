@@ -27,7 +27,9 @@ Pass order (each pass is one module of this package):
  17. fuse_attention   (fuse_attention.py)   head splits + MatMul (+ mask) + Softmax + MatMul -> one Attention
  18. split_wide_tables (split_wide_tables.py) a Linear weight or run-time Gather table beyond
                                             maxStorageBufferRange -> parts by columns that fit, joined by a Concat
- 19. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor
+ 19. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor (storage "auto"
+                                            on a texture device: buffers where textures do not fit,
+                                            storage_layout.py)
  20. fuse_reduce_layer_norm (fuse_reduce_layer_norm.py)  on the Plan: a split GEMM's reduce pass also does the
                                             LayerNorm that reads its output
  21. fuse_norm_linear_rows (fuse_norm_linear_rows.py)  on the Plan: a LayerNorm read only by a few-row Linear
@@ -52,7 +54,7 @@ from . import (conv1d_as_conv2d, conv_channels_last, conv_input_nlc, conv_output
                fold_dequantize_linear, fold_dynamic_quantize, fold_pad_conv, fuse_activation, fuse_attention,
                fuse_gelu, fuse_layer_norm, fuse_linear, fuse_norm_linear_rows, fuse_reduce_layer_norm, fuse_silu,
                memory_plan, merge_siblings, quantize_weights, split_wide_tables)
-from .lower import lower
+from .lower import lower, lower_mixed
 from ..plan import INPUT, OUTPUT, Plan
 from .storage_layout import check_limits, resolve_storage
 
@@ -114,12 +116,16 @@ def make_plan(graph, profile, storage=None, options=None) -> Plan:
     overrides options.storage."""
     options = Options.of(options)
     precision = resolve_precision(options.precision, profile)
-    options = options.replace(storage=resolve_storage(storage or options.storage, profile))
+    asked = storage or options.storage
+    options = options.replace(storage=resolve_storage(asked, profile))
     g = graph.copy()
     for p in PASSES:
         if not p.on_plan:
             g = p(g, options, profile)
-    plan = lower(g, options.storage, profile, options, precision)
+    if asked == "auto" and options.storage == "texture":    # textures where they fit, buffers around the rest
+        plan = lower_mixed(g, profile, options, precision)
+    else:
+        plan = lower(g, options.storage, profile, options, precision)
     for p in PASSES:
         if p.on_plan:
             plan = p(plan, options, profile)

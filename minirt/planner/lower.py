@@ -18,13 +18,18 @@ from ..errors import UnsupportedError
 from ..kernels import variant
 from ..plan import (CONSTANT, INPUT, INTERMEDIATE, OUTPUT, PARAMS, PARAMS_MAX, PARAMS_TENSOR, SCRATCH, STATE,
                    WEIGHT, Dispatch, Plan, Push, TensorSpec, as_dtype)
+from . import storage_layout
 from .storage_layout import packed_dim_for
 
 
 class LowerCtx:
-    def __init__(self, graph, storage: str, profile, options=None, precision="fp32"):
+    def __init__(self, graph, storage: str, profile, options=None, precision="fp32", node_storage=None):
         self.graph = graph
-        self.storage = storage
+        self.storage = storage      # the current node's (mixed storage: the plan's, or node_storage's)
+        # mixed storage (storage_layout.py): node name -> the storage it runs in where not the plan's
+        self.node_storage = dict(node_storage or {})
+        self.copies = {}            # (tensor, storage) -> its copy in that storage, for nodes of the other
+        self.made_by = {}           # tensor -> the node whose lowering made it (mixed storage: what to move)
         self.profile = profile
         self.options = options
         self.half = precision == "fp16"
@@ -55,7 +60,14 @@ class LowerCtx:
     # -- tensors --------------------------------------------------------------------------
     def t(self, name: str) -> TensorSpec:
         """The spec of a graph tensor, created on first use with its role, storage and layout. At fp16 a graph output
-        that nodes also read is their float16 stand-in from the start (see _edges)."""
+        that nodes also read is their float16 stand-in from the start (see _edges). Mixed storage: a tensor made in the
+        other storage comes as its copy in this node's (in_storage)."""
+        spec = self._graph_tensor(name)
+        if spec.storage != self.storage and spec.role in (INPUT, OUTPUT, INTERMEDIATE, CONSTANT):
+            return self.in_storage(spec)
+        return spec
+
+    def _graph_tensor(self, name: str) -> TensorSpec:
         if name in self.half_outputs:
             return self.plan.tensors[self.half_outputs[name]]
         spec = self.plan.tensors.get(name)
@@ -81,6 +93,7 @@ class LowerCtx:
         dtype = "int32" if integer_input else "float32" if role in (INPUT, OUTPUT) else self.dtype
         spec = TensorSpec(name, shape, role, self.storage, packed_dim_for(shape, self.storage), data, dtype=dtype)
         self.plan.tensors[name] = spec
+        self.made_by[name] = self.node.name if self.node else None
         if name in self.state_of:         # a state's new value: written where the state lives
             st = self.t(self.state_of[name])
             if st.shape != shape:
@@ -106,15 +119,33 @@ class LowerCtx:
         self.plan.tensors[key] = spec
         return spec
 
-    def temp(self, hint: str, shape, role=INTERMEDIATE, dtype=None) -> TensorSpec:
+    def temp(self, hint: str, shape, role=INTERMEDIATE, dtype=None, storage=None) -> TensorSpec:
         name, i = hint, 0
         while name in self.plan.tensors or name in self.graph.tensors:
             i += 1
             name = f"{hint}#{i}"
-        spec = TensorSpec(name, tuple(shape), role, self.storage, packed_dim_for(shape, self.storage),
-                          dtype=dtype or self.dtype)
+        storage = storage or self.storage
+        spec = TensorSpec(name, tuple(shape), role, storage, packed_dim_for(shape, storage), dtype=dtype or self.dtype)
         self.plan.tensors[name] = spec
+        self.made_by[name] = self.node.name if self.node else None
         return spec
+
+    def in_storage(self, src: TensorSpec) -> TensorSpec:
+        """Mixed storage: `src` in this node's storage. A constant is uploaded in both storages; anything else is
+        copied by a dispatch at its first reader in this storage (the copy is shared by the later ones)."""
+        key = (src.name, self.storage)
+        if key in self.copies:
+            return self.plan.tensors[self.copies[key]]
+        if src.dtype == "int32":
+            raise UnsupportedError(f"int32 tensor '{src.name}' lives in buffers")
+        if src.role == CONSTANT:
+            copy = self.temp(f"{src.name}@{self.storage}", src.shape, CONSTANT, src.dtype)
+            copy.data = src.data
+        else:
+            copy = self.temp(f"{src.name}@{self.storage}", src.shape)
+            _copy_storage(self, src, copy)
+        self.copies[key] = copy.name
+        return copy
 
     def scratch(self, name: str, floats: int, dtype="float32") -> TensorSpec:
         """One scratch buffer per name, shared by every user (sized for the largest): consecutive
@@ -135,7 +166,9 @@ class LowerCtx:
             return False
         if dst.view_of or dst.role == STATE:     # already placed: a state's new value lives in the state
             return False
-        if self.storage == "buffer":
+        if dst.storage != src.storage:
+            return False
+        if dst.storage == "buffer":
             return True
         return (dst.packed_dim == src.packed_dim and dst.texel_extents == src.texel_extents
                 and (dst.whcn[:2] == src.whcn[:2] if dst.packed_dim == 0 else dst.whcn[:3] == src.whcn[:3]))
@@ -144,7 +177,7 @@ class LowerCtx:
         """dst shares src's memory from element `offset` on (an offset only in buffer storage, where the
         executor binds the root's buffer at root offset + offset bytes: the caller keeps that byte offset a
         multiple of the device's minStorageBufferOffsetAlignment)."""
-        if offset and (self.storage != "buffer" or dst.storage != "buffer"):
+        if offset and (src.storage != "buffer" or dst.storage != "buffer"):
             raise UnsupportedError(f"a view at an offset ('{dst.name}' in '{src.name}') needs buffer storage")
         if offset < 0 or offset + dst.numel > src.numel:
             raise UnsupportedError(f"view '{dst.name}' at element {offset} runs past '{src.name}'")
@@ -234,7 +267,7 @@ class LowerCtx:
         """The float16 copy of a float32 graph input (or of a view of one), cast at its first use."""
         if name not in self.half_inputs:
             x = self.plan.tensors[name]
-            half = self.temp(f"{name}@f16", x.shape)
+            half = self.temp(f"{name}@f16", x.shape, storage=x.storage)
             if x.view_of:
                 self.view(half, self.plan.tensors[self._half_input(x.view_of)], x.view_offset)
             else:
@@ -248,22 +281,100 @@ class LowerCtx:
             raise RuntimeError(f"graph output '{name}' is written as float32 and then through a float16 stand-in "
                                f"({self.node})")
         if name not in self.half_outputs:
-            self.half_outputs[name] = self.temp(f"{name}@f16", self.plan.tensors[name].shape).name
+            out = self.plan.tensors[name]
+            self.half_outputs[name] = self.temp(f"{name}@f16", out.shape, storage=out.storage).name
         return self.half_outputs[name]
 
 
 def lower(graph, storage, profile, options=None, precision="fp32") -> Plan:
-    ctx = LowerCtx(graph, storage, profile, options, precision)
+    return _lower(graph, storage, profile, options, precision).plan
+
+
+def lower_mixed(graph, profile, options=None, precision="fp32") -> Plan:
+    """storage="auto" on a texture device (storage_layout.py): textures, and buffers for the nodes around a tensor
+    whose image the device cannot make, or that have no texture kernel for what they are given. A node whose
+    lowering makes such an image (a temporary, or a copy of a graph tensor) is moved to buffers and the graph lowered
+    again, until every image fits."""
+    moved = storage_layout.buffer_nodes(graph, profile)
+    for _ in range(len(graph.nodes) + 1):
+        ctx = _lower(graph, "texture", profile, options, precision, moved)
+        more = {}
+        for t in ctx.plan.tensors.values():
+            why = t.storage == "texture" and not t.view_of and storage_layout.too_large(t.texel_extents, profile)
+            if why and ctx.made_by.get(t.name) not in moved:
+                node = ctx.made_by.get(t.name)
+                if node is None:     # made outside any node: nothing to move
+                    break
+                more[node] = f"its tensor '{t.name}' {list(t.shape)} {why}"
+        if not more:
+            break
+        moved = {**moved, **more}
+    plan = ctx.plan
+    for node, why in ctx.node_storage.items():
+        plan.notes.setdefault(node, []).append(f"storage: buffer ({why})")
+    return plan
+
+
+def _lower(graph, storage, profile, options=None, precision="fp32", node_storage=None) -> LowerCtx:
+    """The lowering of every node. node_storage (mixed storage): node name -> why it runs in buffers; any other node
+    runs in `storage` ("texture"), or in buffers where its texture lowering refuses what it is given."""
+    mixed = node_storage is not None
+    ctx = LowerCtx(graph, storage, profile, options, precision, node_storage)
     for name in graph.inputs:
+        ctx.storage = _input_storage(ctx, name) if mixed else storage
         ctx.t(name)
     for node in graph.nodes:
         ctx.node = node
-        ops.get(node.op, node.domain).lower(node, ctx)
+        ctx.storage = "buffer" if node.name in ctx.node_storage else storage
+        op = ops.get(node.op, node.domain)
+        if not mixed or ctx.storage == "buffer":
+            op.lower(node, ctx)
+            continue
+        mark = _mark(ctx)
+        try:
+            op.lower(node, ctx)
+        except UnsupportedError as e:
+            _undo(ctx, mark)
+            ctx.storage = "buffer"
+            ctx.node_storage[node.name] = f"in textures: {e}"
+            op.lower(node, ctx)
     ctx.node = None
     for name, half in ctx.half_outputs.items():
         _cast(ctx, ctx.plan.tensors[half], ctx.plan.tensors[name], "up")
     _check_outputs(ctx)
-    return ctx.plan
+    return ctx
+
+
+def _input_storage(ctx, name) -> str:
+    """Mixed storage: a graph input is a texture where its image fits and some node reading it runs in textures."""
+    t = ctx.graph.tensor(name)
+    if t.dtype == "int32" or not t.is_static or len(t.shape) > 4:
+        return "buffer"
+    readers = ctx.consumers.get(name, ())
+    if storage_layout.too_large(storage_layout.texture_extents(t.shape), ctx.profile) or \
+            (readers and all(n.name in ctx.node_storage for n in readers)):
+        return "buffer"
+    return "texture"
+
+
+def _mark(ctx):
+    """What a node's lowering may add, as it stands before it (for _undo)."""
+    return (len(ctx.plan.dispatches), len(ctx.plan.tensors), list(ctx.plan.notes.get(ctx.node.name, ())),
+            dict(ctx.copies), dict(ctx.half_inputs), dict(ctx.half_outputs), set(ctx.direct_outputs))
+
+
+def _undo(ctx, mark):
+    """Drop what the current node's lowering added since `mark`, so that it can be lowered again in buffers."""
+    n_disp, n_tensors, notes, copies, half_in, half_out, direct = mark
+    del ctx.plan.dispatches[n_disp:]
+    for name in list(ctx.plan.tensors)[n_tensors:]:
+        del ctx.plan.tensors[name]
+        ctx.made_by.pop(name, None)
+    if notes:
+        ctx.plan.notes[ctx.node.name] = notes
+    else:
+        ctx.plan.notes.pop(ctx.node.name, None)
+    ctx.copies, ctx.half_inputs, ctx.half_outputs, ctx.direct_outputs = copies, half_in, half_out, direct
 
 
 def _cast(ctx, src, dst, direction):
@@ -272,7 +383,19 @@ def _cast(ctx, src, dst, direction):
     node, ctx.node = ctx.node, None
     p = Push().sizes(dst).ivec4(dst.packed_dim)
     ctx.dispatch("cast", [(dst.name, "w"), (src.name, "r")], p, (), dst.texel_extents,
-                 "elementwise", nbytes=6 * dst.numel, exact_kernel=True, axes={"storage": ctx.storage, "dir": direction})
+                 "elementwise", nbytes=6 * dst.numel, exact_kernel=True, axes={"storage": dst.storage, "dir": direction})
+    ctx.node = node
+    return dst
+
+
+def _copy_storage(ctx, src, dst):
+    """dst = src, one a buffer and the other a texture (mixed storage); same shape and element type. A copy belongs to
+    the graph's edges, as a cast does, though made at its first reader's lowering."""
+    node, ctx.node = ctx.node, None
+    tex = dst if dst.storage == "texture" else src
+    p = Push().sizes(tex).ivec4(tex.packed_dim)
+    ctx.dispatch("storage_copy", [(dst.name, "w"), (src.name, "r")], p, (), tex.texel_extents, "elementwise",
+                 nbytes=2 * dst.numel * dst.itemsize, axes={"dir": "b2t" if tex is dst else "t2b"})
     ctx.node = node
     return dst
 

@@ -47,7 +47,8 @@ class Executor:
         # Poll the fence for up to this long before a blocking wait: a sleeping wait adds a thread wake-up
         # to every run (0.25 ms on an H200); 0 waits at once.
         self.spin_s = float(plan.spin_ms) / 1e3
-        self.texture = plan.storage == "texture"
+        # any texture to sample (a plan of storage "auto" may hold textures and buffers)
+        self.texture = any(t.storage == "texture" for t in plan.tensors.values())
         self.res = res = Resources(dev, plan, tuple(plan.direct_io) if plan.storage == "buffer" else ())
         self.kernels, self._kernel_objects = None, 0
         self.inputs = self.outputs = None
@@ -107,7 +108,7 @@ class Executor:
                 self.res.params[slot] = int(given[name])
         for name, (_, view, t) in self.inputs.items():
             x = feeds[name]
-            if self.texture:
+            if t.storage == "texture":
                 view[:] = to_texels(x, t.packed_dim).reshape(-1)
             else:
                 host_copy.copy(view, x.reshape(-1))
@@ -154,7 +155,7 @@ class Executor:
         for name, (_, view, t, rng) in self.outputs.items():
             if rng is not None:
                 self.vk.vkInvalidateMappedMemoryRanges(self.d, 1, [rng])
-            if self.texture:
+            if t.storage == "texture":
                 from_texels(view, t.shape, t.packed_dim, out=dest[name])
             else:
                 host_copy.copy(dest[name].reshape(-1), view)

@@ -906,6 +906,133 @@ def _progress_line(name, done, total) -> str:
     return f"{name}: {done:.0f} of {total:.0f} s ({100 * done / total if total else 100:.0f}%)"
 
 
+def _option_value(text: str):
+    """A --transcribe-option value: true / false, none, a number, a comma-separated list of them, else the text."""
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    if "," in text:
+        return tuple(_option_value(t.strip()) for t in text.split(",") if t.strip())
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _parse_transcribe_options(ctx, param, value):
+    """--transcribe-option KEY=VALUE pairs as a dict of WhisperModel.transcribe() keywords (names checked here,
+    values when the model is loaded)."""
+    out = {}
+    for item in value:
+        key, sep, v = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", ctx=ctx, param=param)
+        if key in ("task", "word_timestamps", "progress", "log_progress"):
+            raise click.BadParameter(f"{key}: each request sets it (the route, timestamp_granularities)", ctx=ctx,
+                                     param=param)
+        out[key] = _option_value(v.strip())
+    try:
+        from .serve.scheduler import transcribe_options
+    except ImportError as e:
+        raise _UsageError(f"`minirt serve` needs the 'serve' extra: pip install 'minirt[serve]' ({e})") from None
+    try:
+        transcribe_options(**out)
+    except TypeError as e:
+        raise click.BadParameter(str(e).replace("transcribe()", "WhisperModel.transcribe()"), ctx=ctx,
+                                 param=param) from None
+    return out
+
+
+@main.command()
+@click.option("--model", "model_path", required=True, type=click.Path(),
+              help="A Whisper model folder: Hugging Face (model.safetensors, config.json, tokenizer.json) or "
+                   "CTranslate2 / faster-whisper (model.bin, config.json, tokenizer.json).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="The address to listen on; 0.0.0.0 (or ::) listens on every interface.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
+              help="The TCP port; 0 picks a free one (the 'listening on' line on stderr names it).")
+@device_opt
+@click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+              help="fp16: weights, activations and the key/value cache in 16-bit storage, fp32 arithmetic (a device "
+                   "with 16-bit storage buffers).")
+@click.option("--max-batch", type=click.IntRange(1, 32), default=16, show_default=True,
+              help="The most windows (30 s of audio, one a request at a time) decoded together on the GPU.")
+@click.option("--max-queue", type=click.IntRange(min=1), default=64, show_default=True,
+              help="The most transcription requests in the server at once (uploading, waiting or being decoded); "
+                   "more are answered 429 with Retry-After.")
+@click.option("--max-upload-mb", type=click.FloatRange(min=0, min_open=True), default=25, show_default=True,
+              help="The largest audio upload in MiB (413 above it).")
+@click.option("--api-key", envvar="MINIRT_API_KEY", default=None, metavar="KEY",
+              help="Every request must send 'Authorization: Bearer KEY' (401 otherwise); also MINIRT_API_KEY. "
+                   "Default: no key.")
+@click.option("--transcribe-option", "transcribe_opts", multiple=True, metavar="KEY=VALUE",
+              callback=_parse_transcribe_options,
+              help="A WhisperModel.transcribe() option (faster-whisper's name) for every request, e.g. beam_size=5, "
+                   "temperature=0 (no fallback), condition_on_previous_text=false, language=en (for requests that "
+                   "name none); repeatable. Default: beam_size=1, faster-whisper's other defaults.")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
+              show_default=True, help="uvicorn's log level (info: a line per request on stderr).")
+@click.pass_context
+def serve(ctx, model_path, host, port, device, precision, max_batch, max_queue, max_upload_mb, api_key,
+          transcribe_opts, log_level):
+    """Serve a Whisper model over HTTP with OpenAI's audio API: POST /v1/audio/transcriptions and
+    /v1/audio/translations (multipart: file, model, language, prompt, response_format json | text | srt |
+    verbose_json | vtt, temperature, timestamp_granularities[]), GET /v1/models, /health and /metrics (Prometheus).
+
+    Requests transcribed at the same time have their 30 s windows decoded together on the GPU, up to --max-batch,
+    and each gets the transcript WhisperModel.transcribe gives it alone with the same options. A long file takes
+    its turn a window at a time, so it does not hold up short ones. SIGTERM (or Ctrl+C) stops accepting
+    connections, finishes the requests in progress and exits 0. Needs the 'serve' extra: pip install 'minirt[serve]'.
+
+    \b
+    Examples:
+      minirt serve --model whisper-large-v3-turbo
+      minirt serve --model whisper-small --port 9000 --max-batch 32 --precision fp16
+      MINIRT_API_KEY=secret minirt serve --model whisper-base --host 0.0.0.0
+      minirt serve --model whisper-small --transcribe-option beam_size=5 --device GPU-5b3f0c2e
+      curl 127.0.0.1:8000/v1/audio/transcriptions -F file=@speech.wav -F model=whisper-1
+    """
+    try:
+        from . import serve as server
+    except ImportError as e:
+        raise _UsageError(f"`minirt serve` needs the 'serve' extra: pip install 'minirt[serve]' ({e})") from None
+    from .whisper.features import LogMel
+    from .whisper.model import WhisperModel
+    from .whisper.reference import blas_threads
+    options = {"beam_size": 1, **transcribe_opts}
+    if options["beam_size"] > 5:
+        raise click.BadParameter(f"beam_size={options['beam_size']}: the GPU decoder holds 5 beams at most", ctx=ctx,
+                                 param=_param(ctx, "transcribe_opts"))
+    try:
+        _check_device(device)
+        model = WhisperModel(model_path, precision=precision, device=device, max_batch_items=max_batch)
+        try:        # the values, as a request would use them (language detection runs once on silence)
+            model._setup(None, server.transcribe_options(**options),
+                         lambda: LogMel(np.zeros(1600, np.float32), model.n_mels))
+        except (ValueError, TypeError, NotImplementedError) as e:
+            raise click.BadParameter(str(e), ctx=ctx, param=_param(ctx, "transcribe_opts")) from None
+        try:
+            sock = server.listen(host, port)
+        except OSError as e:
+            raise DeviceError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        name = os.path.basename(os.path.normpath(model_path))
+        config = server.ServeConfig(name, max_queue=max_queue, max_upload_bytes=int(max_upload_mb * (1 << 20)),
+                                    api_key=api_key or None, options=options)
+        shown = f"[{host}]" if ":" in host else host
+        click.echo(f"minirt serve: model {name}, listening on http://{shown}:{sock.getsockname()[1]}", err=True)
+        with blas_threads(1):   # the uploads' log-mels run side by side in worker threads
+            started = server.serve(model, config, sock, max_batch, log_level)
+        if not started:
+            sys.exit(EXIT_RUNTIME)
+    except (MinirtError, MemoryError) as e:
+        _fail(e)
+
+
 def _plan_whisper_program(folder, entry, batch, device, options, precision, storage, local_size):
     """`minirt plan` of a Whisper model folder: the plans of its Vulkan program (minirt/whisper/vulkan.py)."""
     from .options import Options

@@ -120,7 +120,7 @@ class Server:
     async def models(self, request: Request):
         return JSONResponse({"object": "list", "data": [self._model_card()]})
 
-    async def model(self, request: Request):
+    async def one_model(self, request: Request):
         if request.path_params["model"] != self.config.model_id:
             raise ApiError(404, f"The model {request.path_params['model']!r} does not exist; this server has "
                                 f"{self.config.model_id!r}", param="model", code="model_not_found")
@@ -362,7 +362,7 @@ def make_app(model, config: ServeConfig, max_batch: int) -> Starlette:
     routes = [Route("/v1/audio/transcriptions", server.transcriptions, methods=["POST"]),
               Route("/v1/audio/translations", server.translations, methods=["POST"]),
               Route("/v1/models", server.models, methods=["GET"]),
-              Route("/v1/models/{model:path}", server.model, methods=["GET"]),
+              Route("/v1/models/{model:path}", server.one_model, methods=["GET"]),
               Route("/health", server.health, methods=["GET"]),
               Route("/metrics", server.metrics_text, methods=["GET"])]
 

@@ -1,5 +1,5 @@
 """The server's figures in Prometheus' text exposition format (GET /metrics): requests by route and status, request
-latency, requests in the server, audio seconds transcribed, windows a decode batch."""
+latency, requests in the server, audio seconds transcribed, transcriptions dropped, windows a decode batch."""
 from __future__ import annotations
 
 import threading
@@ -40,6 +40,7 @@ class Metrics:
         self.latency: dict = {}             # route -> Histogram (transcription routes)
         self.audio_seconds = 0.0
         self.batches = Histogram(range(1, max_batch + 1))
+        self.dropped_jobs = 0
         self.in_server = 0                  # admitted requests not yet answered
         self.scheduler_depth = lambda: 0
 
@@ -53,6 +54,10 @@ class Metrics:
     def audio(self, seconds: float):
         with self._lock:
             self.audio_seconds += seconds
+
+    def dropped(self):
+        with self._lock:
+            self.dropped_jobs += 1
 
     def batch(self, windows: int):
         with self._lock:
@@ -82,6 +87,9 @@ class Metrics:
                     "# HELP minirt_serve_audio_seconds_total Seconds of audio transcribed.",
                     "# TYPE minirt_serve_audio_seconds_total counter",
                     f"minirt_serve_audio_seconds_total {self.audio_seconds:.3f}",
+                    "# HELP minirt_serve_dropped_total Transcriptions dropped unfinished because their client went "
+                    "away.", "# TYPE minirt_serve_dropped_total counter",
+                    f"minirt_serve_dropped_total {self.dropped_jobs}",
                     "# HELP minirt_serve_batch_windows Windows decoded together in one batch.",
                     "# TYPE minirt_serve_batch_windows histogram"]
             out += self.batches.lines("minirt_serve_batch_windows")

@@ -75,8 +75,8 @@ class Job:
 
 
 class Scheduler:
-    """The thread that decodes every Job's windows (see the module doc). metrics: an object with batch(windows)
-    and window() (Metrics), or None."""
+    """The thread that decodes every Job's windows (see the module doc). metrics: a Metrics (batch(windows),
+    dropped()), or None."""
 
     def __init__(self, model: WhisperModel, max_batch: int, metrics=None):
         self.model, self.max_batch, self.metrics = model, int(max_batch), metrics
@@ -128,7 +128,7 @@ class Scheduler:
                 self._start(job)
             for job in self._active:
                 if job.cancelled:
-                    job.finish(error=CancelledJob())
+                    self._drop(job)
             self._active = [j for j in self._active if not j.finished]
             if self._active:
                 try:
@@ -139,13 +139,18 @@ class Scheduler:
                         job.finish(error=e)
                 self._active = [j for j in self._active if not j.finished]
 
+    def _drop(self, job: Job):
+        job.finish(error=CancelledJob())
+        if self.metrics:
+            self.metrics.dropped()
+
     def _queue(self, job: Job):
         self._tick += 1
         job.turn = self._tick
 
     def _start(self, job: Job):
         if job.cancelled:
-            job.finish(error=CancelledJob())
+            self._drop(job)
             return
         model = self.model
         try:

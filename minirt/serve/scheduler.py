@@ -5,7 +5,8 @@ time. The scheduler keeps the request whose window has waited longest first; whe
 attempt is greedy at temperature 0 (decoding.batchable), every other window waiting with the same decoding options
 joins it, up to max_batch, and they are decoded together on the GPU (decoding.generate_batch: each row at its own
 position, dropped when it ends). Temperature fallback, sampling and beam search then run on the windows that need
-them, one by one, as WhisperModel.transcribe_batch runs them. A window decoded goes to the back of the line, so a
+them, one by one, as WhisperModel.transcribe_batch runs them; a window with none to join it is decoded alone, as
+transcribe() decodes it (the batch encoder always runs max_batch windows). A window decoded goes to the back of the line, so a
 long file takes a turn a window at a time and never holds a short request for longer than its own windows take.
 
 A request's result is what WhisperModel.transcribe gives it alone: the same seek loop, prompts and fallback, its own
@@ -208,7 +209,10 @@ class Scheduler:
         elif self.max_batch > 1 and self._together(first):
             key = self._batch_key(first)
             batch = [j for j in line if self._together(j) and self._batch_key(j) == key][:self.max_batch]
-            self._decode_batch(batch)
+            if len(batch) > 1:
+                self._decode_batch(batch)
+            else:       # alone: the one-window entry points (the batch encoder runs all max_batch items)
+                self._decode_one(first)
         else:
             self._decode_one(first)
 

@@ -924,8 +924,8 @@ def _option_value(text: str):
 
 
 def _parse_transcribe_options(ctx, param, value):
-    """--transcribe-option KEY=VALUE pairs as a dict of WhisperModel.transcribe() keywords (names checked here,
-    values when the model is loaded)."""
+    """--transcribe-option KEY=VALUE pairs as a dict of WhisperModel.transcribe() keywords (checked when the model
+    is loaded)."""
     out = {}
     for item in value:
         key, sep, v = item.partition("=")
@@ -936,16 +936,17 @@ def _parse_transcribe_options(ctx, param, value):
             raise click.BadParameter(f"{key}: each request sets it (the route, timestamp_granularities)", ctx=ctx,
                                      param=param)
         out[key] = _option_value(v.strip())
-    try:
-        from .serve.scheduler import transcribe_options
-    except ImportError as e:
-        raise _UsageError(f"`minirt serve` needs the 'serve' extra: pip install 'minirt[serve]' ({e})") from None
-    try:
-        transcribe_options(**out)
-    except TypeError as e:
-        raise click.BadParameter(str(e).replace("transcribe()", "WhisperModel.transcribe()"), ctx=ctx,
-                                 param=param) from None
+        default = _transcribe_defaults().get(key)
+        if isinstance(default, (int, float)) and not isinstance(default, bool) and isinstance(out[key], str):
+            raise click.BadParameter(f"{item!r}: {key} is a number", ctx=ctx, param=param)
     return out
+
+
+def _transcribe_defaults() -> dict:
+    import inspect
+
+    from .whisper.model import WhisperModel
+    return {k: p.default for k, p in inspect.signature(WhisperModel.transcribe).parameters.items()}
 
 
 @main.command()
@@ -1005,7 +1006,7 @@ def serve(ctx, model_path, host, port, device, precision, max_batch, max_queue, 
     from .whisper.model import WhisperModel
     from .whisper.reference import blas_threads
     options = {"beam_size": 1, **transcribe_opts}
-    if options["beam_size"] > 5:
+    if isinstance(options["beam_size"], int) and options["beam_size"] > 5:
         raise click.BadParameter(f"beam_size={options['beam_size']}: the GPU decoder holds 5 beams at most", ctx=ctx,
                                  param=_param(ctx, "transcribe_opts"))
     try:
@@ -1019,7 +1020,7 @@ def serve(ctx, model_path, host, port, device, precision, max_batch, max_queue, 
         try:
             sock = server.listen(host, port)
         except OSError as e:
-            raise DeviceError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+            raise MinirtError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
         name = os.path.basename(os.path.normpath(model_path))
         config = server.ServeConfig(name, max_queue=max_queue, max_upload_bytes=int(max_upload_mb * (1 << 20)),
                                     api_key=api_key or None, options=options)

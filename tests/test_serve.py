@@ -428,3 +428,19 @@ def test_a_full_queue_answers_429_and_sigterm_finishes_the_work_in_progress(serv
     ex.shutdown()
     assert small.proc.wait(60) == 0
     assert not list((small.tmp / "t").iterdir())
+
+
+def test_command_line_errors(tmp_path):
+    """Options that cannot work are usage errors (exit 2) naming the option, before a model is loaded; a model
+    folder that is not one exits 3."""
+    from click.testing import CliRunner
+
+    from minirt.cli import main
+    for args, message in ((["--transcribe-option", "task=translate"], "each request sets it"),
+                          (["--transcribe-option", "beam_size=x"], "beam_size is a number"),
+                          (["--transcribe-option", "beam_size"], "is not KEY=VALUE"),
+                          (["--max-batch", "33"], "--max-batch")):
+        r = CliRunner().invoke(main, ["serve", "--model", str(tmp_path), *args])
+        assert r.exit_code == 2 and message in r.output, r.output
+    r = CliRunner().invoke(main, ["serve", "--model", str(tmp_path / "missing")])
+    assert r.exit_code == 3 and "missing" in r.output

@@ -34,7 +34,7 @@ _NOT_OPTIONS = ("self", "audio", "log_progress", "progress", "ignored")
 
 def transcribe_options(**options) -> dict:
     """Every option of WhisperModel.transcribe by name, `options` over its defaults (what WhisperModel._setup
-    takes). TypeError for a name transcribe() does not know."""
+    takes; it refuses names transcribe() does not know)."""
     bound = inspect.signature(WhisperModel.transcribe).bind(None, None, **options)
     bound.apply_defaults()
     kw = {k: v for k, v in bound.arguments.items() if k not in _NOT_OPTIONS}

@@ -477,3 +477,9 @@ def test_command_line_errors(tmp_path):
         assert r.exit_code == 2 and message in r.output, r.output
     r = CliRunner().invoke(main, ["serve", "--model", str(tmp_path / "missing")])
     assert r.exit_code == 3 and "missing" in r.output
+
+
+def test_bench_serve_help():
+    r = subprocess.run([sys.executable, str(REPO / "tools" / "bench_serve.py"), "--help"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "--concurrency" in r.stdout and "p50 / p99" in r.stdout

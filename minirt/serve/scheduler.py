@@ -164,7 +164,7 @@ class Scheduler:
                     raise
                 job.loop = segments
             else:
-                mel = job.mel
+                mel, job.samples = job.mel, None        # the seek loop reads the log-mel only
                 _, job.options, job.info, job.rng = model._setup(None, dict(job.kw), lambda: mel)
                 job.loop = seek_loop(model.tokenizer, mel, job.options, job.info.language, job.kw["task"])
                 self._advance(job, None)

@@ -469,6 +469,8 @@ def test_command_line_errors(tmp_path):
     from click.testing import CliRunner
 
     from minirt.cli import main
+    r = CliRunner().invoke(main, ["serve", "--help"])
+    assert r.exit_code == 0 and "Examples" in r.output and "minirt serve --model" in r.output
     for args, message in ((["--transcribe-option", "task=translate"], "each request sets it"),
                           (["--transcribe-option", "beam_size=x"], "beam_size is a number"),
                           (["--transcribe-option", "beam_size"], "is not KEY=VALUE"),

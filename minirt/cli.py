@@ -215,6 +215,21 @@ rewrite_opt = click.option("--no-conv1d-rewrite", is_flag=True,
                            help="Keep 1-D convs on the 1-D kernel (no conv1d-as-conv2d rewrite; also "
                                 "MINIRT_NO_CONV1D_REWRITE=1).")
 
+# The Whisper commands' --model and --compute-type (transcribe, serve)
+whisper_model_opt = click.option(
+    "--model", "model_path", required=True, type=click.Path(),
+    help="A Whisper model folder: Hugging Face (model.safetensors, config.json, tokenizer.json) or CTranslate2 / "
+         "faster-whisper (model.bin, config.json, tokenizer.json); or a name as faster-whisper takes it (tiny.en, "
+         "base, small, large-v3, turbo, ...: `minirt models`) or a Hugging Face repo id (ORG/NAME), downloaded once "
+         "into the Hugging Face cache (HF_HUB_CACHE; HF_HUB_OFFLINE=1: the cache only).")
+compute_type_opt = click.option(
+    "--compute-type", default=None,
+    type=click.Choice(["default", "auto", "float32", "float16", "int8", "int8_float32", "int8_float16",
+                       "int8_bfloat16"]),
+    help="As faster-whisper's: float32 / float16 set the precision; int8, int8_float32 (fp32) and int8_float16, "
+         "int8_bfloat16 (fp16) run the Linear weights as int8 (a float model's quantized at load per output row); "
+         "default: --precision, and the weights as the file holds them (a CTranslate2 int8 model stays int8).")
+
 
 def _parse_local_size(ctx, param, value):
     if value is None or value == "":
@@ -840,12 +855,7 @@ def _param(ctx, name):
 
 @main.command()
 @click.argument("audio", nargs=-1, required=True, type=click.Path())
-@click.option("--model", "model_path", required=True, type=click.Path(),
-              help="A Whisper model folder: Hugging Face (model.safetensors, config.json, tokenizer.json) or "
-                   "CTranslate2 / faster-whisper (model.bin, config.json, tokenizer.json); or a name as faster-whisper "
-                   "takes it (tiny.en, base, small, large-v3, turbo, ...: `minirt models`) or a Hugging Face repo id "
-                   "(ORG/NAME), downloaded once into the Hugging Face cache (HF_HUB_CACHE; HF_HUB_OFFLINE=1: the "
-                   "cache only).")
+@whisper_model_opt
 @click.option("--beam-size", type=click.IntRange(min=1), default=5, show_default=True,
               help="Beam search width; 1 is greedy decoding. On the GPU, beams past 5 run on the batch's rows: at most 16 "
                    "(with --batch-size N, the larger of N and 5).")
@@ -880,12 +890,7 @@ def _param(ctx, name):
               help="vulkan: encoder and decoder on the GPU (fp32 or fp16; beams up to 5, or up to the batch's 16 rows "
                    "(--batch-size N: N) planned when first needed); reference: the numpy "
                    "decoder on the CPU; auto: vulkan.")
-@click.option("--compute-type", type=click.Choice(["default", "auto", "float32", "float16", "int8", "int8_float32",
-                                                   "int8_float16", "int8_bfloat16"]), default=None,
-              help="As faster-whisper's: float32 / float16 set the precision; int8, int8_float32 (fp32) and "
-                   "int8_float16, int8_bfloat16 (fp16) run the Linear weights as int8 (a float model's quantized at "
-                   "load per output row); default: --precision, and the weights as the file holds them (a CTranslate2 "
-                   "int8 model stays int8).")
+@compute_type_opt
 @device_opt
 @click.option("--format", "fmt", type=click.Choice(["txt", "json", "srt", "vtt"]), default="txt", show_default=True,
               help='txt: a line per segment; json: {"text", "language", "duration", "segments": [{"id", "start", '
@@ -1014,6 +1019,135 @@ def transcribe(ctx, audio, model_path, beam_size, task, initial_prompt, prefix, 
 def _progress_line(name, done, total) -> str:
     """'talk.wav: 90 of 3600 s (2%)'."""
     return f"{name}: {done:.0f} of {total:.0f} s ({100 * done / total if total else 100:.0f}%)"
+
+
+def _option_value(text: str):
+    """A --transcribe-option value: true / false, none, a number, a comma-separated list of them, else the text."""
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    if "," in text:
+        return tuple(_option_value(t.strip()) for t in text.split(",") if t.strip())
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _parse_transcribe_options(ctx, param, value):
+    """--transcribe-option KEY=VALUE pairs as a dict of WhisperModel.transcribe() keywords (checked when the model
+    is loaded)."""
+    out = {}
+    for item in value:
+        key, sep, v = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", ctx=ctx, param=param)
+        if key in ("task", "word_timestamps", "progress", "log_progress"):
+            raise click.BadParameter(f"{key}: each request sets it (the route, timestamp_granularities)", ctx=ctx,
+                                     param=param)
+        out[key] = _option_value(v.strip())
+        default = _transcribe_defaults().get(key)
+        if isinstance(default, (int, float)) and not isinstance(default, bool) and isinstance(out[key], str):
+            raise click.BadParameter(f"{item!r}: {key} is a number", ctx=ctx, param=param)
+    return out
+
+
+def _transcribe_defaults() -> dict:
+    import inspect
+
+    from .whisper.model import WhisperModel
+    return {k: p.default for k, p in inspect.signature(WhisperModel.transcribe).parameters.items()}
+
+
+@main.command()
+@whisper_model_opt
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="The address to listen on; 0.0.0.0 (or ::) listens on every interface.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
+              help="The TCP port; 0 picks a free one (the 'listening on' line on stderr names it).")
+@device_opt
+@click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+              help="fp16: weights, activations and the key/value cache in 16-bit storage, fp32 arithmetic (a device "
+                   "with 16-bit storage buffers).")
+@compute_type_opt
+@click.option("--max-batch", type=click.IntRange(1, 32), default=16, show_default=True,
+              help="The most windows (30 s of audio, one a request at a time) decoded together on the GPU.")
+@click.option("--max-queue", type=click.IntRange(min=1), default=64, show_default=True,
+              help="The most transcription requests in the server at once (uploading, waiting or being decoded); "
+                   "more are answered 429 with Retry-After.")
+@click.option("--max-upload-mb", type=click.FloatRange(min=0, min_open=True), default=25, show_default=True,
+              help="The largest audio upload in MiB (413 above it).")
+@click.option("--api-key", envvar="MINIRT_API_KEY", default=None, metavar="KEY",
+              help="Every request must send 'Authorization: Bearer KEY' (401 otherwise); also MINIRT_API_KEY. "
+                   "Default: no key.")
+@click.option("--transcribe-option", "transcribe_opts", multiple=True, metavar="KEY=VALUE",
+              callback=_parse_transcribe_options,
+              help="A WhisperModel.transcribe() option (faster-whisper's name) for every request, e.g. beam_size=5, "
+                   "temperature=0 (no fallback), condition_on_previous_text=false, language=en (for requests that "
+                   "name none); repeatable. Default: beam_size=1, faster-whisper's other defaults.")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
+              show_default=True, help="uvicorn's log level (info: a line per request on stderr).")
+@click.pass_context
+def serve(ctx, model_path, host, port, device, precision, compute_type, max_batch, max_queue, max_upload_mb, api_key,
+          transcribe_opts, log_level):
+    """Serve a Whisper model over HTTP with OpenAI's audio API: POST /v1/audio/transcriptions and
+    /v1/audio/translations (multipart: file, model, language, prompt, response_format json | text | srt |
+    verbose_json | vtt, temperature, timestamp_granularities[]), GET /v1/models, /health and /metrics (Prometheus).
+
+    Requests transcribed at the same time have their 30 s windows decoded together on the GPU, up to --max-batch,
+    and each gets the transcript WhisperModel.transcribe gives it alone with the same options. A long file takes
+    its turn a window at a time, so it does not hold up short ones. SIGTERM (or Ctrl+C) stops accepting
+    connections, finishes the requests in progress and exits 0. Needs the 'serve' extra: pip install 'minirt[serve]'.
+
+    \b
+    Examples:
+      minirt serve --model whisper-large-v3-turbo
+      minirt serve --model whisper-small --port 9000 --max-batch 32 --precision fp16
+      MINIRT_API_KEY=secret minirt serve --model whisper-base --host 0.0.0.0
+      minirt serve --model whisper-small --transcribe-option beam_size=5 --device GPU-5b3f0c2e
+      curl 127.0.0.1:8000/v1/audio/transcriptions -F file=@speech.wav -F model=whisper-1
+    """
+    try:
+        from . import serve as server
+    except ImportError as e:
+        raise _UsageError(f"`minirt serve` needs the 'serve' extra: pip install 'minirt[serve]' ({e})") from None
+    from .whisper.features import LogMel
+    from .whisper.hub import model_folder
+    from .whisper.model import WhisperModel
+    from .whisper.reference import blas_threads
+    options = {"beam_size": 1, **transcribe_opts}
+    if isinstance(options["beam_size"], int) and options["beam_size"] > 5:
+        raise click.BadParameter(f"beam_size={options['beam_size']}: the GPU decoder holds 5 beams at most", ctx=ctx,
+                                 param=_param(ctx, "transcribe_opts"))
+    try:
+        _check_device(device)
+        model = WhisperModel(model_folder(model_path, progress=sys.stderr.isatty()), precision=precision,
+                             device=device, max_batch_items=max_batch, compute_type=compute_type)
+        try:        # the values, as a request would use them (language detection runs once on silence)
+            model._setup(None, server.transcribe_options(**options),
+                         lambda: LogMel(np.zeros(1600, np.float32), model.n_mels))
+        except (ValueError, TypeError, NotImplementedError) as e:
+            raise click.BadParameter(str(e), ctx=ctx, param=_param(ctx, "transcribe_opts")) from None
+        try:
+            sock = server.listen(host, port)
+        except OSError as e:
+            raise MinirtError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        name = os.path.basename(os.path.normpath(model_path))
+        config = server.ServeConfig(name, max_queue=max_queue, max_upload_bytes=int(max_upload_mb * (1 << 20)),
+                                    api_key=api_key or None, options=options)
+        shown = f"[{host}]" if ":" in host else host
+        click.echo(f"minirt serve: model {name}, listening on http://{shown}:{sock.getsockname()[1]}", err=True)
+        with blas_threads(1):   # the uploads' log-mels run side by side in worker threads
+            started = server.serve(model, config, sock, max_batch, log_level)
+        if not started:
+            sys.exit(EXIT_RUNTIME)
+    except (MinirtError, MemoryError) as e:
+        _fail(e)
 
 
 def _plan_whisper_program(folder, entry, batch, device, options, precision, storage, local_size, items=0):

@@ -2,7 +2,8 @@
 # Sets up minirt on a fresh Debian or Ubuntu machine: the Vulkan loader and Mesa's lavapipe (a CPU
 # Vulkan driver; a GPU driver is used instead when present), the shader tools, the validation layer,
 # espeak-ng (speech the Whisper transcription tests synthesize), and a virtual environment in .venv with
-# minirt, its test dependencies (torch and transformers among them, for two cross-checks; see below) and Ray Data.
+# minirt, its test dependencies (torch and transformers among them, for two cross-checks; see below), Ray Data and
+# the server's packages (Starlette, uvicorn).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""
@@ -13,8 +14,9 @@ $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-rec
     >/dev/null
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-# the ray extra: tests/test_ray.py runs minirt.ray's workers on a local Ray cluster
-.venv/bin/python -m pip install -q -e ".[test,ray]"
+# the ray extra: tests/test_ray.py runs minirt.ray's workers on a local Ray cluster; the serve extra: `minirt serve`
+# (tests/test_serve.py drives it with the openai client, in the test extra)
+.venv/bin/python -m pip install -q -e ".[test,ray,serve]"
 # Test-only: torch (CPU) and transformers, for the tests that compare minirt.whisper's logits with transformers'
 # WhisperForConditionalGeneration (tests/test_whisper_transformers.py, tests/test_whisper_decode.py). Not in
 # pyproject's test extra: there a plain torch requirement would pull a CUDA build of several GB. The CPU build is

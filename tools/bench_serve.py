@@ -198,11 +198,12 @@ def one_by_one(args, files, options):
 
 
 def main(argv=None):
+    from minirt.whisper.synthetic import SIZES
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", type=Path, help="a Whisper model folder (Hugging Face or CTranslate2)")
-    src.add_argument("--size", choices=["tiny", "base", "small"],
+    src.add_argument("--size", choices=list(SIZES),
                      help="a seeded random Whisper of these shapes (minirt.whisper.synthetic), in a temporary folder")
     ap.add_argument("--audio", nargs="+", type=Path, help="the files to send (default: --clips synthesized ones)")
     ap.add_argument("--clips", type=int, default=8, help="synthesized files without --audio (default 8)")
@@ -221,7 +222,7 @@ def main(argv=None):
     args.levels = [int(c) for c in args.concurrency.split(",")]
     work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     if args.size:
-        from minirt.whisper.synthetic import SIZES, write_folder
+        from minirt.whisper.synthetic import write_folder
         cfg = dict(SIZES[args.size], vocab_size=51864)          # English-only: synthetic.tokenizer_json's
         args.model = write_folder(work / f"random-{args.size}", cfg, seed=0)
     paths = args.audio or synthetic_clips(args.clips, args.seconds, work)

@@ -9,7 +9,7 @@ from onnx import helper
 
 from minirt import Session, UnsupportedError
 from minirt.loaders import load
-from minirt.reference import run_graph
+from minirt.graph_reference import run_graph
 from oracle import check_model, compare, make_model, onnxruntime_run, rand
 
 CASES = [

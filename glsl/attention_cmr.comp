@@ -56,7 +56,7 @@ layout(constant_id = 4) const int NR = 4;    // teams (subgroups of 32): 16 NR q
 layout(constant_id = 5) const int BK = 32;   // keys per block, a multiple of 16
 layout(constant_id = 6) const bool SPLIT = false;
 // VEC8: K and V are fetched 8 halves (16 bytes) a load, half the loads of a block, where k and v start 16-byte
-// aligned (minirt/ops/attention_cmr.py checks; DH is a multiple of 16, so every row slice is whole 8-half groups).
+// aligned (minirt/kernels/attention_cmr.py checks; DH is a multiple of 16, so every row slice is whole 8-half groups).
 layout(constant_id = 7) const bool VEC8 = false;
 // MASK: an additive mask (binding 4, float16 [B', H', Tq', Tk'], each dim 1 or full: p.mshape) is added to t before
 // the row maxima, in the log2 domain as attention.glslh does, with this kernel's NEG as the floor: a mask at fp16's

@@ -1121,9 +1121,10 @@ def serve(ctx, model_path, host, port, device, precision, compute_type, max_batc
     from .whisper.model import WhisperModel
     from .whisper.reference import blas_threads
     options = {"beam_size": 1, **transcribe_opts}
-    if isinstance(options["beam_size"], int) and options["beam_size"] > 5:
-        raise click.BadParameter(f"beam_size={options['beam_size']}: the GPU decoder holds 5 beams at most", ctx=ctx,
-                                 param=_param(ctx, "transcribe_opts"))
+    # beams past the one-sequence cache's 5 run on the batch's rows (minirt/whisper/beam_rows.py): --max-batch of them
+    if isinstance(options["beam_size"], int) and options["beam_size"] > max(5, max_batch):
+        raise click.BadParameter(f"beam_size={options['beam_size']}: the GPU decoder holds {max(5, max_batch)} beams "
+                                 f"at most with --max-batch {max_batch}", ctx=ctx, param=_param(ctx, "transcribe_opts"))
     try:
         _check_device(device)
         model = WhisperModel(model_folder(model_path, progress=sys.stderr.isatty()), precision=precision,

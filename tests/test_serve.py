@@ -466,7 +466,8 @@ def test_command_line_errors(tmp_path):
     for args, message in ((["--transcribe-option", "task=translate"], "each request sets it"),
                           (["--transcribe-option", "beam_size=x"], "beam_size is a number"),
                           (["--transcribe-option", "beam_size"], "is not KEY=VALUE"),
-                          (["--max-batch", "33"], "--max-batch")):
+                          (["--max-batch", "33"], "--max-batch"),
+                          (["--max-batch", "8", "--transcribe-option", "beam_size=9"], "holds 8 beams")):
         r = CliRunner().invoke(main, ["serve", "--model", str(tmp_path), *args])
         assert r.exit_code == 2 and message in r.output, r.output
     r = CliRunner().invoke(main, ["serve", "--model", str(tmp_path / "missing")])

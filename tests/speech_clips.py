@@ -5,11 +5,13 @@ pauses. The same espeak-ng version gives the same samples, so a clip is cached p
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import random
 import shutil
 import subprocess
 import tempfile
+import wave
 from pathlib import Path
 
 import numpy as np
@@ -100,3 +102,14 @@ def clip_of_length(seed: int, seconds: float, pause: float = 0.5) -> tuple:
         texts.append(t)
         total += n
     return clip(texts, pause), texts
+
+
+def wav_bytes(samples: np.ndarray) -> bytes:
+    """16 kHz mono samples as the bytes of a 16-bit WAV file (an upload, or a file to write)."""
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+    return buf.getvalue()

@@ -17,7 +17,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import wave
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -37,16 +36,6 @@ KEY = "test-key-5b3f"
 # 40 tokens a window (the random model's windows would run to 224), for time
 OPTIONS = dict(beam_size=1, temperature=0, max_new_tokens=40)
 SERVER_OPTIONS = ["--transcribe-option", "temperature=0", "--transcribe-option", "max_new_tokens=40"]
-
-
-def _wav(samples: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
-    return buf.getvalue()
 
 
 def _spoken(seed: int) -> np.ndarray:
@@ -179,7 +168,7 @@ def clips(tmp_path_factory):
     d = tmp_path_factory.mktemp("clips")
     out = []
     for i in range(4):
-        data = _wav(_spoken(i))
+        data = speech_clips.wav_bytes(_spoken(i))
         (d / f"c{i}.wav").write_bytes(data)
         out.append((data, str(d / f"c{i}.wav")))
     return out
@@ -190,7 +179,7 @@ def long_clip(tmp_path_factory):
     """A 70 s file (three windows)."""
     audio = np.concatenate([_spoken(i % 4) for i in range(40)])[:70 * 16000]
     path = tmp_path_factory.mktemp("long") / "long.wav"
-    path.write_bytes(_wav(audio))
+    path.write_bytes(speech_clips.wav_bytes(audio))
     return path.read_bytes(), str(path)
 
 

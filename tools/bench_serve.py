@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import io
 import json
 import os
 import re
@@ -31,33 +30,18 @@ import sys
 import tempfile
 import threading
 import time
-import wave
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-
-def wav_bytes(samples: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
-    return buf.getvalue()
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+import speech_clips  # noqa: E402  (the suite's clips and WAV writer)
 
 
 def synthetic_clips(count: int, seconds: float, folder: Path) -> list:
-    sys.path.insert(0, str(ROOT / "tests"))
-    try:
-        import speech_clips
-        spoken = speech_clips.espeak_available()
-    except ImportError:
-        spoken = False
+    spoken = speech_clips.espeak_available()
     paths = []
     for i in range(count):
         if spoken:
@@ -70,7 +54,7 @@ def synthetic_clips(count: int, seconds: float, folder: Path) -> list:
             audio = (0.3 * np.sin(2 * np.pi * (200 + 37 * i) * t)
                      + 0.05 * rng.standard_normal(len(t))).astype(np.float32)
         p = folder / f"clip{i}.wav"
-        p.write_bytes(wav_bytes(audio))
+        p.write_bytes(speech_clips.wav_bytes(audio))
         paths.append(p)
     return paths
 

@@ -261,7 +261,8 @@ def test_pipeline_equals_faster_whispers():
 
 
 def test_cli_batch_size(model, tmp_path):
-    """`minirt transcribe A B --batch-size 2` writes what one file after another writes (the numpy reference: the
+    """`minirt transcribe A B --batch-size 2` writes what one file after another writes, with --word-timestamps too
+    (transcribe_batch aligns each window on the one-window state) (the numpy reference: the
     CLI's default temperature fallback samples 224-token windows, minutes on lavapipe)."""
     import json
     import wave
@@ -277,13 +278,15 @@ def test_cli_batch_size(model, tmp_path):
             w.setsampwidth(2)
             w.setframerate(16000)
             w.writeframes((np.clip(a, -1, 1) * 32767).astype("<i2").tobytes())
-    outs = []
-    for extra in ([], ["--batch-size", "2"]):
-        out = tmp_path / ("batched" if extra else "one")
-        out.mkdir()
-        r = CliRunner().invoke(main, ["transcribe", *paths, "--model", str(model.path), "--beam-size", "1",
-                                      "--format", "json", "-o", str(out), "-q", "--backend", "reference", *extra],
-                               catch_exceptions=False)
-        assert r.exit_code == 0, r.output
-        outs.append([json.loads((out / f"c{i}.json").read_text()) for i in range(2)])
-    assert outs[0] == outs[1] and any(d["segments"] for d in outs[0])
+    for words in ([], ["--word-timestamps"]):
+        outs = []
+        for extra in ([], ["--batch-size", "2"]):
+            out = tmp_path / f"{'batched' if extra else 'one'}{'-words' if words else ''}"
+            out.mkdir()
+            r = CliRunner().invoke(main, ["transcribe", *paths, "--model", str(model.path), "--beam-size", "1",
+                                          "--format", "json", "-o", str(out), "-q", "--backend", "reference",
+                                          *extra, *words], catch_exceptions=False)
+            assert r.exit_code == 0, r.output
+            outs.append([json.loads((out / f"c{i}.json").read_text()) for i in range(2)])
+        assert outs[0] == outs[1] and any(d["segments"] for d in outs[0])
+        assert all(("words" in s) == bool(words) for d in outs[0] for s in d["segments"])

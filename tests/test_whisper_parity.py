@@ -250,3 +250,64 @@ def test_batched_pipeline_uses_vad_by_default(oracle, model):
     assert [key(s) for s in ms] == [key(s) for s in fs] and ms
     assert minfo.duration_after_vad == pytest.approx(finfo.duration_after_vad, abs=1e-6)
     assert vars(minfo.vad_options) == vars(finfo.vad_options)
+
+
+def assert_same_pipeline_words(fs, ms):
+    def key(s):
+        return s.id, s.seek, s.start, s.end, s.text, list(s.tokens)
+    assert [key(s) for s in ms] == [key(s) for s in fs]
+    assert_same_words(fs, ms)
+
+
+@needs_espeak
+def test_batched_pipeline_words(oracle, model):
+    """BatchedInferencePipeline(word_timestamps=True) against faster-whisper's: the same segments and words (times,
+    probabilities) on 70 s of speech with a pause, VAD's three chunks in batches of 2 (the last speech timestamp
+    carried into the next batch), and on three chunks of 3.5 s each (clip_timestamps: the same num_frames, texts of
+    different lengths, so the batch's padding counts) in one batch of 3; the segments' seek is the chunk's frame."""
+    pytest.importorskip("onnxruntime", reason="onnxruntime (vad_filter's runtime) is not installed")
+    from minirt.whisper import BatchedInferencePipeline
+    speech, _ = speech_clips.clip_of_length(11, 70)
+    half = len(speech) // 2
+    gap = (np.random.default_rng(1).standard_normal(24000) * 2e-3).astype(np.float32)
+    speech = np.concatenate([speech[:half], gap, speech[half:]])
+    short = [speech_clips.clip(speech_clips.sentences(s, k)) for s, k in ((0, 1), (1, 2), (2, 1))]
+    starts = np.cumsum([0] + [len(a) for a in short[:-1]]) / 16000
+    clips = [{"start": float(s), "end": float(s) + 3.5} for s in starts]
+    for audio, options in ((speech, dict(batch_size=2)),
+                           (np.concatenate(short), dict(batch_size=3, clip_timestamps=clips, vad_filter=False))):
+        options = dict(options, beam_size=1, word_timestamps=True, without_timestamps=False)
+        fs, _ = faster_whisper.BatchedInferencePipeline(oracle).transcribe(audio, **options)
+        ms, minfo = BatchedInferencePipeline(model).transcribe(audio, **options)
+        fs, ms = list(fs), list(ms)
+        assert_same_pipeline_words(fs, ms)
+        assert minfo.transcription_options.word_timestamps
+    assert len({s.seek for s in ms}) == 3 and len(fs) >= 3
+
+
+@needs_espeak
+def test_batch_alignments_are_ctranslate2s(oracle, model):
+    """words.batch_alignments over the reference's alignment of each window alone gives CTranslate2's align of the
+    batch (the DTW paths): with every num_frames the same (a shorter text's padding rows count: without them a path
+    differs) and with different ones (each alone)."""
+    from faster_whisper.audio import pad_or_trim
+    from minirt.whisper import words as W
+    audio = [speech_clips.clip(speech_clips.sentences(s, 2)) for s in (0, 1, 2)]
+    features = np.stack([pad_or_trim(oracle.feature_extractor(a)[..., :-1]) for a in audio])
+    tok = model.tokenizer
+    texts = [tok.encode(" " + " ".join(speech_clips.sentences(s, 2))) for s in (0, 1, 2)]
+    texts = [texts[0], texts[1][:3], texts[2][:12]]
+    sot = tok.sot_sequence("en", "transcribe")
+    backend = model.word_backend()
+    encoded = oracle.encode(features)
+    for frames in ([3000] * 3, [2800, 3000, 3000]):
+        aligned = []
+        for f, text, n in zip(features, texts, frames):
+            backend.encode(f)
+            aligned.append(backend.align(W.alignment_tokens(tok, sot, text), n))
+        want = [[tuple(p) for p in r.alignments] for r in oracle.model.align(encoded, sot, texts, frames)]
+        got = [W.alignment_path(a[0], len(sot), len(t)) for a, t in zip(W.batch_alignments(aligned, frames), texts)]
+        assert got == want
+        if frames[0] == frames[1]:
+            alone = [W.alignment_path(a[0], len(sot), len(t)) for a, t in zip(aligned, texts)]
+            assert alone[0] == want[0] and alone != want     # the longest has no padding rows

@@ -102,3 +102,28 @@ def test_words_of_a_search_on_the_batch_rows(tmp_path):
                                    atol=0.021)
     with pytest.raises(OptionError, match="beam_size"):
         gpu.transcribe(audio, beam_size=7)
+
+
+def test_words_of_the_batched_pipeline(tmp_path):
+    """BatchedInferencePipeline(word_timestamps=True) on the GPU (chunks decoded as a batch, each encoded again on the
+    one-window state for its alignment) gives the reference's tokens and words, greedy in batches of 2 and with a
+    beam chunk by chunk."""
+    from minirt.whisper import BatchedInferencePipeline, WhisperModel
+    from minirt.whisper.synthetic import write_folder
+    cfg = {"d_model": 64, "num_mel_bins": 80, "max_source_positions": 1500, "max_target_positions": 448,
+           "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2, "decoder_attention_heads": 2,
+           "vocab_size": 2000}
+    folder = write_folder(tmp_path, cfg, seed=1)     # (with <|notimestamps|> suppressed its chunks have words)
+    audio = np.random.default_rng(8).standard_normal(16000 * 5).astype(np.float32) * 0.1
+    clips = [{"start": 0.0, "end": 1.5}, {"start": 1.5, "end": 3.8}, {"start": 3.8, "end": 5.0}]
+    gpu = BatchedInferencePipeline(WhisperModel(folder, backend="vulkan", max_batch_items=2))
+    ref = BatchedInferencePipeline(WhisperModel(folder, backend="reference"))
+    for beam in (1, 2):
+        opts = dict(beam_size=beam, word_timestamps=True, max_new_tokens=10, clip_timestamps=clips, vad_filter=False,
+                    batch_size=2, suppress_tokens=[-1, ref.model.tokenizer.no_timestamps])
+        got, want = list(gpu.transcribe(audio, **opts)[0]), list(ref.transcribe(audio, **opts)[0])
+        assert [s.tokens for s in got] == [s.tokens for s in want] and all(s.words for s in want)
+        assert [[w.word for w in s.words] for s in got] == [[w.word for w in s.words] for s in want]
+        for s, r in zip(got, want):
+            np.testing.assert_allclose([(w.start, w.end) for w in s.words], [(w.start, w.end) for w in r.words],
+                                       atol=0.021)

@@ -250,6 +250,26 @@ def find_alignment(tokenizer, sot_length: int, text_tokens: list, aligned, langu
             for w, t, s, e, p in zip(words, word_tokens, starts, ends, probabilities)]
 
 
+def batch_alignments(aligned: list, num_frames: list) -> list:
+    """The alignments of a batch of windows (DecoderBackend.align's result for each, None where a window has no
+    text) as CTranslate2's align gives them for the batch run at once on the CPU (models/whisper.cc), which
+    faster-whisper's BatchedInferencePipeline calls on each batch of its chunks: where the windows' num_frames // 2
+    differ, each window's alone; where they are all the same, the attention of a window with fewer tokens than the
+    batch's longest comes with padding rows, its last token's row repeated (the padding remover fills a padded query
+    with the sequence's last one), which the standardization over the tokens (alignment_path) then counts."""
+    if len({int(n) // 2 for n in num_frames}) > 1:
+        return list(aligned)
+    rows = max((a[0].shape[1] for a in aligned if a is not None), default=0)
+    out = []
+    for a in aligned:
+        if a is not None and a[0].shape[1] < rows:
+            attention, probs = a
+            pad = np.repeat(attention[:, -1:], rows - attention.shape[1], axis=1)
+            a = (np.concatenate([attention, pad], axis=1), probs)
+        out.append(a)
+    return out
+
+
 def text_tokens_of(tokenizer, segments: list) -> list:
     """The text tokens of a window's segments, in order (what is aligned)."""
     return [t for s in segments for t in s["tokens"] if t < tokenizer.eot]

@@ -375,9 +375,13 @@ def linear_cm_dispatch(ctx, emulate, tile, out, a, wt, bt, m, n, k, n4, *, out_m
     lda = lda4 if lda4 is not None else k // 4
     splittable = out_mode == OUT_ROWS and m0 == 0 and n % 4 == 0
     S = cm_split_k(ctx, tile, m, n, k, before_ln(ctx, out, n)) if splittable else 1
-    int8 = _int8_args(ctx, wt)      # an int8 weight: the w=i8 variants (dequantized into the fp16 stages; no REGFED)
-    reg = None if int8 else regfed_tile(ctx, m, n, S > 1) if split else cm_regfed(ctx, emulate, a, m, n, k, lda,
-                                                                                  a_win, S > 1)
+    int8 = _int8_args(ctx, wt)      # an int8 weight: the w=i8 variants
+    if split:
+        reg = regfed_tile(ctx, m, n, S > 1)
+    elif int8 and not regfed_i8_zero_ok(wt.zero):
+        reg = None
+    else:
+        reg = cm_regfed(ctx, emulate, a, m, n, k, lda, a_win, S > 1)
     if reg:
         tile = reg      # same splits as the tile it replaces (REGFED's 64 x 64 tile keeps its rules)
     extra, axes = int8, {"tile": tile, **getattr(wt, "axes", {})}
@@ -468,6 +472,33 @@ def pack_regfed(w_kn: np.ndarray) -> np.ndarray:
     wp = np.zeros((kb * 32, nb * 16), np.float32)
     wp[:k, :n] = w_kn
     return wp.reshape(kb, 4, 8, nb, 2, 8).transpose(0, 3, 4, 5, 1, 2).reshape(-1)
+
+
+# The byte order of each uint of pack_regfed_i8: k 0, 2, 1, 3 of its 4, so that bytes 0 and 2 (then 1 and 3) are the
+# pairs (k0, k1) and (k2, k3) linear_cm.glslh's I8_F16 makes of one uint.
+I8_BYTE_ORDER = (0, 2, 1, 3)
+
+
+def pack_regfed_i8(q_kn: np.ndarray) -> np.ndarray:
+    """int8 Q [K, N] -> linear_cmreg w=i8's B, [K / 32][N / 16][32 lanes][2 columns][2 halves of the run][4 bytes],
+    zero past K and N: lane L = 4 c + q holds Q[32 kb + 8 q + 4 s + I8_BYTE_ORDER[b]][16 nb + c + 8 h] at [h][s][b],
+    16 bytes a lane (glsl/linear_cm.glslh, REGFED with W_I8)."""
+    k, n = q_kn.shape
+    kb, nb = -(-k // 32), -(-n // 16)
+    wp = np.zeros((kb * 32, nb * 16), np.int8)
+    wp[:k, :n] = q_kn
+    # (kb, q, s, b, nb, h, c) -> (kb, nb, c, q, h, s, b)
+    w = wp.reshape(kb, 4, 2, 4, nb, 2, 8).transpose(0, 4, 6, 1, 5, 2, 3)
+    return np.ascontiguousarray(w[..., list(I8_BYTE_ORDER)]).reshape(-1)
+
+
+def regfed_i8_zero_ok(zero) -> bool:
+    """linear_cmreg w=i8 subtracts 1152 + zero from 1152 + q in fp16, exact for integral zero points of magnitude up
+    to 896 (every int8 or uint8 one); others stay on linear_cm's w=i8 kernel, which dequantizes in fp32."""
+    if zero is None:
+        return True
+    z = np.asarray(zero, np.float64)
+    return bool(np.all(z == np.round(z)) and np.all(np.abs(z) <= 896))
 
 
 # fp32_precision (Session option): fp32 GEMMs on the fp16 tensor cores from split operands, each fp32 value as an fp16

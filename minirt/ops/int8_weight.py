@@ -7,6 +7,7 @@ import numpy as np
 
 from ..errors import ModelError
 from ..plan import WEIGHT, TensorSpec
+from ..kernels.gemm import pack_regfed_i8
 from ..quant import dequantize_kn
 
 
@@ -30,8 +31,8 @@ def int8_operands(graph, node):
 
 class Int8Weight:
     """B [K, N] int8 with per-column scale and zero point, as the GEMM dispatches take a weight (GemmWeight's
-    row_major): packed [K][N4] one uint32 per k and 4 columns (little-endian bytes), zero past N; `params` the
-    float32 scale [N4 vec4] then zero [N4 vec4]."""
+    row_major and regfed): packed [K][N4] one uint32 per k and 4 columns (little-endian bytes), zero past N, or per
+    slice and lane for linear_cmreg; `params` the float32 scale [N4 vec4] then zero [N4 vec4]."""
 
     axes = {"w": "i8"}
 
@@ -51,6 +52,16 @@ class Int8Weight:
             w = np.zeros((k, -(-n // 4) * 4), np.int8)
             w[:, :n] = self.q
             spec = TensorSpec(key, (w.size,), WEIGHT, "buffer", 0, w.reshape(-1), dtype="int8")
+            ctx.plan.tensors[key] = spec
+        return spec
+
+    def regfed(self, ctx) -> TensorSpec:
+        """The weight packed for linear_cmreg's w=i8 variant (gemm.py pack_regfed_i8), still a byte an element."""
+        key = f"{self.name}@i8regfed"
+        spec = ctx.plan.tensors.get(key)
+        if spec is None:
+            w = pack_regfed_i8(self.q)
+            spec = TensorSpec(key, (w.size,), WEIGHT, "buffer", 0, w, dtype="int8")
             ctx.plan.tensors[key] = spec
         return spec
 

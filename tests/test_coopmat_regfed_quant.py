@@ -1,21 +1,24 @@
-"""linear_cmreg's w=i8 variant (glsl/linear_cm.glslh REGFED with W_I8): the register-fed tensor-core GEMM reading an
-int8 weight (ops/int8_weight.py) packed per slice and lane (gemm.py pack_regfed_i8), q - zero turned into fp16 in
-registers and each column's scale applied after the K loop.
+"""linear_cmreg's quantized variants (glsl/linear_cm.glslh REGFED with W_I8 or W_Q4): the register-fed tensor-core GEMM
+reading an int8 weight (ops/int8_weight.py Int8Weight: a scale and zero point per column) or a blockwise 4-bit one
+(Int4Weight, MatMulNBits) packed per slice and lane (gemm.py pack_regfed_i8, pack_regfed_q4), made fp16 in registers:
+int8 as q - zero with each column's scale applied after the K loop, 4-bit as (q - zero) * scale per block.
 
-Plan level (the fake H200 profile): which int8 GEMMs take it and the weight it reads (int8 bytes, no float copy).
-Numerics against a float64 reference on the dequantized weights, from the fp16-rounded activations, in the two modes of
-tests/test_coopmat_regfed.py: the real kernel where the device has cooperative matrices in the "mma" layout, and the
-emulated one (linear_cmreg_emu*, any fp16 device, lavapipe too)."""
+Plan level (the fake H200 profile): which quantized GEMMs take it and the weight it reads (int8 or 4-bit bytes, no
+float copy). Numerics against a float64 reference on the dequantized weights, from the fp16-rounded activations, in
+the two modes of tests/test_coopmat_regfed.py: the real kernel where the device has cooperative matrices in the "mma"
+layout, and the emulated one (linear_cmreg_emu*, any fp16 device, lavapipe too)."""
 import dataclasses
 import math
 
 import numpy as np
 import pytest
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from minirt import Session
-from minirt.kernels.gemm import I8_BYTE_ORDER, pack_regfed_i8, regfed_i8_zero_ok
+from minirt.kernels.gemm import (I8_BYTE_ORDER, Q4_NIBBLE_ORDER, pack_regfed_i8, pack_regfed_q4, pack_regfed_q4_params,
+                                 regfed_zero_ok)
 from oracle import make_model
+from test_matmul_nbits import nbits_model
 from test_coopmat_linear import H200, _check, _f16, _gelu
 from test_coopmat_regfed import MODES, _device_mma_or_skip, _gemms, _plan
 
@@ -79,7 +82,7 @@ def test_pack_regfed_i8_places_every_element(k, n):
 
 def test_i8_to_f16_is_exact():
     """linear_cm.glslh's I8_F16 on every int8 value in each byte of a uint, for integral zero points up to the limit
-    regfed_i8_zero_ok allows: (u & 0x00FF00FF) ^ 0x64806480 (or of u >> 8) as two fp16, less 1152 + zero, in fp16
+    regfed_zero_ok allows: (u & 0x00FF00FF) ^ 0x64806480 (or of u >> 8) as two fp16, less 1152 + zero, in fp16
     arithmetic, is q - zero exactly (numpy's float16 rounds as the GPU's fp16 subtraction does)."""
     q = np.arange(-128, 128)
     u = (q.astype(np.int64) & 0xFF).astype(np.uint32)
@@ -129,8 +132,8 @@ def test_where_int8_stays_on_linear_cm():
     assert [d.kernel for d in _gemms(_plan(q, dataclasses.replace(H200, coopmat_layout="")))] == \
         ["linear_cm_m64n128k32s1_i8_half"]
     # zero points fp16 cannot take exactly from 1152 + q (ONNX's are integers, so none comes from a model)
-    assert regfed_i8_zero_ok(None) and regfed_i8_zero_ok(np.array([-128.0, 255.0, 0.0]))
-    assert not regfed_i8_zero_ok(np.array([0.0, 0.5])) and not regfed_i8_zero_ok(np.array([1000.0]))
+    assert regfed_zero_ok(None) and regfed_zero_ok(np.array([-128.0, 255.0, 0.0]))
+    assert not regfed_zero_ok(np.array([0.0, 0.5])) and not regfed_zero_ok(np.array([1000.0]))
 
 
 # -- numerics ----------------------------------------------------------------------------------------------------
@@ -196,3 +199,110 @@ def test_uint8_weight_with_zero_points(mode):
     x = np.random.default_rng(7).standard_normal((1, 90, 64)).astype(np.float32)
     y, _ = _run(model, {"x": x}, mode)
     _check(y, np.maximum(_f16(x) @ w + _f16(b), 0), f"{mode} uint8")
+
+
+# -- 4-bit weights (MatMulNBits) -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("k,n", [(64, 32), (40, 20), (8, 3)])
+def test_pack_regfed_q4_places_every_element(k, n):
+    """Lane L = 4 c + q of slice kb, column block nb holds in nibble p of uint h Q[32 kb + 8 q + order[p]][16 nb + c +
+    8 h], zero past K and N; the parameters of block b are (scale, 1024 + zero) of column 16 nb + c + 8 h at [b][nb][c]
+    [h], zero past N and past K's blocks."""
+    rng = np.random.default_rng(k * n)
+    w = rng.integers(0, 16, size=(k, n)).astype(np.uint8)
+    got = pack_regfed_q4(w)
+    kb, nb = -(-k // 32), -(-n // 16)
+    assert got.shape == (kb * nb * 32 * 2,)
+    i = 0
+    for s in range(kb):
+        for b in range(nb):
+            for lane in range(32):
+                c, q = divmod(lane, 4)
+                for h in range(2):
+                    for p in range(8):
+                        kk, nn = 32 * s + 8 * q + Q4_NIBBLE_ORDER[p], 16 * b + c + 8 * h
+                        want = w[kk, nn] if kk < k and nn < n else 0
+                        assert (int(got[i]) >> (4 * p)) & 15 == want, (s, b, lane, h, p)
+                    i += 1
+    block = 16
+    blocks = -(-k // block)
+    scale, zero = rng.uniform(0.01, 0.1, (blocks, n)).astype(np.float32), rng.integers(0, 16, (blocks, n))
+    par = pack_regfed_q4_params(scale, zero, block, k).reshape(-1, nb, 8, 2, 2)
+    assert par.shape[0] == kb * 32 // block
+    for bl in range(par.shape[0]):
+        for b in range(nb):
+            for c in range(8):
+                for h in range(2):
+                    nn = 16 * b + c + 8 * h
+                    want = (scale[bl, nn], 1024 + zero[bl, nn]) if bl < blocks and nn < n else (0, 0)
+                    assert tuple(par[bl, b, c, h]) == want, (bl, b, c, h)
+
+
+def test_q4_to_f16_is_exact():
+    """linear_cm.glslh's Q4_F16 on every 4-bit value in each nibble: ((u >> 4 s) & 0x000F000F) | 0x64006400 as two
+    fp16, less 1024 + zero, is q - zero exactly for every 4-bit zero point (then one fp16 rounding by the scale)."""
+    q = np.arange(16, dtype=np.uint32)
+    words = sum(np.roll(q, j) << (4 * j) for j in range(8))
+    for z in range(16):
+        for sh in range(4):
+            bits = ((words >> (4 * sh)) & 0x000F000F) | 0x64006400
+            pairs = bits.astype("<u4").view(np.float16).reshape(-1, 2) - np.float16(1024 + z)
+            assert np.array_equal(pairs[:, 0].astype(np.float64), np.roll(q, sh) - z.__float__())
+            assert np.array_equal(pairs[:, 1].astype(np.float64), np.roll(q, sh + 4) - z.__float__())
+
+
+def test_q4_takes_linear_cmreg_where_fp16_does():
+    """At fp16 on the H200 profile MatMulNBits runs linear_cmreg's w=q4 variant (it has no linear_cm one), the weight
+    half a byte an element of the padded packing and its block parameters fp16, no float copy of either; fractional
+    zero points and fp32 keep glsl/linear.comp's w=q4."""
+    for m, k, n, block, zero in [(1500, 384, 1536, 32, "packed"), (1500, 1536, 384, 16, "none"),
+                                 (300, 64, 72, 64, "float")]:
+        model = nbits_model(m, k, n, block, seed=1, zero=zero, bias=True)[0]
+        plan = _plan(model)
+        (d,) = [d for d in plan.dispatches if d.op == "MatMulNBits" and not d.kernel.startswith("linear_reduce")]
+        assert d.kernel.startswith("linear_cmreg_") and d.kernel.endswith("_q4_half"), d.kernel
+        w = plan.tensors[d.args[2][0]]
+        assert w.dtype == "uint4" and w.nbytes == -(-k // 32) * 32 * -(-n // 16) * 16 // 2
+        par = plan.tensors[d.args[5][0]]
+        blocks = max(-(-k // block), -(-k // 32) * 32 // block)     # (past K up to the last slice's end)
+        assert par.dtype == "float16" and par.nbytes == blocks * -(-n // 16) * 16 * 2 * 2
+        assert not any(t.data is not None and t.numel >= k * n // 4 and t.name not in (w.name, par.name)
+                       for t in plan.tensors.values()), sorted(plan.tensors)
+    model = nbits_model(300, 64, 72, 32, seed=1, zero="float")[0]
+    zp = next(t for t in model.graph.initializer if t.name == "zp")
+    zp.CopyFrom(numpy_helper.from_array(np.full(numpy_helper.to_array(zp).shape, 7.5, np.float32), "zp"))
+    (fallback,) = [d.kernel for d in _plan(model).dispatches if d.op == "MatMulNBits"]
+    assert fallback.startswith("linear_t44k32_q4_half"), fallback
+    (fp32,) = [d.kernel for d in _plan(model, precision="fp32").dispatches if d.op == "MatMulNBits"]
+    assert fp32.startswith("linear_t44k32_q4") and "_half" not in fp32, fp32
+
+
+Q4_CASES = [  # M, K, N, block, zero points, bias, options
+    (100, 64, 48, 16, "packed", True, {}),
+    (37, 40, 20, 32, "none", False, {}),                     # M, N ragged; K a slice and a quarter, a short last block
+    (130, 256, 96, 64, "float", True, {"gemm_splitk": 2}),    # (integral float zero points), K split
+    (70, 512, 40, 128, "packed", False, {"cm_tile": "r32n64", "gemm_splitk": 3}),
+    (64, 1024, 64, 32, "packed", True, {}),                  # 32 slices in one group
+    (1500, 384, 384, 32, "packed", True, {}),
+    (1500, 1536, 384, 128, "none", True, {}),
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("m,k,n,block,zero,bias,options", Q4_CASES)
+def test_matmul_nbits_q4(mode, m, k, n, block, zero, bias, options):
+    p = _device_mma_or_skip(mode)
+    if mode == "emulated" and p.device_type == "cpu" and m * n * k > 1500 * 384 * 64:
+        pytest.skip("the emulated kernel at this size takes too long on a CPU device")
+    model, feeds, w, b = nbits_model(m, k, n, block, seed=m + k + n, zero=zero, bias=bias)
+    opts = {"poison": True, **({"coopmat": "emulate"} if mode == "emulated" else {}), **options}
+    with Session(model, storage="buffer", precision="fp16", options=opts) as s:
+        gemms = [d.kernel for d in s.plan.dispatches if d.op == "MatMulNBits" and not d.kernel.startswith("linear_r")]
+        want = "linear_cmreg_emu_" if mode == "emulated" else "linear_cmreg_"
+        assert gemms and all(g.startswith(want) and "_q4_" in g for g in gemms), gemms
+        if "gemm_splitk" in options:
+            assert "_split_" in gemms[0]
+        y = s.run(None, feeds)[0]
+        assert np.array_equal(y, s.run(None, feeds)[0]), "two runs differ"
+    ref = _f16(feeds["A"]) @ w + (_f16(b) if b is not None else 0)
+    _check(y, ref, f"{mode} {m}x{k}x{n} block {block} zero {zero} {options}")

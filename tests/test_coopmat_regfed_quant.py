@@ -18,6 +18,7 @@ from minirt import Session
 from minirt.kernels.gemm import (I8_BYTE_ORDER, Q4_NIBBLE_ORDER, pack_regfed_i8, pack_regfed_q4, pack_regfed_q4_params,
                                  regfed_zero_ok)
 from oracle import make_model
+from test_int8_linear import _siblings
 from test_matmul_nbits import nbits_model
 from test_coopmat_linear import H200, _check, _f16, _gelu
 from test_coopmat_regfed import MODES, _device_mma_or_skip, _gemms, _plan
@@ -122,6 +123,19 @@ def test_int8_takes_linear_cmreg_where_fp16_does():
         assert not any(t.data is not None and t.numel >= k * n and t.dtype != "int8" for t in plan.tensors.values())
 
 
+def test_whisper_tiny_int8_on_h200():
+    """quantize_weights="int8": every Linear of Whisper-tiny's encoder on the w=i8 variant (the convolutions stay fp16),
+    with the tiles and splits the fp16 plan gives them."""
+    import whisper_encoder as we
+    model = we.build_whisper_encoder("tiny", opset=17, seed=0)
+    fp16 = {d.node: d for d in _gemms(_plan(model))}
+    int8 = {d.node: d for d in _gemms(_plan(model, quantize_weights="int8"))}
+    assert fp16.keys() == int8.keys()
+    for node, d in int8.items():
+        want = fp16[node].kernel if "/conv" in node else fp16[node].kernel.replace("_half", "_i8_half")
+        assert d.kernel == want and d.global_size == fp16[node].global_size, (node, d.kernel, want)
+
+
 def test_where_int8_stays_on_linear_cm():
     m, n, k = 1500, 1536, 384
     q = _int8_model(m, n, k, seed=2, zero="int")[0]
@@ -199,6 +213,20 @@ def test_uint8_weight_with_zero_points(mode):
     x = np.random.default_rng(7).standard_normal((1, 90, 64)).astype(np.float32)
     y, _ = _run(model, {"x": x}, mode)
     _check(y, np.maximum(_f16(x) @ w + _f16(b), 0), f"{mode} uint8")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_merged_int8_siblings(mode):
+    """q, k and v with int8 weights merged into one GEMM whose output is part-major (OUT_MODE 2), on the w=i8 variant."""
+    _device_mma_or_skip(mode)
+    model, feeds, ws = _siblings(100)
+    opts = {"poison": True, **({"coopmat": "emulate"} if mode == "emulated" else {})}
+    with Session(model, storage="buffer", precision="fp16", options=opts) as s:
+        (lin,) = [d for d in s.plan.dispatches if d.op == "Linear"]
+        assert lin.kernel.startswith("linear_cmreg_") and "_i8_" in lin.kernel and lin.spec[0] == 2, lin
+        got = s.run(None, feeds)
+    for g, (w, b) in zip(got, ws):
+        _check(g, _f16(feeds["x"]) @ w + _f16(b), f"{mode} merged q, k, v")
 
 
 # -- 4-bit weights (MatMulNBits) -----------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 #version 450
-// variants: tile=r64n64,r32n64 dtype=half,f16x3
+// variants: tile=r64n64,r32n64 w=float,i8,q4 dtype=half,f16x3
+// exclude: w=i8 dtype=f16x3
+// exclude: w=q4 dtype=f16x3
 // The tensor-core GEMM with its operands loaded straight into registers (REGFED in linear_cm.glslh): no shared
 // stages and no barriers in the K loop; B packed per slice and lane (minirt/kernels/gemm.py pack_regfed).
 #extension GL_GOOGLE_include_directive : require

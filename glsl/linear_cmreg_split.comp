@@ -1,5 +1,7 @@
 #version 450
-// variants: tile=r64n64,r32n64 dtype=half,f16x3
+// variants: tile=r64n64,r32n64 w=float,i8,q4 dtype=half,f16x3
+// exclude: w=i8 dtype=f16x3
+// exclude: w=q4 dtype=f16x3
 // linear_cmreg.comp with K split across work groups (SPLIT_K): fp32 partials for linear_reduce.comp.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require

@@ -375,12 +375,22 @@ def linear_cm_dispatch(ctx, emulate, tile, out, a, wt, bt, m, n, k, n4, *, out_m
     lda = lda4 if lda4 is not None else k // 4
     splittable = out_mode == OUT_ROWS and m0 == 0 and n % 4 == 0
     S = cm_split_k(ctx, tile, m, n, k, before_ln(ctx, out, n)) if splittable else 1
-    int8 = _int8_args(ctx, wt)      # an int8 weight: the w=i8 variants (dequantized into the fp16 stages; no REGFED)
-    reg = None if int8 else regfed_tile(ctx, m, n, S > 1) if split else cm_regfed(ctx, emulate, a, m, n, k, lda,
-                                                                                  a_win, S > 1)
+    quant = getattr(wt, "axes", {}).get("w")   # a quantized weight: the w=i8 (or, REGFED only, w=q4) variants
+    if split:
+        reg = regfed_tile(ctx, m, n, S > 1)
+    elif quant and not regfed_zero_ok(wt.zero):
+        reg = None
+    else:
+        reg = cm_regfed(ctx, emulate, a, m, n, k, lda, a_win, S > 1)
+    if quant == "q4" and not reg:
+        raise MinirtError(f"4-bit weight '{wt.name}': the tensor-core GEMM has a w=q4 variant only register-fed "
+                          f"(linear_dispatch routes it so)")
     if reg:
         tile = reg      # same splits as the tile it replaces (REGFED's 64 x 64 tile keeps its rules)
-    extra, axes = int8, {"tile": tile, **getattr(wt, "axes", {})}
+    extra = wt.regfed_args(ctx) if reg and quant else _int8_args(ctx, wt)   # the scales (and zero points)
+    axes = {"tile": tile, **getattr(wt, "axes", {})}
+    # w=q4 takes log2 of its block size in the third push vec4's z (A_WIN uses x and y)
+    win = (*_win(a_win)[:2], wt.block.bit_length() - 1, 0) if quant == "q4" else _win(a_win)
     if split:
         wt, scales = wt.split(ctx, split)
         extra, axes["dtype"] = [(scales.name, "r")], split
@@ -394,19 +404,19 @@ def linear_cm_dispatch(ctx, emulate, tile, out, a, wt, bt, m, n, k, n4, *, out_m
         part = ctx.scratch("linear.partials", S * m * n)
         stem = CM_SOURCES[bool(reg), emulate, True]
         ctx.dispatch(stem, [(part.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (bt.name, "r"), *extra],
-                     Push().ivec4(m, n, k, n4).ivec4(0, lda, 0, S).ivec4(*_win(a_win)),
+                     Push().ivec4(m, n, k, n4).ivec4(0, lda, 0, S).ivec4(*win),
                      _cm_spec(ctx, stem, a, k, n, lda, a_win, out_mode=OUT_SPLIT, act=None, has_res=False,
-                              reg_epi=cm_reg_epilogue(ctx, emulate, True), vec8_ok=not int8),
+                              reg_epi=cm_reg_epilogue(ctx, emulate, True), vec8_ok=not quant),
                      (warps * ctx.profile.subgroup_size, -(-m // bm), -(-n // bn) * S),
                      "coopmat", flops=2 * m * n * k, nbytes=4 * (m * k + k * n) + 16 * S * m * n, axes=axes)
         reduce_dispatch(ctx, out, part, bt, res, m, n, n4, S, act, residual is not None)
         return
     stem = CM_SOURCES[bool(reg), emulate, False]
-    p = Push().ivec4(m, n, k, n4).ivec4(m0, lda, m_total, part_n).ivec4(*_win(a_win))
+    p = Push().ivec4(m, n, k, n4).ivec4(m0, lda, m_total, part_n).ivec4(*win)
     ctx.dispatch(stem, [(out.name, "w"), (a.name, "r"), (wt.name, "r"), (bt.name, "r"), (res.name, "r"), *extra],
                  p, _cm_spec(ctx, stem, a, k, n, lda, a_win, out_mode=out_mode, act=act, has_res=residual is not None,
                              reg_epi=cm_reg_epilogue(ctx, emulate, False),
-                             epi8=not split and _cm_epi8(ctx, out, residual, n, out_mode, part_n), vec8_ok=not int8),
+                             epi8=not split and _cm_epi8(ctx, out, residual, n, out_mode, part_n), vec8_ok=not quant),
                  (warps * ctx.profile.subgroup_size, -(-m // bm), -(-n // bn)), "coopmat",
                  flops=2 * m * n * k, nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)),
                  axes=axes)
@@ -468,6 +478,62 @@ def pack_regfed(w_kn: np.ndarray) -> np.ndarray:
     wp = np.zeros((kb * 32, nb * 16), np.float32)
     wp[:k, :n] = w_kn
     return wp.reshape(kb, 4, 8, nb, 2, 8).transpose(0, 3, 4, 5, 1, 2).reshape(-1)
+
+
+# The byte order of each uint of pack_regfed_i8: k 0, 2, 1, 3 of its 4, so that bytes 0 and 2 (then 1 and 3) are the
+# pairs (k0, k1) and (k2, k3) linear_cm.glslh's I8_F16 makes of one uint.
+I8_BYTE_ORDER = (0, 2, 1, 3)
+
+
+def pack_regfed_i8(q_kn: np.ndarray) -> np.ndarray:
+    """int8 Q [K, N] -> linear_cmreg w=i8's B, [K / 32][N / 16][32 lanes][2 columns][2 halves of the run][4 bytes],
+    zero past K and N: lane L = 4 c + q holds Q[32 kb + 8 q + 4 s + I8_BYTE_ORDER[b]][16 nb + c + 8 h] at [h][s][b],
+    16 bytes a lane (glsl/linear_cm.glslh, REGFED with W_I8)."""
+    k, n = q_kn.shape
+    kb, nb = -(-k // 32), -(-n // 16)
+    wp = np.zeros((kb * 32, nb * 16), np.int8)
+    wp[:k, :n] = q_kn
+    # (kb, q, s, b, nb, h, c) -> (kb, nb, c, q, h, s, b)
+    w = wp.reshape(kb, 4, 2, 4, nb, 2, 8).transpose(0, 4, 6, 1, 5, 2, 3)
+    return np.ascontiguousarray(w[..., list(I8_BYTE_ORDER)]).reshape(-1)
+
+
+# The nibble order of each uint of pack_regfed_q4: nibble p holds k Q4_NIBBLE_ORDER[p] of its 8, so that nibbles s and
+# s + 4 are the pairs (k0, k1), (k2, k3), (k4, k5), (k6, k7) for s = 0 .. 3 (linear_cm.glslh's Q4_F16).
+Q4_NIBBLE_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+def pack_regfed_q4(q_kn: np.ndarray) -> np.ndarray:
+    """4-bit Q [K, N] (values 0..15) -> linear_cmreg w=q4's B, [K / 32][N / 16][32 lanes][2 columns] uint32, zero past
+    K and N: lane L = 4 c + q holds Q[32 kb + 8 q + Q4_NIBBLE_ORDER[p]][16 nb + c + 8 h] in nibble p of uint h."""
+    k, n = q_kn.shape
+    kb, nb = -(-k // 32), -(-n // 16)
+    wp = np.zeros((kb * 32, nb * 16), np.uint32)
+    wp[:k, :n] = q_kn
+    w = wp.reshape(kb, 4, 8, nb, 2, 8).transpose(0, 3, 5, 1, 4, 2)[..., list(Q4_NIBBLE_ORDER)]   # (kb, nb, c, q, h, p)
+    return np.bitwise_or.reduce(w << (4 * np.arange(8, dtype=np.uint32)), axis=-1).astype("<u4").reshape(-1)
+
+
+def pack_regfed_q4_params(scale: np.ndarray, zero: np.ndarray, block: int, k: int) -> np.ndarray:
+    """linear_cmreg w=q4's block parameters: [blocks][N / 16][8 c][2 h][scale, 1024 + zero] for column 16 nb + c + 8 h
+    (a lane's two columns side by side), as float32 for an fp16 weight; zero (a scale of 0) past N and past the blocks
+    of K, up to the 32-deep slices' end."""
+    blocks, n = scale.shape
+    nb, bp = -(-n // 16), max(blocks, -(-(-(-k // 32) * 32) // block))
+    p = np.zeros((bp, nb * 16, 2), np.float32)
+    p[:blocks, :n, 0] = scale
+    p[:blocks, :n, 1] = 1024 + np.asarray(zero, np.float32)
+    return p.reshape(bp, nb, 2, 8, 2).transpose(0, 1, 3, 2, 4).reshape(-1)
+
+
+def regfed_zero_ok(zero) -> bool:
+    """linear_cmreg's w=i8 and w=q4 subtract 1152 + zero (1024 + zero) from 1152 + q (1024 + q) in fp16, exact for
+    integral zero points of magnitude up to 896 (every int8, uint8 and packed 4-bit one); others stay on kernels that
+    dequantize in fp32 (w=i8: linear_cm's; w=q4: glsl/linear.comp's)."""
+    if zero is None:
+        return True
+    z = np.asarray(zero, np.float64)
+    return bool(np.all(z == np.round(z)) and np.all(np.abs(z) <= 896))
 
 
 # fp32_precision (Session option): fp32 GEMMs on the fp16 tensor cores from split operands, each fp32 value as an fp16
@@ -727,7 +793,10 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
                              part_n=part_n if out_mode == OUT_PARTS else 0)
         return
     quant = getattr(wt, "axes", {}).get("w")    # int8 ("i8") or 4-bit ("q4") weights: their variants
-    cm = None if quant not in (None, "i8") else cm_kernel(ctx, m, n)
+    cm = cm_kernel(ctx, m, n)
+    if cm is not None and quant == "q4" and not (regfed_zero_ok(wt.zero) and cm_regfed(
+            ctx, cm[0], a, m, n, k, lda4 if lda4 is not None else k // 4, a_win, False)):
+        cm = None       # linear_cm has no w=q4 variant: glsl/linear.comp's
     if cm is not None:
         linear_cm_dispatch(ctx, *cm, out, a, wt, bt, m, n, k, n4, out_mode=out_mode, act=act, m0=m0, lda4=lda4,
                            m_total=m_total, residual=residual, part_n=part_n, a_win=a_win)

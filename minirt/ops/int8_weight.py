@@ -7,6 +7,7 @@ import numpy as np
 
 from ..errors import ModelError
 from ..plan import WEIGHT, TensorSpec
+from ..kernels.gemm import pack_regfed_i8, pack_regfed_q4, pack_regfed_q4_params
 from ..quant import dequantize_kn
 
 
@@ -30,8 +31,8 @@ def int8_operands(graph, node):
 
 class Int8Weight:
     """B [K, N] int8 with per-column scale and zero point, as the GEMM dispatches take a weight (GemmWeight's
-    row_major): packed [K][N4] one uint32 per k and 4 columns (little-endian bytes), zero past N; `params` the
-    float32 scale [N4 vec4] then zero [N4 vec4]."""
+    row_major and regfed): packed [K][N4] one uint32 per k and 4 columns (little-endian bytes), zero past N, or per
+    slice and lane for linear_cmreg; `params` the float32 scale [N4 vec4] then zero [N4 vec4]."""
 
     axes = {"w": "i8"}
 
@@ -53,6 +54,20 @@ class Int8Weight:
             spec = TensorSpec(key, (w.size,), WEIGHT, "buffer", 0, w.reshape(-1), dtype="int8")
             ctx.plan.tensors[key] = spec
         return spec
+
+    def regfed(self, ctx) -> TensorSpec:
+        """The weight packed for linear_cmreg's w=i8 variant (gemm.py pack_regfed_i8), still a byte an element."""
+        key = f"{self.name}@i8regfed"
+        spec = ctx.plan.tensors.get(key)
+        if spec is None:
+            w = pack_regfed_i8(self.q)
+            spec = TensorSpec(key, (w.size,), WEIGHT, "buffer", 0, w, dtype="int8")
+            ctx.plan.tensors[key] = spec
+        return spec
+
+    def regfed_args(self, ctx) -> list:
+        """The extra binding of linear_cmreg's quantized variant: for int8, the same scales and zero points."""
+        return self.extra_args(ctx)
 
     def params(self, ctx) -> TensorSpec:
         key = f"{self.name}.qparams"
@@ -99,6 +114,26 @@ class Int4Weight(Int8Weight):
             spec = TensorSpec(key, (packed.size,), WEIGHT, "buffer", 0, packed.view(np.uint8), dtype="uint4")
             ctx.plan.tensors[key] = spec
         return spec
+
+    def regfed(self, ctx) -> TensorSpec:
+        """The weight packed for linear_cmreg's w=q4 variant (gemm.py pack_regfed_q4), still half a byte an element."""
+        key = f"{self.name}@q4regfed"
+        spec = ctx.plan.tensors.get(key)
+        if spec is None:
+            w = pack_regfed_q4(self.q).view(np.uint8)
+            spec = TensorSpec(key, (w.size // 2,), WEIGHT, "buffer", 0, w, dtype="uint4")
+            ctx.plan.tensors[key] = spec
+        return spec
+
+    def regfed_args(self, ctx) -> list:
+        """linear_cmreg w=q4's block parameters: fp16 (scale, 1024 + zero) per block and column, a lane's two columns
+        side by side (gemm.py pack_regfed_q4_params)."""
+        key = f"{self.name}.q4regfed"
+        spec = ctx.plan.tensors.get(f"{key}@packed")
+        if spec is None:
+            spec = ctx.weight(key, pack_regfed_q4_params(self.scale, self.zero, self.block, self.q.shape[0]),
+                              dtype="float16")
+        return [(spec.name, "r")]
 
     def params(self, ctx) -> TensorSpec:
         key = f"{self.name}.q4params"

@@ -87,6 +87,14 @@ class DeviceProfile:
     # multiprocessors (NVIDIA SMs, AMD compute units) where the driver tells (VK_NV_shader_sm_builtins,
     # VK_AMD_shader_core_properties2), else 0: how many work groups fill one wave of the GPU
     compute_units: int = 0
+    # VK_NV_cooperative_matrix2 where the device can run glsl/linear_cm2.comp (the extension, its workgroup-scope,
+    # flexible-dimension, per-element and tensor-addressing features, Vulkan 1.3 for its SPIR-V 1.6, and
+    # VK_KHR_cooperative_matrix): (M, N, K granularity, workgroup invocations) of each workgroup-scope f16 x f16 -> f32
+    # flexible-dimension combination it reports; () elsewhere
+    coopmat2: tuple = ()
+    coopmat2_max_dimension: int = 0   # cooperativeMatrixFlexibleDimensionsMaxDimension: a matrix's largest side
+    # why VK_NV_cooperative_matrix2 is listed but not usable ("" where it is usable or not listed): for plan notes
+    coopmat2_missing: str = ""
     # where 16 x 16 cooperative matrices keep their elements, when minirt/vk/coopmat_probe.py matched one of
     # COOPMAT_LAYOUTS on the device ("" elsewhere): kernels that index accumulator elements need it
     coopmat_layout: str = ""

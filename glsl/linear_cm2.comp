@@ -1,5 +1,5 @@
 #version 450
-// variants: dtype=half io=elem,out32
+// variants: w=float,i8 dtype=half io=elem,out32
 // The buffer GEMM of glsl/linear.comp on tensor cores through VK_NV_cooperative_matrix2 (workgroup-scope matrices,
 // tensor addressing, per-element operations), for precision fp16: out = act(A[M, K] @ B[K, N] + bias) (+ residual),
 // with linear_cm.glslh's bindings and push constants. A: fp16 activations, row-major, row stride LDA4 vec4, K a
@@ -20,6 +20,10 @@
 //   OUT_MODE 2: out part-major [N / NP][M_total][NP]: a block inside one part is stored into that part; a block
 //               across parts (NP not a multiple of BN) is stored element by element by a second per-element pass.
 // io=out32: the output is float32 (a graph output at fp16, minirt/planner/lower.py), unsaturated.
+// w=i8: B is int8 [K][4 N4] (minirt/ops/int8_weight.py, a byte an element) with a scale per column and no zero point
+// (gemm.py takes symmetric weights only): each slice is loaded as an int8 matrix and converted to fp16 (exact), and
+// the scale multiplies the sum in the epilogue, before the bias. Binding 5: scale [4 N4] (then the zero points,
+// unread), as qweight.glslh lays them out.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_EXT_shader_explicit_arithmetic_types : require
@@ -27,6 +31,9 @@
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_NV_cooperative_matrix2 : require
+#if defined(W_I8)
+#extension GL_EXT_shader_8bit_storage : require
+#endif
 #include "common.glslh"
 
 // The block (BM x BN, BK-deep slices): a multiple of the device's granularities (gemm.py checks them)
@@ -39,7 +46,14 @@ layout(constant_id = 8) const bool HAS_RES = false;  // + residual, indexed as t
 
 layout(set = 0, binding = 0, std430) writeonly buffer o_buf { OUT_ELEM o[]; };
 layout(set = 0, binding = 1, std430) readonly buffer a_buf { float16_t a[]; };
+#if defined(W_I8)
+layout(set = 0, binding = 2, std430) readonly buffer b_buf { int8_t b[]; };
+layout(set = 0, binding = 5, std430) readonly buffer q_buf { float qscale[]; };
+#define SCALE(n) qscale[n]
+#else
 layout(set = 0, binding = 2, std430) readonly buffer b_buf { float16_t b[]; };
+#define SCALE(n) 1.0
+#endif
 layout(set = 0, binding = 3, std430) readonly buffer bias_buf { ELEM bias[]; };
 layout(set = 0, binding = 4, std430) readonly buffer r_buf { ELEM res[]; };
 
@@ -73,7 +87,7 @@ float epilogue(const in uint32_t row, const in uint32_t col, const in float x, c
                const in uint32_t n0) {
   const uint m = m0 + row, n = n0 + col;
   if (m >= uint(p.dims.x) || n >= uint(p.dims.y)) return 0.0;   // not stored
-  float v = activate(x + float(bias[n]));
+  float v = activate(x * SCALE(n) + float(bias[n]));
   if (HAS_RES) v += float(res[out_index(m, n)]);
   return SAT(activate_res(v));
 }
@@ -89,6 +103,14 @@ float store_one(const in uint32_t row, const in uint32_t col, const in float x, 
 #define ACC coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>
 #define MAT_A coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA>
 #define MAT_B coopmat<float16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB>
+#if defined(W_I8)   // the int8 slice, converted to fp16 as it is multiplied
+#define LOAD_B(mb, LB, k0) \
+    coopmat<int8_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB> mq; \
+    coopMatLoadTensorNV(mq, b, 0, sliceTensorLayoutNV(LB, k0, BK, n_base, BN)); \
+    mb = MAT_B(mq);
+#else
+#define LOAD_B(mb, LB, k0) coopMatLoadTensorNV(mb, b, 0, sliceTensorLayoutNV(LB, k0, BK, n_base, BN));
+#endif
 #define CLAMP gl_CooperativeMatrixClampModeConstantNV
 
 void main() {
@@ -103,7 +125,7 @@ void main() {
     MAT_A ma; \
     MAT_B mb; \
     coopMatLoadTensorNV(ma, a, 0, sliceTensorLayoutNV(LA, m_base, BM, k0, BK)); \
-    coopMatLoadTensorNV(mb, b, 0, sliceTensorLayoutNV(LB, k0, BK, n_base, BN)); \
+    LOAD_B(mb, LB, k0) \
     acc = coopMatMulAdd(ma, mb, acc); \
   }
   if (m_base + BM <= M && n_base + BN <= NB && K % BK == 0u) {

@@ -79,6 +79,7 @@ class DeviceProfile:
     min_storage_buffer_offset_alignment: int = 256
     fp16: bool = False  # shaderFloat16
     storage16: bool = False  # storageBuffer16BitAccess
+    storage8: bool = False  # storageBuffer8BitAccess (linear_cm2's int8 weights load as int8 matrices)
     cooperative_matrix: bool = False  # VK_KHR_cooperative_matrix usable (extension, feature, memory model)
     # subgroup-scope shapes it reports: (M, N, K, A type, B type, C type, result type), types "f16", "f32", ...
     coopmat_shapes: tuple = ()

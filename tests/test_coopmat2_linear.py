@@ -18,12 +18,13 @@ from minirt.kernels.gemm import CM2_TILES
 from minirt.options import CM2_TILES as OPTION_TILES
 from test_coopmat_linear import H200, _check, _f16, _front_end_model, _front_end_reference, _gelu, _linear_model
 from test_coopmat_linear import _plan as _khr_plan
+from test_int8_linear import qdq_linear
 from test_merge_siblings import qkv_model
 
 import whisper_encoder as we  # noqa: E402  (models/, on the path test_coopmat_linear gives it)
 
 CM2 = dataclasses.replace(H200, api_version="1.4.312", coopmat2=((32, 16, 16, 128), (32, 32, 16, 256)),
-                          coopmat2_max_dimension=256)
+                          coopmat2_max_dimension=256, storage8=True)
 
 
 def _plan(model, profile=CM2, **options):
@@ -43,7 +44,7 @@ def _notes(plan):
 def _check_dispatch(d, tile, out_mode):
     bm, bn, bk, inv = CM2_TILES[tile]
     m, n = np.frombuffer(d.push[:8], np.int32)
-    assert d.kernel in ("linear_cm2_half", "linear_cm2_half_out32"), d.kernel
+    assert d.stem == "linear_cm2" and d.kernel.startswith("linear_cm2_") and "emu" not in d.kernel, d.kernel
     assert d.info["tile"] == tile and d.spec[:4] == (bm, bn, bk, out_mode), (d.node, d.info, d.spec)
     assert d.family == "coopmat" and d.local_size == (inv, 1, 1) and d.global_size == (inv, -(-m // bm), -(-n // bn))
     assert np.frombuffer(d.push[32:48], np.int32).tolist() == [0, 0, 0, 0]    # no A window
@@ -101,8 +102,8 @@ def test_forced_tiles_and_the_device_list():
 
 
 def test_off_switches_give_the_khr_plan():
-    """coopmat2=False plans exactly what a device without the extension gets; so do coopmat off or emulate, fp32,
-    a forced K split and int8 weights (linear_cm2 has neither split K nor an int8 variant)."""
+    """coopmat2=False plans exactly what a device without the extension gets; so do coopmat off or emulate, fp32 and
+    a forced K split (linear_cm2 does not split K)."""
     model = we.build_whisper_encoder("tiny", layers=1, n_frames=600, seed=3)
 
     def key(plan):
@@ -112,8 +113,22 @@ def test_off_switches_give_the_khr_plan():
         assert key(_plan(model, CM2, **{**opts, "coopmat2": False})) == off
         if opts:
             assert key(_plan(model, CM2, **opts)) == off, opts
+
+
+def test_int8_weights():
+    """Symmetric int8 weights (quantize_weights, or a DequantizeLinear without zero points) on the w=i8 variant, its
+    scales at binding 5; with zero points, or without 8-bit storage, linear_cm's w=i8 variant and a note."""
     plan = _plan(_linear_model(100, 64, 64)[0], quantize_weights="int8")
-    assert [d.kernel for d in _gemms(plan)] == ["linear_cm_m64n64k32s1_i8_half"]
+    (d,) = _gemms(plan)
+    assert d.kernel == "linear_cm2_i8_half" and d.args[2][0].endswith("@i8") and d.args[5][0].endswith(".qparams@packed")
+    _check_dispatch(d, "m64n64k64", 0)
+    model = qdq_linear(1500, 384, 384, seed=1, residual=True)[0]
+    assert [d.kernel for d in _gemms(_plan(model))] == ["linear_cm2_i8_half_out32"]
+    for profile, model, why in ((CM2, qdq_linear(100, 64, 64, seed=1, zero=True)[0], "zero points"),
+                                (dataclasses.replace(CM2, storage8=False), model, "8-bit storage")):
+        plan = _plan(model, profile)
+        assert [d.kernel for d in _gemms(plan)][0].startswith("linear_cm_m64n64k32s1_i8_half"), _gemms(plan)
+        assert any("linear_cm2 not used" in n and why in n for n in _notes(plan)), _notes(plan)
 
 
 def test_extension_without_its_features_is_noted():
@@ -208,6 +223,18 @@ def test_device_tiles(tile, m, n, k, act, residual):
     if not gemm.cm2_fits(p, tile):
         pytest.skip(f"{p.name} lists no combination for {tile}")
     _check_linear(m, n, k, act, residual, seed=n + k, cm2_tile=tile)
+
+
+@pytest.mark.parametrize("m,k,n,residual", [(1500, 512, 1536, False), (1500, 2048, 512, True), (17, 72, 200, True)])
+def test_device_int8(m, k, n, residual):
+    """Symmetric int8 weights (w=i8: int8 slices converted to fp16, the scale in the epilogue) against float64."""
+    p = _device_or_skip()
+    if not p.storage8:
+        pytest.skip(f"{p.name}: no 8-bit storage buffers")
+    model, feeds, w, b = qdq_linear(m, k, n, seed=m + n, act=True, residual=residual)
+    (y,) = _run(model, feeds)
+    ref = np.maximum(_f16(feeds["x"][0]) @ w + _f16(b), 0)
+    _check(y[0], ref + (_f16(feeds["r"][0]) if residual else 0), f"int8 {m}x{k}x{n}")
 
 
 @pytest.mark.parametrize("tile", [None, "m128n256k64", "m64n128k64"])

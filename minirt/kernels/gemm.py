@@ -476,23 +476,39 @@ def cm2_tile(ctx, m, n, a_win=None):
     return CM2_DEFAULT
 
 
+def cm2_weight(ctx, wt) -> bool:
+    """Whether linear_cm2 reads this weight: float, or int8 (its w=i8 variant) with no zero point, on a device with
+    8-bit storage buffers; else a plan note, and the VK_KHR_cooperative_matrix kernels' w=i8 variants."""
+    if getattr(wt, "axes", {}).get("w") != "i8" or not (ctx.half and ctx.profile.coopmat2 and ctx.options.coopmat2):
+        return True
+    if wt.zero is not None and np.any(wt.zero):
+        ctx.note("linear_cm2 not used: its int8 weights are symmetric (this one has zero points)")
+        return False
+    if not ctx.profile.storage8:
+        ctx.note("linear_cm2 not used: int8 weights need 8-bit storage buffers (storageBuffer8BitAccess)")
+        return False
+    return True
+
+
 def linear_cm2_dispatch(ctx, tile, out, a, wt, bt, m, n, k, n4, *, out_mode, act, m0, lda4, m_total, residual,
                         part_n=0):
-    """linear_dispatch on glsl/linear_cm2.comp: linear_cm's bindings (B row-major [K][N4] vec4) and push constants;
+    """linear_dispatch on glsl/linear_cm2.comp: linear_cm's bindings (B row-major [K][N4] vec4, or its w=i8 variant's
+    int8 B and scales) and push constants;
     specialization constants BM, BN, BK (the tile), OUT_MODE, ACT, HAS_RES. Global size: x = the tile's invocations
     (family "coopmat": one work group), y = row blocks, z = column blocks. io=out32 where the output is a float32 graph
     output."""
     bm, bn, bk, inv = CM2_TILES[tile]
     res = residual if residual is not None else bt
     lda = lda4 if lda4 is not None else k // 4
+    int8 = _int8_args(ctx, wt)      # w=i8: the scales (binding 5)
     ctx.dispatch("linear_cm2", [(out.name, "w"), (a.name, "r"), (wt.row_major(ctx).name, "r"), (bt.name, "r"),
-                                (res.name, "r")],
+                                (res.name, "r"), *int8],
                  Push().ivec4(m, n, k, n4).ivec4(m0, lda, m_total, part_n).ivec4(0, 0, 0, 0),
                  spec("linear_cm2", BM=bm, BN=bn, BK=bk, OUT_MODE=out_mode, ACT=act_code(act),
                       HAS_RES=residual is not None),
                  (inv, -(-m // bm), -(-n // bn)), "coopmat", flops=2 * m * n * k,
                  nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)), io="out32",
-                 info={"tile": tile, "rows": m, "n": n, "k": k})
+                 axes=getattr(wt, "axes", None), info={"tile": tile, "rows": m, "n": n, "k": k})
     ctx.note(f"tensor-core GEMM on VK_NV_cooperative_matrix2 (linear_cm2): {bm} x {bn} blocks, {bk}-deep slices, "
              f"{inv} invocations a group")
 
@@ -809,7 +825,7 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
                              part_n=part_n if out_mode == OUT_PARTS else 0)
         return
     quant = getattr(wt, "axes", {}).get("w")    # int8 ("i8") or 4-bit ("q4") weights: their variants
-    tile = None if quant else cm2_tile(ctx, m, n, a_win)
+    tile = None if quant not in (None, "i8") or not cm2_weight(ctx, wt) else cm2_tile(ctx, m, n, a_win)
     if tile is not None:
         linear_cm2_dispatch(ctx, tile, out, a, wt, bt, m, n, k, n4, out_mode=out_mode, act=act, m0=m0, lda4=lda4,
                             m_total=m_total, residual=residual, part_n=part_n)

@@ -219,8 +219,10 @@ def read_profile(vk, pd) -> DeviceProfile:
     units = sms.shaderSMCount if head is sms else cus.activeComputeUnitCount if head is cus else 0
     f16 = ffi.new("VkPhysicalDeviceShaderFloat16Int8Features*",
                   {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES})
+    s8 = ffi.new("VkPhysicalDevice8BitStorageFeatures*",
+                 {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_8BIT_STORAGE_FEATURES, "pNext": f16})
     s16 = ffi.new("VkPhysicalDevice16BitStorageFeatures*",
-                  {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES, "pNext": f16})
+                  {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES, "pNext": s8})
     mm = ffi.new("VkPhysicalDeviceVulkanMemoryModelFeatures*",
                  {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES, "pNext": s16})
     cm = ffi.new("VkPhysicalDeviceCooperativeMatrixFeaturesKHR*",
@@ -255,6 +257,7 @@ def read_profile(vk, pd) -> DeviceProfile:
         max_storage_buffer_range=lim.maxStorageBufferRange,
         min_storage_buffer_offset_alignment=lim.minStorageBufferOffsetAlignment,
         fp16=bool(f16.shaderFloat16), storage16=bool(s16.storageBuffer16BitAccess),
+        storage8=bool(s8.storageBuffer8BitAccess),
         cooperative_matrix=cooperative, coopmat_shapes=shapes, coopmat2=cm2,
         coopmat2_max_dimension=int(cm2_props[1].cooperativeMatrixFlexibleDimensionsMaxDimension) if cm2 else 0,
         coopmat2_missing=cm2_missing,
@@ -513,6 +516,10 @@ class Device:
             exts += [e for e in ("VK_KHR_16bit_storage", "VK_KHR_storage_buffer_storage_class") if e in have]
             add("VkPhysicalDevice16BitStorageFeatures*", vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES,
                 storageBuffer16BitAccess=1)
+        if p.storage8 and p.coopmat2:     # linear_cm2's int8 weights (the only 8-bit loads)
+            exts += [e for e in ("VK_KHR_8bit_storage",) if e in have and e not in exts]
+            add("VkPhysicalDevice8BitStorageFeatures*", vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_8BIT_STORAGE_FEATURES,
+                storageBuffer8BitAccess=1)
         if p.fp16:
             exts += [e for e in ("VK_KHR_shader_float16_int8",) if e in have]
             add("VkPhysicalDeviceShaderFloat16Int8Features*",

@@ -11,7 +11,8 @@
 // workgroup-scope fp32 accumulator, over BK-deep slices of A (BM x BK) and B (BK x BN) that coopMatLoadTensorNV takes
 // straight from the buffers; the driver stages them (its own shared memory). Tensor layouts clamp every load to the
 // matrix, so rows past M, columns past the padded N and k past K read zero and ragged blocks are exact; blocks wholly
-// inside (and K a whole number of slices) take the same loop through layouts without clamping.
+// inside (K a whole number of slices, row strides whole 16-byte runs) take the same loop through layouts without
+// clamping, unrolled.
 // Epilogue: one coopMatPerElementNV over the accumulator adds the bias, applies the activation and the residual (as
 // linear_cm.glslh: act(x + bias), then act_res(. + residual)), saturated to fp16's range unless io=out32; then a
 // tensor store clamped to the output (elements past M or N are not written):
@@ -112,6 +113,7 @@ float store_one(const in uint32_t row, const in uint32_t col, const in float x, 
 #define LOAD_B(mb, LB, k0) coopMatLoadTensorNV(mb, b, 0, sliceTensorLayoutNV(LB, k0, BK, n_base, BN));
 #endif
 #define CLAMP gl_CooperativeMatrixClampModeConstantNV
+#define UNROLL 4u             // slices a trip of the whole blocks' K loop
 
 void main() {
   const uint M = uint(p.dims.x), N = uint(p.dims.y), K = uint(p.dims.z), NB = uint(p.dims.w) * 4u;
@@ -119,27 +121,34 @@ void main() {
   const uint m_base = gl_WorkGroupID.y * BM, n_base = gl_WorkGroupID.z * BN;
 
   ACC acc = ACC(0.0);
-  // The K loop over layouts LA (M x K, row stride LDA) and LB (K x NB, row stride NB)
-#define K_LOOP(LA, LB) \
-  for (uint k0 = 0; k0 < K; k0 += BK) { \
+  // One BK-deep slice at k0 through layouts LA (M x K, row stride LDA) and LB (K x NB, row stride NB)
+#define SLICE(LA, LB, k0) { \
     MAT_A ma; \
     MAT_B mb; \
     coopMatLoadTensorNV(ma, a, 0, sliceTensorLayoutNV(LA, m_base, BM, k0, BK)); \
     LOAD_B(mb, LB, k0) \
-    acc = coopMatMulAdd(ma, mb, acc); \
-  }
-  if (m_base + BM <= M && n_base + BN <= NB && K % BK == 0u) {
+    acc = coopMatMulAdd(ma, mb, acc); }
+  if (m_base + BM <= M && n_base + BN <= NB && K % BK == 0u && (LDA & 7u) == 0u && (NB & 7u) == 0u) {
+    // A whole block: layouts without clamping, row strides known to be whole 16-byte runs (& ~7, as llama.cpp's
+    // mul_mm_cm2 hints them), UNROLL slices a trip (then the rest)
     tensorLayoutNV<2> la = createTensorLayoutNV(2);
     tensorLayoutNV<2> lb = createTensorLayoutNV(2);
-    la = setTensorLayoutStrideNV(setTensorLayoutDimensionNV(la, M, K), LDA, 1);
-    lb = setTensorLayoutStrideNV(setTensorLayoutDimensionNV(lb, K, NB), NB, 1);
-    K_LOOP(la, lb)
+    la = setTensorLayoutStrideNV(setTensorLayoutDimensionNV(la, M, K), LDA & ~7u, 1);
+    lb = setTensorLayoutStrideNV(setTensorLayoutDimensionNV(lb, K, NB), NB & ~7u, 1);
+    uint k0 = 0;
+    for (; k0 + UNROLL * BK <= K;)
+      [[unroll]] for (uint j = 0; j < UNROLL; ++j) {
+        SLICE(la, lb, k0)
+        k0 += BK;
+      }
+    for (; k0 < K; k0 += BK) SLICE(la, lb, k0)
   } else {
+    // a ragged block (or K, or strides that are not whole 16-byte runs): every load clamped to the matrices
     tensorLayoutNV<2, CLAMP> la = createTensorLayoutNV(2, CLAMP);
     tensorLayoutNV<2, CLAMP> lb = createTensorLayoutNV(2, CLAMP);
     la = setTensorLayoutStrideNV(setTensorLayoutDimensionNV(la, M, K), LDA, 1);
     lb = setTensorLayoutStrideNV(setTensorLayoutDimensionNV(lb, K, NB), NB, 1);
-    K_LOOP(la, lb)
+    for (uint k0 = 0; k0 < K; k0 += BK) SLICE(la, lb, k0)
   }
 
   coopMatPerElementNV(acc, acc, epilogue, m_base, n_base);

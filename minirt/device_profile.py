@@ -79,6 +79,7 @@ class DeviceProfile:
     min_storage_buffer_offset_alignment: int = 256
     fp16: bool = False  # shaderFloat16
     storage16: bool = False  # storageBuffer16BitAccess
+    storage8: bool = False  # storageBuffer8BitAccess (linear_cm2's int8 weights load as int8 matrices)
     cooperative_matrix: bool = False  # VK_KHR_cooperative_matrix usable (extension, feature, memory model)
     # subgroup-scope shapes it reports: (M, N, K, A type, B type, C type, result type), types "f16", "f32", ...
     coopmat_shapes: tuple = ()
@@ -87,6 +88,14 @@ class DeviceProfile:
     # multiprocessors (NVIDIA SMs, AMD compute units) where the driver tells (VK_NV_shader_sm_builtins,
     # VK_AMD_shader_core_properties2), else 0: how many work groups fill one wave of the GPU
     compute_units: int = 0
+    # VK_NV_cooperative_matrix2 where the device can run glsl/linear_cm2.comp (the extension, its workgroup-scope,
+    # flexible-dimension, per-element and tensor-addressing features, Vulkan 1.3 for its SPIR-V 1.6, and
+    # VK_KHR_cooperative_matrix): (M, N, K granularity, workgroup invocations) of each workgroup-scope f16 x f16 -> f32
+    # flexible-dimension combination it reports; () elsewhere
+    coopmat2: tuple = ()
+    coopmat2_max_dimension: int = 0   # cooperativeMatrixFlexibleDimensionsMaxDimension: a matrix's largest side
+    # why VK_NV_cooperative_matrix2 is listed but not usable ("" where it is usable or not listed): for plan notes
+    coopmat2_missing: str = ""
     # where 16 x 16 cooperative matrices keep their elements, when minirt/vk/coopmat_probe.py matched one of
     # COOPMAT_LAYOUTS on the device ("" elsewhere): kernels that index accumulator elements need it
     coopmat_layout: str = ""

@@ -26,6 +26,7 @@ DIRECT_IO = ("off", "in", "out", "both")
 FORCEABLE_FAMILIES = ("gemm", "im2col", "elementwise", "conv", "copy")
 GEMM_TILES = ("t44", "t44k32")
 CM_TILES = ("m64n64k32s1", "m64n128k32s1", "r64n64", "r32n64")
+CM2_TILES = ("m64n64k64", "m64n128k64", "m128n128k32", "m128n128k64", "m256n128k64", "m128n256k64")   # gemm.CM2_TILES
 CONV_ROUTES = ("linear", "im2col", "pointwise", "depthwise", "direct")
 
 _OFF = ("", "0", "false", "off", "no")
@@ -173,6 +174,11 @@ class Options:
                         "has them), off, or emulate (their logic in plain code, on any device with subgroups: for "
                         "tests)",
                         "devices with VK_KHR_cooperative_matrix")
+    coopmat2: bool = _opt(True, _flag,
+                          "the fp16 GEMMs of Linear layers and im2col convs on workgroup-scope tensor-core matrices "
+                          "(glsl/linear_cm2.comp) where the device has VK_NV_cooperative_matrix2 and coopmat is auto; "
+                          "off: the VK_KHR_cooperative_matrix GEMMs (linear_cm, linear_cmreg)",
+                          "devices with VK_NV_cooperative_matrix2")
     memory_reuse: bool = _opt(True, _flag, "activations share memory once their last reader has run (off: every "
                               "tensor its own bytes, a debugging aid)")
     poison: bool = _opt(False, _flag, "fill activations with NaN before each run, so an element no kernel writes "
@@ -222,6 +228,9 @@ class Options:
                                "more than one wave), r64n64 or r32n64 (register-fed)", "cooperative-matrix devices")
     cm_regfed: bool = _opt(True, _flag, "the register-fed tensor-core GEMM where it applies",
                            "devices whose cooperative matrices have the 'mma' layout")
+    cm2_tile: str | None = _opt(None, _optional(_choice(CM2_TILES)),
+                                "linear_cm2 block mBMnBNkBK: one of " + ", ".join(CM2_TILES) + " (default: by the "
+                                "grid, minirt/kernels/gemm.py cm2_tile)", "devices with VK_NV_cooperative_matrix2")
     pair_lanes: bool | None = _opt(None, _optional(_flag), "paired lanes in linear.comp and the attention "
                                    "(PAIR_LANES); default: the device table's")
     rows_invocations: int | None = _opt(None, _optional(_count), "invocations a group of the row kernels "

@@ -276,7 +276,8 @@ def test_fp16(case, cm_emulate, monkeypatch):
     monkeypatch.setattr(conv_op, "IM2COL_SCRATCH_BUDGET", 16 * 48 * 4)
     fd = feeds_for(m)
     ref = onnxruntime_run(m, fd)[0]
-    with Session(m, storage="buffer", precision="fp16", options={"poison": True, "coopmat": "emulate" if cm_emulate else "auto"}) as s:
+    with Session(m, storage="buffer", precision="fp16", options={"poison": True, "coopmat": "emulate" if cm_emulate else "auto",
+                                                                  "coopmat2": False}) as s:
         gemms = [d for d in s.plan.dispatches if d.kernel.startswith("linear")]
         p = s.device.profile
         want = "linear_cmreg_emu_" if cm_emulate else ("linear_cmreg_" if p.coopmat_layout == "mma" else "linear_cm_m") \

@@ -34,8 +34,10 @@ _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
 def _plan(model, profile=H200, **options):
-    """linear_cm's plan: REGFED (tests/test_coopmat_regfed.py) off unless asked for."""
-    return make_plan(prepare(load(model)), profile, "buffer", {"precision": "fp16", "cm_regfed": False, **options})
+    """linear_cm's plan: REGFED (tests/test_coopmat_regfed.py) and linear_cm2 (tests/test_coopmat2_linear.py) off
+    unless asked for."""
+    return make_plan(prepare(load(model)), profile, "buffer", {"precision": "fp16", "cm_regfed": False,
+                                                               "coopmat2": False, **options})
 
 
 def _linear_model(m, n, k, act=None, residual=False, seed=0):
@@ -213,7 +215,8 @@ def _device_or_skip(mode):
 
 
 def _options(mode, **extra):
-    return {"poison": True, "cm_regfed": False, **({"coopmat": "emulate"} if mode == "emulated" else {}), **extra}
+    return {"poison": True, "cm_regfed": False, "coopmat2": False,
+            **({"coopmat": "emulate"} if mode == "emulated" else {}), **extra}
 
 
 def _run(model, feeds, mode, **options):

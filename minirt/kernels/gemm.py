@@ -1,8 +1,8 @@
 """The GEMM family: the tiled GEMM (glsl/gemm.comp), shared by conv routes (im2col, pointwise) and linear layers;
 glsl/linear.comp's tiles, K splits and paired lanes; the tensor-core GEMMs (glsl/linear_cm*.comp, linear_cmreg*.comp)
-with their tiles, weight packing and split reduce pass; the few-row GEMM (glsl/linear_rows.comp) and its push layout;
-and the local-size rules of the "gemm" and "im2col" families (local_size, im2col_local_size), which only this module
-sets.
+with their tiles, weight packing and split reduce pass, and glsl/linear_cm2.comp (VK_NV_cooperative_matrix2) with its
+tiles; the few-row GEMM (glsl/linear_rows.comp) and its push layout; and the local-size rules of the "gemm" and
+"im2col" families (local_size, im2col_local_size), which only this module sets.
 
 Tile shape of glsl/gemm.comp: each invocation computes TM rows x 4*TN4 columns; the work group (its local size chosen
 by local_size here) stages BK-deep slices of A and B in shared memory."""
@@ -425,6 +425,104 @@ def linear_cm_dispatch(ctx, emulate, tile, out, a, wt, bt, m, n, k, n4, *, out_m
 OUT_ROWS, OUT_NCHW, OUT_PARTS, OUT_SPLIT = 0, 1, 2, 3    # linear.comp / linear_cm.glslh OUT_MODE
 
 
+# glsl/linear_cm2.comp: the fp16 GEMM on workgroup-scope matrices (VK_NV_cooperative_matrix2, DeviceProfile.coopmat2),
+# one BM x BN accumulator a work group, BK-deep slices loaded by tensor addressing; tile -> (BM, BN, BK, invocations).
+# A tile runs where the device lists a workgroup-scope f16 x f16 -> f32 entry of its invocations whose granularities
+# divide BM, BN and BK (an H100's driver lists 32 x 16 x 16 at 128 invocations, 32 x 32 x 16 at 256, as llama.cpp's
+# Vulkan backend requires for its tiles of the same sizes), and no side exceeds the maximum dimension.
+CM2_TILES = {"m64n64k64": (64, 64, 64, 128), "m64n128k64": (64, 128, 64, 128), "m128n128k32": (128, 128, 32, 256),
+             "m128n128k64": (128, 128, 64, 256), "m256n128k64": (256, 128, 64, 256),
+             "m128n256k64": (128, 256, 64, 256)}
+CM2_DEFAULT, CM2_LARGE, CM2_SMALL = "m128n128k64", "m256n128k64", "m64n64k64"
+# The default tile's groups, in multiprocessors, past which the large tile (half the groups, 1.33x the operand reuse)
+# and under which the small one (4x the groups) is taken. Not yet measured: llama.cpp's rule for the same tiles
+# (large where the medium grid overfills the GPU; small for narrow outputs) moved to a wave count;
+# tools/dev/gemm_bench.py with cm2_tile=... compares them.
+CM2_LARGE_WAVES = 4
+CM2_SMALL_WAVES = 0.5
+
+
+def cm2_fits(profile: DeviceProfile, tile: str) -> bool:
+    """Whether the device's VK_NV_cooperative_matrix2 lists a combination linear_cm2's `tile` can run with."""
+    bm, bn, bk, inv = CM2_TILES[tile]
+    if profile.coopmat2_max_dimension and max(bm, bn, bk) > profile.coopmat2_max_dimension:
+        return False
+    return inv <= profile.max_invocations and any(
+        i == inv and bm % mg == 0 and bn % ng == 0 and bk % kg == 0 for mg, ng, kg, i in profile.coopmat2)
+
+
+def cm2_tile(ctx, m, n, a_win=None):
+    """linear_cm2's tile for an M x N fp16 GEMM, or None (then the VK_KHR_cooperative_matrix kernels), with a plan note
+    saying which and why. It needs precision fp16, options coopmat auto and coopmat2 on (and no gemm_splitk: linear_cm2
+    does not split K), a device with a usable VK_NV_cooperative_matrix2 (DeviceProfile.coopmat2), and A read as plain
+    rows (no A_WIN window). Default: 128 x 128 blocks; 256 x 128 where they make more than CM2_LARGE_WAVES groups a
+    multiprocessor, 64 x 64 where under CM2_SMALL_WAVES; option cm2_tile forces one."""
+    o, p = ctx.options, ctx.profile
+    if not ctx.half or o.coopmat != "auto" or not o.coopmat2 or (o.gemm_splitk or 1) > 1:
+        return None
+    if not p.coopmat2:
+        if p.coopmat2_missing:
+            ctx.note(f"linear_cm2 not used: {p.coopmat2_missing}")
+        return None
+    if a_win is not None:
+        ctx.note("linear_cm2 not used: A is read through a window (a channels-last convolution input): linear_cm")
+        return None
+    fits = [t for t in CM2_TILES if cm2_fits(p, t)]
+    if o.cm2_tile:
+        if o.cm2_tile not in fits:
+            ctx.note(f"linear_cm2 not used: option cm2_tile={o.cm2_tile} is not among the device's combinations "
+                     f"({', '.join(fits) or 'none'})")
+            return None
+        return o.cm2_tile
+    if CM2_DEFAULT not in fits:
+        ctx.note(f"linear_cm2 not used: the device lists no combination for its {CM2_DEFAULT} tile")
+        return None
+    bm, bn = CM2_TILES[CM2_DEFAULT][:2]
+    groups, units = -(-m // bm) * -(-n // bn), p.compute_units
+    if units and groups > CM2_LARGE_WAVES * units and CM2_LARGE in fits:
+        return CM2_LARGE
+    if units and groups < CM2_SMALL_WAVES * units and CM2_SMALL in fits:
+        return CM2_SMALL
+    return CM2_DEFAULT
+
+
+def cm2_weight(ctx, wt) -> bool:
+    """Whether linear_cm2 reads this weight: float, or int8 (its w=i8 variant) with no zero point, on a device with
+    8-bit storage buffers; else a plan note, and the VK_KHR_cooperative_matrix kernels' w=i8 variants."""
+    if getattr(wt, "axes", {}).get("w") != "i8" or not (ctx.half and ctx.profile.coopmat2 and ctx.options.coopmat2):
+        return True
+    if wt.zero is not None and np.any(wt.zero):
+        ctx.note("linear_cm2 not used: its int8 weights are symmetric (this one has zero points)")
+        return False
+    if not ctx.profile.storage8:
+        ctx.note("linear_cm2 not used: int8 weights need 8-bit storage buffers (storageBuffer8BitAccess)")
+        return False
+    return True
+
+
+def linear_cm2_dispatch(ctx, tile, out, a, wt, bt, m, n, k, n4, *, out_mode, act, m0, lda4, m_total, residual,
+                        part_n=0):
+    """linear_dispatch on glsl/linear_cm2.comp: linear_cm's bindings (B row-major [K][N4] vec4, or its w=i8 variant's
+    int8 B and scales) and push constants;
+    specialization constants BM, BN, BK (the tile), OUT_MODE, ACT, HAS_RES. Global size: x = the tile's invocations
+    (family "coopmat": one work group), y = row blocks, z = column blocks. io=out32 where the output is a float32 graph
+    output."""
+    bm, bn, bk, inv = CM2_TILES[tile]
+    res = residual if residual is not None else bt
+    lda = lda4 if lda4 is not None else k // 4
+    int8 = _int8_args(ctx, wt)      # w=i8: the scales (binding 5)
+    ctx.dispatch("linear_cm2", [(out.name, "w"), (a.name, "r"), (wt.row_major(ctx).name, "r"), (bt.name, "r"),
+                                (res.name, "r"), *int8],
+                 Push().ivec4(m, n, k, n4).ivec4(m0, lda, m_total, part_n).ivec4(0, 0, 0, 0),
+                 spec("linear_cm2", BM=bm, BN=bn, BK=bk, OUT_MODE=out_mode, ACT=act_code(act),
+                      HAS_RES=residual is not None),
+                 (inv, -(-m // bm), -(-n // bn)), "coopmat", flops=2 * m * n * k,
+                 nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)), io="out32",
+                 axes=getattr(wt, "axes", None), info={"tile": tile, "rows": m, "n": n, "k": k})
+    ctx.note(f"tensor-core GEMM on VK_NV_cooperative_matrix2 (linear_cm2): {bm} x {bn} blocks, {bk}-deep slices, "
+             f"{inv} invocations a group")
+
+
 # REGFED (glsl/linear_cmreg.comp, linear_cm.glslh): the tensor-core GEMM whose lanes load their operands' elements
 # straight into registers (16 bytes a load, K permuted inside each 32-deep slice alike for A and B) and build the
 # matrices element by element, with no shared-memory stages and no barriers in the K loop. It needs the element layout
@@ -793,6 +891,11 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
                              part_n=part_n if out_mode == OUT_PARTS else 0)
         return
     quant = getattr(wt, "axes", {}).get("w")    # int8 ("i8") or 4-bit ("q4") weights: their variants
+    tile = None if quant not in (None, "i8") or not cm2_weight(ctx, wt) else cm2_tile(ctx, m, n, a_win)
+    if tile is not None:
+        linear_cm2_dispatch(ctx, tile, out, a, wt, bt, m, n, k, n4, out_mode=out_mode, act=act, m0=m0, lda4=lda4,
+                            m_total=m_total, residual=residual, part_n=part_n)
+        return
     cm = cm_kernel(ctx, m, n)
     if cm is not None and quant == "q4" and not (regfed_zero_ok(wt.zero) and cm_regfed(
             ctx, cm[0], a, m, n, k, lda4 if lda4 is not None else k // 4, a_win, False)):

@@ -59,6 +59,7 @@ SPEC_CONSTANTS: dict[str, tuple[str, ...]] = {
     "linear": ("OUT_MODE", "ACT", "HAS_RES", "A_WIN", "PAIR_LANES"),
     **{stem: _LINEAR_CM for stem in ("linear_cm", "linear_cm_emu", "linear_cm_split", "linear_cm_emu_split",
                                      "linear_cmreg", "linear_cmreg_emu", "linear_cmreg_split", "linear_cmreg_emu_split")},
+    "linear_cm2": ("BM", "BN", "BK", "OUT_MODE", "ACT", "HAS_RES"),
     "linear_reduce": ("ACT", "HAS_RES", "LN_BIAS"),      # LN_BIAS: post=ln variants only
     "linear_rows": ("ACT", "HAS_RES", "LN", "LN_BIAS"),      # LN, LN_BIAS: the fuse_norm_linear_rows pass
     "matmul": ("TILE", "TRANS_A", "TRANS_B", "HAS_BIAS", "SQUEEZE_M"),

@@ -37,6 +37,9 @@ def _version(v: int) -> str:
     return f"{v >> 22}.{(v >> 12) & 0x3FF}.{v & 0xFFF}"
 
 
+# The Vulkan version minirt asks for: 1.3, which glsl/linear_cm2.comp's SPIR-V 1.6 needs (VK_NV_cooperative_matrix2);
+# a device of an older version runs at its own (every other kernel is SPIR-V 1.3, Vulkan 1.1).
+INSTANCE_API = (1, 3, 0)
 VALIDATION_LAYER = "VK_LAYER_KHRONOS_validation"
 DEBUG_UTILS = "VK_EXT_debug_utils"
 
@@ -70,7 +73,7 @@ class _Instance:
     def _create(cls):
         vk = import_vulkan()
         app = vk.VkApplicationInfo(pApplicationName="minirt", applicationVersion=1, pEngineName="minirt",
-                                   engineVersion=1, apiVersion=vk.VK_MAKE_VERSION(1, 1, 0))
+                                   engineVersion=1, apiVersion=vk.VK_MAKE_VERSION(*INSTANCE_API))
         layers, exts, messenger_info = [], [], None
         if validation_enabled():
             have = _instance_layers(vk)
@@ -210,12 +213,16 @@ def read_profile(vk, pd) -> DeviceProfile:
     ids = ffi.new("VkPhysicalDeviceIDProperties*", {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES,
                                                     "pNext": m3})
     p2 = ffi.new("VkPhysicalDeviceProperties2*", {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, "pNext": ids})
+    has_cm2 = COOPMAT2 in exts and COOPMAT in exts
+    cm2_props = _cm2_struct(vk, p2, "props") if has_cm2 else None
     vk.vkGetPhysicalDeviceProperties2(pd, p2)
     units = sms.shaderSMCount if head is sms else cus.activeComputeUnitCount if head is cus else 0
     f16 = ffi.new("VkPhysicalDeviceShaderFloat16Int8Features*",
                   {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES})
+    s8 = ffi.new("VkPhysicalDevice8BitStorageFeatures*",
+                 {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_8BIT_STORAGE_FEATURES, "pNext": f16})
     s16 = ffi.new("VkPhysicalDevice16BitStorageFeatures*",
-                  {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES, "pNext": f16})
+                  {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES, "pNext": s8})
     mm = ffi.new("VkPhysicalDeviceVulkanMemoryModelFeatures*",
                  {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES, "pNext": s16})
     cm = ffi.new("VkPhysicalDeviceCooperativeMatrixFeaturesKHR*",
@@ -223,8 +230,11 @@ def read_profile(vk, pd) -> DeviceProfile:
     has_cm = COOPMAT in exts
     f2 = ffi.new("VkPhysicalDeviceFeatures2*", {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2,
                                                  "pNext": cm if has_cm else s16})
+    cm2_feats = _cm2_struct(vk, f2, "features") if has_cm2 else None
     vk.vkGetPhysicalDeviceFeatures2(pd, f2)
     shapes = _coopmat_shapes(vk, pd) if has_cm and cm.cooperativeMatrix and mm.vulkanMemoryModel else ()
+    cooperative = bool(shapes and f16.shaderFloat16 and s16.storageBuffer16BitAccess)
+    cm2, cm2_missing = (_coopmat2(vk, pd, props.apiVersion, cooperative, cm2_feats[1]) if has_cm2 else ((), ""))
     qf = vk.vkGetPhysicalDeviceQueueFamilyProperties(pd)
     bits = next((q.timestampValidBits for q in qf if q.queueFlags & vk.VK_QUEUE_COMPUTE_BIT), 0)
     name = props.deviceName
@@ -247,13 +257,17 @@ def read_profile(vk, pd) -> DeviceProfile:
         max_storage_buffer_range=lim.maxStorageBufferRange,
         min_storage_buffer_offset_alignment=lim.minStorageBufferOffsetAlignment,
         fp16=bool(f16.shaderFloat16), storage16=bool(s16.storageBuffer16BitAccess),
-        cooperative_matrix=bool(shapes and f16.shaderFloat16 and s16.storageBuffer16BitAccess), coopmat_shapes=shapes,
+        storage8=bool(s8.storageBuffer8BitAccess),
+        cooperative_matrix=cooperative, coopmat_shapes=shapes, coopmat2=cm2,
+        coopmat2_max_dimension=int(cm2_props[1].cooperativeMatrixFlexibleDimensionsMaxDimension) if cm2 else 0,
+        coopmat2_missing=cm2_missing,
         timestamp_period=float(lim.timestampPeriod), timestamp_valid_bits=int(bits), compute_units=int(units),
         device_heap=device_heap, host_heap=host_heap, unified_heap=heaps[0] is not None and heaps[0] == heaps[1],
         max_allocation=int(m3.maxMemoryAllocationSize), uuid=format_uuid(bytes(ids.deviceUUID)))
 
 
 COOPMAT = "VK_KHR_cooperative_matrix"
+COOPMAT2 = "VK_NV_cooperative_matrix2"
 SM_BUILTINS = "VK_NV_shader_sm_builtins"
 AMD_CORES = "VK_AMD_shader_core_properties2"
 HOST_IMPORT = "VK_EXT_external_memory_host"
@@ -284,6 +298,97 @@ def _coopmat_shapes(vk, pd) -> tuple:
             out.append((p.MSize, p.NSize, p.KSize, *(_COMPONENT.get(t, str(t)) for t in
                                                      (p.AType, p.BType, p.CType, p.ResultType))))
     return tuple(out)
+
+
+# VK_NV_cooperative_matrix2's structs, which the `vulkan` binding (1.3.275) predates: declared here from
+# Vulkan-Headers' vulkan_core.h (enums and VkBool32 as the uint32_t they are), in an FFI of their own; a struct is
+# chained into the binding's pNext chains by address, and kept referenced until the call that reads it returns.
+_CM2_CDEF = """
+typedef struct {
+    uint32_t sType; void* pNext;
+    uint32_t cooperativeMatrixWorkgroupScope, cooperativeMatrixFlexibleDimensions, cooperativeMatrixReductions,
+             cooperativeMatrixConversions, cooperativeMatrixPerElementOperations, cooperativeMatrixTensorAddressing,
+             cooperativeMatrixBlockLoads;
+} VkPhysicalDeviceCooperativeMatrix2FeaturesNV;
+typedef struct {
+    uint32_t sType; void* pNext;
+    uint32_t cooperativeMatrixWorkgroupScopeMaxWorkgroupSize, cooperativeMatrixFlexibleDimensionsMaxDimension,
+             cooperativeMatrixWorkgroupScopeReservedSharedMemory;
+} VkPhysicalDeviceCooperativeMatrix2PropertiesNV;
+typedef struct {
+    uint32_t sType; void* pNext;
+    uint32_t MGranularity, NGranularity, KGranularity, AType, BType, CType, ResultType, saturatingAccumulation, scope,
+             workgroupInvocations;
+} VkCooperativeMatrixFlexibleDimensionsPropertiesNV;
+typedef int32_t (*PFN_flexible)(void*, uint32_t*, VkCooperativeMatrixFlexibleDimensionsPropertiesNV*);
+"""
+_STYPE_CM2_FEATURES = 1000593000        # VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_2_FEATURES_NV
+_STYPE_CM2_FLEXIBLE = 1000593001        # VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_FLEXIBLE_DIMENSIONS_PROPERTIES_NV
+_STYPE_CM2_PROPERTIES = 1000593002      # VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_2_PROPERTIES_NV
+_SCOPE_WORKGROUP = 2                    # VK_SCOPE_WORKGROUP_KHR
+# the features glsl/linear_cm2.comp uses (its SPIR-V capabilities, workgroup scope and its block sizes)
+CM2_FEATURES = ("cooperativeMatrixWorkgroupScope", "cooperativeMatrixFlexibleDimensions",
+                "cooperativeMatrixPerElementOperations", "cooperativeMatrixTensorAddressing")
+_cm2_ffi = None
+
+
+def cm2_ffi():
+    global _cm2_ffi
+    if _cm2_ffi is None:
+        import cffi
+        _cm2_ffi = cffi.FFI()
+        _cm2_ffi.cdef(_CM2_CDEF)
+    return _cm2_ffi
+
+
+def _address(ffi, cdata) -> int:
+    return int(ffi.cast("uintptr_t", cdata))
+
+
+def _cm2_struct(vk, head, kind):
+    """A VK_NV_cooperative_matrix2 features or properties struct chained first after `head` (a binding struct with
+    pNext): (the binding's void* to it, the struct). Keep both referenced until the query returns."""
+    ffi = cm2_ffi()
+    ctype, stype = (("VkPhysicalDeviceCooperativeMatrix2FeaturesNV*", _STYPE_CM2_FEATURES) if kind == "features" else
+                    ("VkPhysicalDeviceCooperativeMatrix2PropertiesNV*", _STYPE_CM2_PROPERTIES))
+    s = ffi.new(ctype, {"sType": stype, "pNext": ffi.cast("void*", _address(vk.ffi, head.pNext))})
+    ptr = vk.ffi.cast("void*", _address(ffi, s))
+    head.pNext = ptr
+    return ptr, s
+
+
+def _coopmat2(vk, pd, api_version, cooperative, feats) -> tuple:
+    """(DeviceProfile.coopmat2, DeviceProfile.coopmat2_missing) of a device listing VK_NV_cooperative_matrix2."""
+    missing = [f for f in CM2_FEATURES if not getattr(feats, f)]
+    if missing:
+        return (), f"{COOPMAT2} lacks the feature{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
+    if (api_version >> 22, (api_version >> 12) & 0x3FF) < (1, 3):
+        return (), f"{COOPMAT2} needs Vulkan 1.3 (its kernels are SPIR-V 1.6); the device has {_version(api_version)}"
+    if not cooperative:
+        return (), f"{COOPMAT2} needs {COOPMAT} with the 16x16x16 f16 shapes, shaderFloat16 and 16-bit storage"
+    ffi = cm2_ffi()
+    name = "vkGetPhysicalDeviceCooperativeMatrixFlexibleDimensionsPropertiesNV"
+    addr = vk.lib.vkGetInstanceProcAddr(_Instance.get(), name.encode())
+    if addr == vk.ffi.NULL:
+        return (), f"{COOPMAT2}: the loader has no {name}"
+    fn = ffi.cast("PFN_flexible", _address(vk.ffi, addr))
+    handle = ffi.cast("void*", _address(vk.ffi, pd))
+    n = ffi.new("uint32_t*")
+    if fn(handle, n, ffi.NULL) != 0 or not n[0]:
+        return (), f"{COOPMAT2} reports no flexible-dimension matrix types"
+    props = ffi.new("VkCooperativeMatrixFlexibleDimensionsPropertiesNV[]", n[0])
+    for i in range(n[0]):
+        props[i].sType = _STYPE_CM2_FLEXIBLE
+    if fn(handle, n, props) != 0:
+        return (), f"{COOPMAT2}: {name} failed"
+    found = []
+    for p in props[0:n[0]]:
+        types = tuple(_COMPONENT.get(t, str(t)) for t in (p.AType, p.BType, p.CType, p.ResultType))
+        if p.scope == _SCOPE_WORKGROUP and types == ("f16", "f16", "f32", "f32") and not p.saturatingAccumulation:
+            found.append((int(p.MGranularity), int(p.NGranularity), int(p.KGranularity), int(p.workgroupInvocations)))
+    if not found:
+        return (), f"{COOPMAT2} has no workgroup-scope f16 x f16 -> f32 flexible dimensions"
+    return tuple(sorted(set(found))), ""
 
 
 _HEX = frozenset("0123456789abcdef")
@@ -411,6 +516,10 @@ class Device:
             exts += [e for e in ("VK_KHR_16bit_storage", "VK_KHR_storage_buffer_storage_class") if e in have]
             add("VkPhysicalDevice16BitStorageFeatures*", vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES,
                 storageBuffer16BitAccess=1)
+        if p.storage8 and p.coopmat2:     # linear_cm2's int8 weights (the only 8-bit loads)
+            exts += [e for e in ("VK_KHR_8bit_storage",) if e in have and e not in exts]
+            add("VkPhysicalDevice8BitStorageFeatures*", vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_8BIT_STORAGE_FEATURES,
+                storageBuffer8BitAccess=1)
         if p.fp16:
             exts += [e for e in ("VK_KHR_shader_float16_int8",) if e in have]
             add("VkPhysicalDeviceShaderFloat16Int8Features*",
@@ -428,6 +537,15 @@ class Device:
                 vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES, vulkanMemoryModel=1)
             add("VkPhysicalDeviceCooperativeMatrixFeaturesKHR*",
                 vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR, cooperativeMatrix=1)
+        if p.coopmat2 and COOPMAT2 in have:
+            # the features linear_cm2 uses (read_profile checked them), in a struct of cm2_ffi's chained by address:
+            # chain keeps the struct, then the binding's pointer to it (the head vkCreateDevice gets)
+            ffi2 = cm2_ffi()
+            s = ffi2.new("VkPhysicalDeviceCooperativeMatrix2FeaturesNV*", {
+                "sType": _STYPE_CM2_FEATURES, "pNext": ffi2.cast("void*", _address(ffi, chain[-1]) if chain else 0),
+                **{f: 1 for f in CM2_FEATURES}})
+            exts.append(COOPMAT2)
+            chain += [s, ffi.cast("void*", _address(ffi2, s))]
         return exts, chain
 
     def memory_type(self, type_bits: int, want: int, avoid: int = 0) -> int:

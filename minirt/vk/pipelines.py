@@ -8,7 +8,7 @@ import struct
 import time
 from pathlib import Path
 
-from ..errors import MinirtError
+from ..errors import DeviceError, MinirtError
 from .pipeline_cache import PipelineCache
 
 SPIRV_DIRS = (Path(__file__).resolve().parents[2] / "spirv", Path(__file__).resolve().parents[1] / "spirv")
@@ -20,6 +20,13 @@ def spirv_dir() -> Path:
             return d
     raise MinirtError(f"no compiled kernels found (looked for manifest.json in {', '.join(map(str, SPIRV_DIRS))}); "
                       f"run `python tools/build_shaders.py`")
+
+
+def _hint(kernel: str) -> str:
+    """What turns a kernel's route off, for the kernels that depend on a recent driver extension."""
+    if kernel.startswith("linear_cm2"):
+        return "; option coopmat2=False plans the VK_KHR_cooperative_matrix GEMMs instead"
+    return ""
 
 
 class Kernels:
@@ -39,7 +46,10 @@ class Kernels:
             code = (self.dir / f"{name}.spv").read_bytes()
             t0 = time.perf_counter()
             info = self.vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code)
-            self.modules[name] = self.vk.vkCreateShaderModule(self.dev.device, info, None)
+            try:
+                self.modules[name] = self.vk.vkCreateShaderModule(self.dev.device, info, None)
+            except self.vk.VkError as e:
+                raise DeviceError(f"the driver refused kernel '{name}' ({type(e).__name__}){_hint(name)}") from None
             self.pipeline_s += time.perf_counter() - t0
         return self.modules[name]
 
@@ -75,7 +85,13 @@ class Kernels:
             flags = vk.VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR if self.dev.executable_statistics else 0
             info = vk.VkComputePipelineCreateInfo(flags=flags, stage=stage, layout=pl)
             t0 = time.perf_counter()
-            self.pipelines[key] = vk.vkCreateComputePipelines(self.dev.device, self.cache.handle, 1, [info], None)[0]
+            try:
+                self.pipelines[key] = vk.vkCreateComputePipelines(self.dev.device, self.cache.handle, 1, [info],
+                                                                  None)[0]
+            except vk.VkError as e:
+                raise DeviceError(f"creating the pipeline of kernel '{name}' (local size {tuple(local)}, "
+                                  f"specialization constants {tuple(spec)}) failed: {type(e).__name__}"
+                                  f"{_hint(name)}") from None
             self.pipeline_s += time.perf_counter() - t0
             self.created += 1
         return self.pipelines[key], self.pipe_layouts[types]

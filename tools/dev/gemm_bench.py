@@ -7,7 +7,8 @@ several planner configurations, timed per dispatch from the timestamp query pool
   python tools/dev/gemm_bench.py --config fp16 --config fp16:coopmat=0 --json gemm.json
   python tools/dev/gemm_bench.py --torch                            # with PyTorch CUDA (cuBLAS) at the same shapes
 
-A config is PRECISION[:KEY=VALUE,...] with Session options (gemm_tile, cm_tile, coopmat=0, local_size=XxY), and
+A config is PRECISION[:KEY=VALUE,...] with Session options (gemm_tile, cm_tile, coopmat=0, coopmat2=0 (the
+VK_KHR_cooperative_matrix GEMMs where linear_cm2 would run), cm2_tile, local_size=XxY), and
 weights=int8 (the weight as a per-column int8 DequantizeLinear: the w=i8 kernels) or weights=q4 (MatMulNBits, 4-bit
 blocks of 32: the w=q4 kernels); e.g. a decode step's Linears, fp16 beside int8 and 4-bit weights:
   python tools/dev/gemm_bench.py --shapes "1,384,1536,gelu;1,1536,384,residual;1,384,51864" \
@@ -102,7 +103,7 @@ def main(argv=None):
     from minirt import MinirtError, Session
     configs = a.config or ["fp32", "fp16"]
     rows, device = [], None
-    print(f"{'shape MxKxN':<18} {'epilogue':<9} {'config':<36} {'kernel':<26} {'GPU us':>8} {'min us':>8} {'TFLOP/s':>8} "
+    print(f"{'shape MxKxN':<18} {'epilogue':<9} {'config':<36} {'kernel':<36} {'GPU us':>8} {'min us':>8} {'TFLOP/s':>8} "
           f"{'err/max':>9}")
     cases = {}   # (shape, config) -> dict; every session is built first so the rounds go over all of them
     for spec in a.shapes.split(";"):
@@ -127,19 +128,27 @@ def main(argv=None):
     timed = round_robin({key: (c["s"], c["feeds"], lambda r, f=2 * c["m"] * c["n"] * c["k"]:
                                r.flops >= f or r.kernel.startswith("linear_reduce"))
                          for key, c in cases.items()}, a.rounds, a.runs)
+    refs = {}    # one reference per shape, precision and weights (the erf of a large GELU output takes a while)
     for (spec, cfg), c in cases.items():
         device = c["s"].device.profile.name
+        # linear_cm2's tile (a specialization constant, not in the kernel's name)
+        tile = next((d.info["tile"] for d in c["s"].plan.dispatches if d.kernel.startswith("linear_cm2")), "")
         c["s"].close()
         m, k, n, epi, feeds = c["m"], c["k"], c["n"], c["epi"], c["feeds"]
         t = timed[spec, cfg]
         ms = statistics.median(t["ms"])
-        ref = reference(feeds["x"][0], c["w"], c["b"], feeds.get("r", [None])[0], epi,
-                        parse_config(cfg)["precision"] == "fp16")
+        opts = parse_config(cfg)
+        key = (spec, opts["precision"], opts.get("weights", "float"))
+        if key not in refs:
+            refs[key] = reference(feeds["x"][0], c["w"], c["b"], feeds.get("r", [None])[0], epi,
+                                  opts["precision"] == "fp16")
+        ref = refs[key]
         err = float(np.abs(t["out"][0][0] - ref).max() / np.abs(ref).max())
         tf = 2 * m * n * k / (ms * 1e-3) / 1e12 if ms else float("nan")
-        rows.append({"m": m, "k": k, "n": n, "epilogue": epi, "config": cfg, "kernel": t["kernels"],
+        kernels = f"{t['kernels']} {tile}".strip()
+        rows.append({"m": m, "k": k, "n": n, "epilogue": epi, "config": cfg, "kernel": kernels,
                      "gpu_us": ms * 1e3, "min_us": min(t["ms"]) * 1e3, "tflops": tf, "rel_err": err})
-        print(f"{f'{m}x{k}x{n}':<18} {epi:<9} {cfg:<36} {t['kernels'][:26]:<26} {ms * 1e3:>8.1f} "
+        print(f"{f'{m}x{k}x{n}':<18} {epi:<9} {cfg:<36} {kernels[:36]:<36} {ms * 1e3:>8.1f} "
               f"{rows[-1]['min_us']:>8.1f} {tf:>8.2f} {err:>9.2e}")
     if a.torch:
         torch_rows = []
@@ -161,7 +170,8 @@ def main(argv=None):
         for row, fn in torch_rows:   # the kernel names last: the profiler slows what runs after it
             row["kernel"] = "+".join(cuda_kernels(fn))
             shape = f"{row['m']}x{row['k']}x{row['n']}"
-            print(f"{shape:<18} {row['epilogue']:<9} {row['config']:<36} {row['kernel'][:26]:<26} {row['gpu_us']:>8.1f} "
+            print(f"{shape:<18} {row['epilogue']:<9} {row['config']:<36} {row['kernel'][:36]:<36} "
+                  f"{row['gpu_us']:>8.1f} "
                   f"{'':>8} {row['tflops']:>8.2f}")
             print(f"{'':<18} kernels: {row['kernel']}")
     print(f"device: {device}")

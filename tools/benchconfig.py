@@ -125,3 +125,21 @@ def cuda_kernels(fn):
         fn()
         torch.cuda.synchronize()
     return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+
+
+def commit() -> str:
+    """The checkout's commit (short hash, "+changes" where the work tree differs from it), or "unknown" outside a git
+    checkout: the line a benchmark prints beside its figures."""
+    import subprocess
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if head.returncode:
+        return "unknown"
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")

@@ -34,6 +34,9 @@ SIZES = {
     "large": (1280, 32, 20, 80),
     "large-v2": (1280, 32, 20, 80),
     "large-v3": (1280, 32, 20, 128),
+    # large-v3's encoder, kept whole by the models distilled from it (they cut decoder layers)
+    "large-v3-turbo": (1280, 32, 20, 128),
+    "distil-large-v3": (1280, 32, 20, 128),
 }
 
 # protobuf refuses to serialize messages over 2 GiB; stay clear of it.

@@ -29,6 +29,12 @@ before the next run), kept (each appended to a list, as a caller collecting resu
 array (Session.run(..., out=)); the table gives each as a ratio of the dropped figure.
 
   python tools/bench.py --sizes tiny --precision fp32,fp16 --batch 1,4,8,16   # + ms a batch item, beside PyTorch
+  python tools/bench.py --sizes large-v3-turbo --precision fp16,fp32 --runs 10 --warmup 2   # large-v3's encoder
+
+--sizes takes models/whisper_encoder.py's sizes: tiny to large-v2 (80 mel bins), large-v3 and the models distilled
+from it, large-v3-turbo and distil-large-v3 (the same encoder: 128 mel bins, 32 layers of 1280). Past 2 GiB of
+weights (large at fp32: the built model is fp32 whatever --precision) onnxruntime is left out: an in-memory model
+reaches it serialized, and protobuf stops at 2 GiB.
 
 --batch builds the encoder with a symbolic batch dim and times each batch size (items: distinct sample inputs):
 minirt's wall time (dropped and kept) and GPU span, and PyTorch's, per item. --frames and --layers shrink the model
@@ -203,6 +209,11 @@ def bench_ort(model, x, runs, warmup):
     return y, {"wall_ms": med, "wall_min_ms": mn, "threads": "default"}
 
 
+def onnx_bytes(model) -> int:
+    """The bytes of a model's initializers (what its serialized form is made of)."""
+    return sum(len(t.raw_data) for t in model.graph.initializer)
+
+
 def rel_l2(a, b):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
@@ -352,6 +363,8 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, help="override the number of layers (quick checks)")
     a = ap.parse_args(argv)
     import whisper_encoder as we
+    from benchconfig import commit
+    print(f"commit {commit()}")
     results = []
     for size in a.sizes.split(","):
         model = we.build_whisper_encoder(size, opset=17, seed=0, layers=a.layers, n_frames=a.frames)
@@ -384,7 +397,11 @@ def main(argv=None):
             if prec != "fp32":
                 m = r[f"minirt_{prec}"]
                 m["rel_l2_vs_minirt_fp32"], m["cosine_vs_minirt_fp32"] = rel_l2(ys[prec], y), cosine(ys[prec], y)
-        if not a.no_ort:
+        ort_on = not a.no_ort and onnx_bytes(model) < we.EXTERNAL_DATA_THRESHOLD
+        if not a.no_ort and not ort_on:
+            print(f"Whisper-{size}: no onnxruntime peer (its {onnx_bytes(model) / 1e9:.1f} GB of weights pass "
+                  f"protobuf's 2 GiB, which an in-memory model must serialize to)", file=sys.stderr)
+        if ort_on:
             yo, r["onnxruntime_cpu"] = bench_ort(model, x, max(5, a.runs // 5), 2)
             for prec in precisions + [f"minirt_fp32_{s}" for s in schemes]:
                 m = r[prec] if prec.startswith("minirt_fp32_") else r["minirt" if prec == "fp32" else f"minirt_{prec}"]

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Whisper decoding benchmark: minirt's Vulkan encoder and decoder (minirt.whisper.vulkan) beside Hugging Face
-transformers on CUDA (when torch with CUDA and transformers import; --torch-device cpu for the CPU), on the same seeded random weights, the same
-log-mel window and a fixed number of decoded tokens (no end of text: both sides do the same work).
+transformers (when torch and transformers import: on CUDA where torch has it, else the CPU), on the same seeded random
+weights, the same log-mel window and a fixed number of decoded tokens (no end of text: both sides do the same work).
 
   python tools/bench_transcribe.py --sizes tiny,base --tokens 224 --beams 1,5 --json transcribe.json
   python tools/bench_transcribe.py --model whisper-tiny.en --audio speech.wav --beams 1,5   # real-time factor
   python tools/bench_transcribe.py --sizes tiny --batch 16 --runs 3        # files/s: a batch of 16 vs one by one
   python tools/bench_transcribe.py --sizes large-v3,large-v3-turbo --beams 1 --precision fp16   # the large shapes
+  python tools/bench_transcribe.py --sizes large-v3-turbo --batch 16 --tokens 64 --precision fp16,fp32 --runs 2
+  python tools/bench_transcribe.py --sizes large-v3-turbo --precision fp16 --breakdown --rows 16,32 --runs 5
 
 Figures, each a median over --runs windows after one untimed window:
   encoder ms     encode() alone (the encoder and every layer's cross-attention keys and values)
@@ -16,17 +18,29 @@ Figures, each a median over --runs windows after one untimed window:
 --batch N: files per second for N synthetic 30 s clips (N different log-mel windows), each an encoder run, the
 4-token prompt and --tokens greedy tokens (<|endoftext|> suppressed, so every clip decodes the same length), decoded
 one by one (encode, start, steps) and as one batch (encode_batch, the prompts and the steps of N rows: BatchDecoder),
-on the same VulkanBackend; the median of --runs after one untimed round each, and the ratio. Each step's tokens are
+on the same VulkanBackend; the median of --runs after one untimed round each, and the ratio. Beside them (where the
+transformers peers run) transformers' batched generate on the same clips and weights: greedy, the same prompt,
+min_new_tokens = max_new_tokens = --tokens and <|endoftext|> suppressed, with the dynamic and the static cache, the
+clips starting in host memory as minirt's do; the table gives each runtime's files/s and minirt batched's ratio to
+it, and whether minirt's batched tokens equal its one-by-one tokens. Each step's tokens are
 picked on the GPU (step_select, step_rows_select: only the pick comes back); --host-select reads every step's logits
 back and picks on the host instead. With --e2e also the whole host path (features, filters, segments) through
 WhisperModel.transcribe and transcribe_batch, whose greedy steps pick on the GPU, or with --host-select run the
 filters, log-softmax and argmax on the host. --profile: GPU time per dispatch of a one-row step, a step of N rows
 (the select dispatch's line among them) and the batch's encoder.
-transformers peers (each where it runs): `loop`, a hand-written loop over the model with its key/value cache
-(greedy: argmax on the GPU); `generate` (greedy and beam search, min_new_tokens = max_new_tokens = --tokens), with
-the dynamic cache and with cache_implementation="static". fp32 peers run with TF32 off. --precision fp16: minirt's
-whole program at fp16 (weights, activations and the key/value cache in 16-bit storage, fp32 arithmetic), the peers in
-torch.float16.
+--breakdown: where the GPU time goes (Program(profile=True): a stamp after every dispatch; the median of --runs after
+one untimed run) for the one-window encoder (`encode`: the encoder and every decoder layer's cross-attention keys and
+values) and for a batched greedy step of each of --rows rows (bstepN_select, as --batch decodes): per dispatch kind
+(each GEMM by role and M x K x N, attention, layer norms, cache writes, token select, ...), summed, with the planner's
+FLOPs and bytes as TFLOP/s, GB/s and a floor (FLOPs at the card's dense peak or bytes at its bandwidth, the larger),
+and the run's floors: its FLOPs at the peak, its weights' bytes and all its bytes at the bandwidth. The peaks come
+from the device's name (CARD_PEAKS: H100 SXM 989 TFLOP/s fp16 dense, 67 fp32, 3.35 TB/s; H200 4.8 TB/s), or
+--peak-tflops and --peak-tbps.
+transformers peers (each where it runs; --torch-device auto: CUDA where torch has it, else the CPU): `loop`, a
+hand-written loop over the model with its key/value cache (greedy: argmax on the GPU); `generate` (greedy and beam
+search, min_new_tokens = max_new_tokens = --tokens), with the dynamic cache and with cache_implementation="static".
+fp32 peers run with TF32 off. --precision fp16: minirt's whole program at fp16 (weights, activations and the
+key/value cache in 16-bit storage, fp32 arithmetic), the peers in torch.float16.
 """
 from __future__ import annotations
 
@@ -84,12 +98,16 @@ def minirt_window(vb, feats, tokens, beams, times):
     return toks if beams > 1 else tok
 
 
-def bench_batch(weights, cfg, args, precision):
-    """{"one_by_one_fps", "batched_fps", "ratio", ...}: see the module doc (--batch)."""
+def batch_clips(cfg, n):
+    """n different synthetic 30 s log-mel windows [n, mels, 3000] (seeded): the clips of --batch and --breakdown."""
+    return np.random.default_rng(1).standard_normal((n, cfg["num_mel_bins"], 3000)).astype(np.float32)
+
+
+def bench_batch(weights, cfg, args, precision, feats):
+    """{"one_by_one_fps", "batched_fps", "ratio", ...} of the clips feats: see the module doc (--batch)."""
     from minirt.ops.token_select import control, suppress_bits
     from minirt.whisper.vulkan import VulkanBackend
-    n, eot = args.batch, EOT
-    feats = np.random.default_rng(1).standard_normal((n, cfg["num_mel_bins"], 3000)).astype(np.float32)
+    n, eot = len(feats), EOT
     bits, ctl = suppress_bits([eot], cfg["vocab_size"]), control(n, cfg["vocab_size"])
 
     def pick(logits):
@@ -150,6 +168,7 @@ def bench_batch(weights, cfg, args, precision):
             steps = ("step1", f"bstep{n}") if args.host_select else ("step1_select", f"bstep{n}_select")
             res["profile"] = {e: vb.program.dispatch_times(e) for e in steps + ("bencode",)}
         res["dispatches"] = {k: len(p.dispatches) for k, p in vb.plans.items() if k.startswith("b")}
+        res["device"] = vb.program.device.profile.name
     if args.e2e:
         res.update(bench_batch_e2e(cfg, args, precision))
     res["ratio"] = res["batched_fps"] / res["one_by_one_fps"]
@@ -210,18 +229,232 @@ def print_profile(profile: dict, top: int) -> None:
 
 
 def print_batch(size, precision, r):
-    head = f"{size} {precision} batch={r.get('clips', '?')}"
+    """The --batch table: files per second of minirt (batched, one by one) and of each transformers peer, and minirt
+    batched's ratio to each."""
+    head = f"{size} {precision}, {r.get('clips', '?')} clips of 30 s"
     if "error" in r:
-        print(f"{head}: failed: {r['error']}")
+        print(f"{head}: minirt failed: {r['error']}")
         return
-    print(f"{head}: {r['tokens']} tokens a 30 s clip, tokens picked on the {r['select'].upper()}: one by one {r['one_by_one_fps']:.2f} files/s, batched "
-          f"{r['batched_fps']:.2f} files/s: {r['ratio']:.2f}x (the same tokens: {r['same_tokens']}; "
-          f"dispatches {r['dispatches']})")
+    print(f"\n{head}, {r['tokens']} tokens each (greedy, <|endoftext|> suppressed; minirt picks the tokens on the "
+          f"{r['select'].upper()}); minirt on {r['device']}")
+    n = r["clips"]
+    rows = [("minirt batched", r["batched_fps"]), ("minirt one by one", r["one_by_one_fps"])]
     if "e2e_ratio" in r:
-        print(f"    end to end (WhisperModel.transcribe / transcribe_batch): one by one {r['e2e_one_by_one_fps']:.2f} "
-              f"files/s, batched {r['e2e_batched_fps']:.2f} files/s: {r['e2e_ratio']:.2f}x (the same tokens: "
-              f"{r['e2e_same_tokens']})")
+        rows += [("minirt WhisperModel.transcribe_batch", r["e2e_batched_fps"]),
+                 ("minirt WhisperModel.transcribe, one by one", r["e2e_one_by_one_fps"])]
+    errors = []
+    for peer, t in r.get("transformers", {}).items():
+        name = f"transformers {peer.replace('/', ', ')} cache"
+        if "error" in t:
+            errors.append(f"  {name}: {t['error']}")
+        else:
+            rows.append((name, t["fps"]))
+    print(f"  {'runtime':<44} {'files/s':>9} {'s a batch':>10} {'minirt batched / this':>22}")
+    for name, fps in rows:
+        print(f"  {name:<44} {fps:>9.2f} {n / fps:>10.3f} {r['batched_fps'] / fps:>21.2f}x")
+    for line in errors:
+        print(line)
+    print(f"  minirt's batched tokens equal its one-by-one tokens: {'yes' if r['same_tokens'] else 'NO'}"
+          + (f"; transcribe_batch's equal transcribe's: {'yes' if r['e2e_same_tokens'] else 'NO'}"
+             if "e2e_same_tokens" in r else "") + f"; dispatches {r['dispatches']}")
     print_profile(r.get("profile", {}), 8)
+    sys.stdout.flush()
+
+
+# -- --breakdown: where the GPU time goes, beside the floors ----------------------------------------------------
+# Dense peak rates for the floors: (name contains, fp16 tensor-core FLOP/s, fp32 FLOP/s, memory bytes/s); the first
+# match wins. --peak-tflops and --peak-tbps override them (other cards).
+CARD_PEAKS = (("H200", 989e12, 67e12, 4.8e12), ("H100 PCIe", 756e12, 51e12, 2.0e12),
+              ("H100", 989e12, 67e12, 3.35e12))
+
+# A GEMM's role from its node name (decoder_graph's step names, the exported encoder's), as the table prints it
+_ROLE_NAMES = {"self_attn/q_proj+k_proj+v_proj": "q/k/v", "self_attn/out_proj": "out_proj", "fc1": "fc1 (+GELU)",
+               "fc2": "fc2 (+residual)", "cross_k": "cross K (decoder layers)", "cross_v": "cross V (decoder layers)",
+               "q+k+v": "self-attn q/k/v", "x1": "self-attn out_proj", "cq": "cross-attn q_proj",
+               "x2": "cross-attn out_proj", "x3": "fc2 (+residual)", "logits": "logits"}
+
+
+def node_role(node: str) -> str:
+    """"/layers.3/fc1/MatMul" -> "fc1 (+GELU)", "layers.0/cq" -> "cross-attn q_proj", "cross_k.2@new" -> "cross K
+    (decoder layers)": the node's name without its layer, read through _ROLE_NAMES (unknown names as they are)."""
+    import re
+    name = re.sub(r"^/?layers\.\d+/", "", node)
+    name = re.sub(r"/(MatMul|Conv|Add|LayerNormalization|Attention)$", "", name).lstrip("/")
+    name = re.sub(r"\.\d+(@\w+)?$", "", name)
+    return _ROLE_NAMES.get(name, name)
+
+
+def gemm_shape(plan, d):
+    """"MxKxN" of a GEMM dispatch: the few-row kernel's rows, k and n, else M and K from the activation it reads
+    (its first read that is no weight) and N from the FLOPs the planner counted (2 M K N); "" where they disagree."""
+    from minirt.plan import CONSTANT, PARAMS, SCRATCH, WEIGHT
+    info = d.info or {}
+    if {"rows", "k", "n"} <= info.keys():
+        return f"{info['rows']}x{info['k']}x{info['n']}"
+    acts = [t for t in d.reads if plan.tensors[t].role not in (WEIGHT, CONSTANT, SCRATCH, PARAMS)]
+    if not acts or not d.flops:
+        return ""
+    shape = plan.tensors[acts[0]].shape
+    m, k = int(np.prod(shape[:-1])), int(shape[-1])
+    n = d.flops / (2 * m * k)
+    return f"{m}x{k}x{round(n)}" if n >= 1 and abs(n - round(n)) <= 0.01 * n else ""
+
+
+def is_gemm(d) -> bool:
+    """Whether dispatch d is a GEMM (a Linear's, a convolution's), not the reduce pass of one's K splits."""
+    stem = d.stem or d.kernel
+    return not stem.startswith("linear_reduce") and (d.family == "gemm" or stem.startswith(("linear", "gemm",
+                                                                                             "matmul")))
+
+
+def dispatch_kind(plan, d, last_gemm: str = "") -> str:
+    """The row of the --breakdown table a dispatch of `plan` counts in: a GEMM by role and shape (its K-split reduce
+    pass beside it: last_gemm, the kind of the GEMM dispatched before), the front end's convolutions, attention (the
+    encoder's; the decoder's self- and cross-attention over the cache), layer norms, token selection, ..."""
+    stem = d.stem or d.kernel
+    if stem.startswith("linear_reduce"):
+        return f"{last_gemm or 'GEMM'}, K-split reduce"
+    if d.op == "Conv" or stem in ("im2col", "conv"):
+        return f"front end {node_role(d.node)} ({stem})"
+    if is_gemm(d):
+        shape = gemm_shape(plan, d)
+        return f"GEMM {node_role(d.node)}" + (f" {shape}" if shape else "")
+    if stem == "cached_attention":
+        return "cross-attention over 1500 keys" if "cross" in d.node else "self-attention over the cache"
+    if stem == "attention_combine":
+        return "attention, key-split combine"
+    if stem.startswith("attention"):
+        return "self-attention"
+    if stem.startswith("layer_norm"):
+        return "layer norm"
+    if stem == "copy_rows":
+        return "embeddings, cache writes (copy_rows)"
+    if stem == "token_select":
+        return "token select"
+    return f"{d.op or 'other'} ({stem})"
+
+
+def breakdown(plan, us) -> list:
+    """[(kind, dispatches, GPU us, FLOPs, bytes)] of one run of `plan` (us: GPU microseconds per dispatch, in plan
+    order), a row per dispatch_kind, the most time first; FLOPs and bytes are the planner's counts."""
+    groups, last = {}, ""
+    for d, t in zip(plan.dispatches, us):
+        kind = dispatch_kind(plan, d, last)
+        if is_gemm(d):
+            last = kind
+        g = groups.setdefault(kind, [0, 0.0, 0, 0])
+        g[0] += 1
+        g[1] += t
+        g[2] += d.flops
+        g[3] += d.bytes
+    return sorted(((k, *v) for k, v in groups.items()), key=lambda r: -r[2])
+
+
+def weight_bytes(plan) -> int:
+    """Bytes of the weights (role WEIGHT, each once) that a run of `plan` reads."""
+    from minirt.plan import WEIGHT
+    roots = {plan.root(t) for d in plan.dispatches for t in d.reads}
+    return sum(plan.tensors[t].nbytes for t in roots if plan.tensors[t].role == WEIGHT)
+
+
+def peaks_of(device: str, precision: str, args):
+    """(FLOP/s, bytes/s) for the floors: --peak-tflops / --peak-tbps, else CARD_PEAKS by the device's name; None for
+    what neither gives."""
+    card = next((c for c in CARD_PEAKS if c[0] in device), None)
+    flops = args.peak_tflops * 1e12 if args.peak_tflops else card and card[1 if precision == "fp16" else 2]
+    bw = args.peak_tbps * 1e12 if args.peak_tbps else card and card[3]
+    return flops, bw
+
+
+def profile_entry(vb, entry, run, runs):
+    """(median GPU us per dispatch, median wall ms) of `runs` calls of run() that each run entry point `entry` once,
+    after one untimed call."""
+    per, walls = [], []
+    for i in range(runs + 1):
+        t0 = time.perf_counter()
+        run()
+        wall = (time.perf_counter() - t0) * 1e3
+        if i:
+            per.append([t for *_, t in vb.program.dispatch_times(entry)])
+            walls.append(wall)
+    if not per[0]:
+        raise RuntimeError(f"'{vb.program.device.profile.name}' gives no GPU timestamps")
+    return [statistics.median(ts) for ts in zip(*per)], statistics.median(walls)
+
+
+def bench_breakdown(weights, cfg, args, precision):
+    """--breakdown: GPU time per dispatch kind of the one-window encoder (`encode`: the encoder and every decoder
+    layer's cross-attention keys and values) and of a batched greedy step of each of --rows rows (bstepN_select, the
+    GPU picking the tokens, as --batch runs it), beside the floors. {entry: {...}}."""
+    from minirt.ops.token_select import control, suppress_bits
+    from minirt.whisper.decoder_graph import select_entry
+    from minirt.whisper.vulkan import VulkanBackend
+    rows = sorted({int(r) for r in args.rows.split(",")})
+    feats = batch_clips(cfg, max(rows))
+    bits, ctl = suppress_bits([EOT], cfg["vocab_size"]), control(max(rows), cfg["vocab_size"])
+    out = {}
+    with VulkanBackend(weights, cfg, precision=precision, max_batch=1, max_items=max(rows), options=args.options,
+                       profile=True) as vb:
+        device = vb.program.device.profile.name
+
+        def entry_row(entry, us, wall, what):
+            plan = vb.plans[entry]
+            return {"entry": entry, "what": what, "device": device, "wall_ms": wall, "gpu_us": sum(us),
+                    "dispatches": len(us), "flops": sum(d.flops for d in plan.dispatches),
+                    "bytes": sum(d.bytes for d in plan.dispatches), "weight_bytes": weight_bytes(plan),
+                    "kinds": breakdown(plan, us)}
+        us, wall = profile_entry(vb, "encode", lambda: vb.encode(feats[0]), args.runs)
+        out["encode"] = entry_row("encode", us, wall, "the encoder of one 30 s window and the decoder layers' "
+                                                      "cross-attention keys and values")
+        vb.encode_batch(feats[:vb.max_items])
+        for r in rows:
+            entry = select_entry(f"bstep{r}")
+            if entry not in vb.plans:
+                out[entry] = {"error": f"no {entry}: the batch holds {vb.max_items} sequences, its steps "
+                                       f"{sorted(k for k in vb.plans if k.startswith('bstep'))}"}
+                continue
+            vb.start_rows(range(r))
+            tok = np.full(r, PROMPT[0])
+            for t in PROMPT:        # the prompt, then a few tokens: the steps timed read a short self-attention cache
+                tok = vb.step_rows_select(np.full(r, t), bits, ctl[:r])[:, 0].astype(np.int64)
+
+            def step():
+                nonlocal tok
+                tok = vb.step_rows_select(tok, bits, ctl[:r])[:, 0].astype(np.int64)
+            us, wall = profile_entry(vb, entry, step, args.runs)
+            out[entry] = entry_row(entry, us, wall, f"one greedy step of {r} row{'s' if r > 1 else ''} (the batch's sequences), "
+                                                    f"the tokens picked on the GPU")
+    return out
+
+
+def print_breakdown(size, precision, res, args):
+    """The --breakdown tables: a row per dispatch kind, the total, and the run's floors."""
+    def fmt(v, spec):
+        return format(v, spec) if v else "-"
+    for entry, r in res.items():
+        if "error" in r:
+            print(f"\n{size} {precision} {entry}: {r['error']}")
+            continue
+        peak, bw = peaks_of(r["device"], precision, args)
+        print(f"\n{size} {precision} `{entry}`: {r['what']}; {r['device']}; medians of {args.runs} runs, a stamp "
+              f"after every dispatch")
+        print(f"  {'dispatch kind':<52} {'n':>4} {'GPU us':>9} {'share':>6} {'TFLOP/s':>8} {'GB/s':>7} "
+              f"{'floor us':>9}")
+        for kind, n, us, fl, by in r["kinds"]:
+            floor = max(fl / peak if peak else 0, by / bw if bw else 0) * 1e6
+            print(f"  {kind[:52]:<52} {n:>4} {us:>9.1f} {us / r['gpu_us']:>6.1%} "
+                  f"{fmt(fl / max(us, 1e-9) / 1e6, '.1f'):>8} {fmt(by / max(us, 1e-9) / 1e3, '.0f'):>7} "
+                  f"{fmt(floor, '.1f'):>9}")
+        print(f"  {'total':<52} {r['dispatches']:>4} {r['gpu_us']:>9.1f}   (wall {r['wall_ms']:.3f} ms a run)")
+        floors = [("FLOPs", r["flops"] / 1e9, "GFLOP", peak and r["flops"] / peak),
+                  ("weights", r["weight_bytes"] / 1e6, "MB", bw and r["weight_bytes"] / bw),
+                  ("all bytes moved (the planner's count)", r["bytes"] / 1e6, "MB", bw and r["bytes"] / bw)]
+        rates = (f"at {peak / 1e12:.0f} TFLOP/s and {bw / 1e12:.2f} TB/s" if peak and bw else
+                 "no peak rates for this card: --peak-tflops, --peak-tbps")
+        print(f"  floors ({rates}):")
+        for name, amount, unit, secs in floors:
+            print(f"    {name:<40} {amount:>10.1f} {unit:<6}" + (f" {secs * 1e6:>9.1f} us: GPU time "
+                                                                  f"{r['gpu_us'] / (secs * 1e6):.2f}x" if secs else ""))
     sys.stdout.flush()
 
 
@@ -276,8 +509,12 @@ def align_ms(vb, weights, cfg, args):
 
 # -- transformers --------------------------------------------------------------------------------------------------
 def hf_model(cfg, seed):
+    import warnings
+
     import torch
     import transformers
+    transformers.logging.set_verbosity_error()      # its notes on deprecated arguments would bury the figures
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
     torch.manual_seed(seed)
     hc = transformers.WhisperConfig(
         vocab_size=cfg["vocab_size"], num_mel_bins=cfg["num_mel_bins"], d_model=cfg["d_model"],
@@ -293,10 +530,13 @@ def weights_of(model):
     return {k: v.detach().float().cpu().numpy().copy() for k, v in model.state_dict().items()}
 
 
-def torch_ms(fn, runs):
+def torch_ms(fn, runs, warm=True):
+    """Median wall ms of `runs` calls of fn, each to its GPU work's end, after one untimed call (warm=False: the
+    caller made it)."""
     import torch
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    fn()
+    if warm:
+        fn()
     sync()
     ts = []
     for _ in range(runs):
@@ -356,6 +596,46 @@ def bench_hf(model, cfg, args, precision, beams):
     return out
 
 
+def bench_hf_batch(model, args, precision, feats):
+    """transformers' batched generate on the clips feats (the same as minirt's --batch), greedy, the 4-token prompt
+    and min_new_tokens = max_new_tokens = --tokens with <|endoftext|> suppressed (every clip decodes the same count),
+    with the dynamic cache and with cache_implementation="static": {peer: {"fps", "batch_ms"} or {"error"}}. The
+    clips start in host memory, as minirt's do; the median of --runs after one untimed call (where the static cache
+    compiles). fp32 with TF32 off."""
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dt = torch.float16 if precision == "fp16" else torch.float32
+    dev = args.torch_device
+    m = model.to(dev, dt)
+    n = len(feats)
+    prompt = torch.tensor([PROMPT] * n, device=dev)
+    out = {}
+    with torch.inference_mode():
+        for cache in ("dynamic", "static"):
+            kw = dict(decoder_input_ids=prompt, max_new_tokens=args.tokens, min_new_tokens=args.tokens,
+                      suppress_tokens=[EOT], num_beams=1, do_sample=False)
+            if cache == "static":
+                kw["cache_implementation"] = "static"
+
+            def gen():
+                x = torch.from_numpy(feats).to(dev, dt)
+                # GenerationMixin's generate: Whisper's own adds its language / timestamp logic, not wanted here
+                return super(type(m), m).generate(input_features=x, **kw)
+            try:
+                got = gen()
+                if got.shape[0] != n or got.shape[-1] not in (args.tokens, args.tokens + len(PROMPT)):
+                    raise RuntimeError(f"generated {list(got.shape)}, not {n} x {args.tokens} tokens")
+                ms = torch_ms(gen, args.runs, warm=False)
+                out[cache] = {"fps": n / ms * 1e3, "batch_ms": ms}
+            except Exception as e:
+                out[cache] = {"error": f"{type(e).__name__}: {e}"[:200]}
+    model.to("cpu", torch.float32)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()        # the next precision's minirt program takes the GPU memory back
+    return {f"generate/{k}": v for k, v in out.items()}
+
+
 def bench_real(args):
     """--model DIR --audio FILE...: transcribe each file with a real checkpoint (after one untimed warm-up on the
     first), printing audio seconds, wall seconds and the real-time factor (wall / audio: below 1 is faster than
@@ -384,13 +664,31 @@ def bench_real(args):
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
 
-def torch_ready(device):
+def torch_ready(args):
+    """Whether the transformers peers run: torch and transformers import, and the device asked for is there;
+    --torch-device auto becomes cuda where torch sees a CUDA device, else cpu."""
     try:
         import torch
         import transformers  # noqa: F401
     except ImportError:
         return False
-    return device != "cuda" or torch.cuda.is_available()
+    if args.torch_device == "auto":
+        args.torch_device = "cuda" if torch.cuda.is_available() else "cpu"
+    return not args.torch_device.startswith("cuda") or torch.cuda.is_available()
+
+
+def print_header(args, use_torch):
+    """The line above every table: the commit, minirt's Vulkan device, and the peers' versions and device."""
+    from benchconfig import commit
+    from minirt.driver import get_device
+    line = f"commit {commit()}; minirt on {get_device(None).profile.name} (Vulkan)"
+    if use_torch:
+        import torch
+        import transformers
+        dev = args.torch_device
+        name = torch.cuda.get_device_name(torch.device(dev)) if dev.startswith("cuda") else "the CPU"
+        line += f"; transformers {transformers.__version__}, torch {torch.__version__} on {name} ({dev})"
+    print(line, flush=True)
 
 
 def main(argv=None):
@@ -405,7 +703,8 @@ def main(argv=None):
     ap.add_argument("--no-torch", action="store_true", help="leave out the transformers peers")
     ap.add_argument("--profile", action="store_true",
                     help="also GPU time per dispatch of the encoder and of the window's last step")
-    ap.add_argument("--torch-device", default="cuda", help="where the transformers peers run (default cuda)")
+    ap.add_argument("--torch-device", default="auto",
+                    help="where the transformers peers run (default auto: cuda where torch has it, else cpu)")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                     help="a Session option for minirt's plans (`minirt options`), repeatable")
     ap.add_argument("--model", help="a real Whisper checkpoint folder: with --audio, transcribe files and print the "
@@ -419,6 +718,14 @@ def main(argv=None):
                          "the default, the pick on the GPU)")
     ap.add_argument("--words", action="store_true",
                     help="also time word timestamps' alignment of a window (align ms; the default alignment heads)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="GPU time per dispatch kind of the one-window encoder and of a batched step of each of "
+                         "--rows rows, beside the floors (FLOPs at the card's peak, bytes at its bandwidth)")
+    ap.add_argument("--rows", default="16,32", help="with --breakdown: the step's rows, comma-separated (up to 32)")
+    ap.add_argument("--peak-tflops", type=float, help="with --breakdown: the card's dense peak at the precision "
+                    "(default by the device's name: 989 fp16 on an H100 SXM or H200, 67 fp32)")
+    ap.add_argument("--peak-tbps", type=float, help="with --breakdown: the card's memory bandwidth in TB/s "
+                    "(default by the device's name: 3.35 on an H100 SXM, 4.8 on an H200)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
     from minirt.errors import MinirtError
@@ -439,22 +746,44 @@ def main(argv=None):
     if not 1 <= args.tokens <= 448 - len(PROMPT):
         ap.error(f"--tokens must be 1..{448 - len(PROMPT)}")
     results = []
-    if args.batch:
-        if not 1 <= args.batch <= 32:
-            ap.error("--batch must be 1..32")
+    if args.breakdown:
+        rows = [r for r in args.rows.split(",") if r]
+        if not rows or not all(r.isdigit() and 1 <= int(r) <= 32 for r in rows):
+            ap.error("--rows: row counts of 1..32, comma-separated")
+        print_header(args, False)
         for size in sizes:
             weights = random_checkpoint(SIZES[size], 0)[0]
             for precision in args.precision.split(","):
+                res = bench_breakdown(weights, SIZES[size], args, precision)
+                results.append({"size": size, "precision": precision, "breakdown": res})
+                print_breakdown(size, precision, res, args)
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1))
+        return
+    use_torch = not args.no_torch and torch_ready(args)
+    if args.batch:
+        if not 1 <= args.batch <= 32:
+            ap.error("--batch must be 1..32")
+        print_header(args, use_torch)
+        for size in sizes:
+            cfg = SIZES[size]
+            # the peers' weights: transformers' own initialisation, copied into minirt (as for one window)
+            model = hf_model(cfg, 0) if use_torch else None
+            weights = weights_of(model) if use_torch else random_checkpoint(cfg, 0)[0]
+            feats = batch_clips(cfg, args.batch)
+            for precision in args.precision.split(","):
                 try:
-                    row = bench_batch(weights, SIZES[size], args, precision)
+                    row = bench_batch(weights, cfg, args, precision, feats)
                 except Exception as e:
                     row = {"error": f"{type(e).__name__}: {e}"[:300]}
+                if use_torch and "error" not in row:
+                    row["transformers"] = bench_hf_batch(model, args, precision, feats)
                 results.append({"size": size, "precision": precision, "batch": row})
                 print_batch(size, precision, row)
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=1))
         return
-    use_torch = not args.no_torch and torch_ready(args.torch_device)
+    print_header(args, use_torch)
     for size in sizes:
         cfg = SIZES[size]
         model = hf_model(cfg, 0) if use_torch else None

@@ -125,3 +125,23 @@ def cuda_kernels(fn):
         fn()
         torch.cuda.synchronize()
     return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+
+
+def commit() -> str:
+    """The checkout's commit (short hash, "+changes" where the work tree differs from it); outside a git checkout (a
+    copy of the tree) $MINIRT_COMMIT, else "unknown": the line a benchmark prints beside its figures."""
+    import os
+    import subprocess
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    fallback = os.environ.get("MINIRT_COMMIT", "unknown")
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return fallback
+    if head.returncode:
+        return fallback
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")

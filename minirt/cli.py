@@ -674,7 +674,8 @@ def models(cache_dir):
               help="A Whisper model folder: the rows (beams) of its Vulkan program.")
 @click.option("--items", type=click.IntRange(min=0, max=32), default=0, show_default=True,
               help="A Whisper model folder: also the entry points of a batch of this many sequences (bencode, "
-                   "bstepN, breorder: transcribe_batch's), fitted to the device's limits; their notes say how.")
+                   "bencodeK for fewer windows, bstepN, breorder: transcribe_batch's), fitted to the device's "
+                   "limits; their notes say how.")
 @precision_opt
 @fp32_precision_opt
 @local_size_opt
@@ -689,7 +690,8 @@ def plan(model, storage, device, shapes, entry, batch, items, precision, fp32_pr
     its Vulkan program, one per entry point (encode, cross, two prompt sizes, a step of 1 row and one of --batch
     rows, the step of 1 row with the pick of its next token on the GPU, reorder), with their int32 inputs, state
     tensors and run-time parameters; with --items, also those of a batch of that many sequences (transcribe_batch's),
-    whose notes say where the device's limits make the encoder take fewer windows a run or the batch hold fewer.
+    whose notes say where the device's limits make the encoder take fewer windows a run or the batch hold fewer, and
+    which encoder entry points of fewer windows (bencodeK) the batch has.
 
     Nothing runs and no weights are uploaded: the model is loaded, checked and planned for the device.
 

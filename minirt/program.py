@@ -8,11 +8,16 @@ uploaded once and shared); a run writes its inputs and its run-time
 parameters (Plan.params: positions, lengths) into host-visible memory and replays the recording, so nothing is
 recorded again however many runs follow.
 
+Entry points that add() is told share their activations (entry points of one size ladder, say) get one activation
+arena between them, as large as the largest of theirs: runs never overlap, so none needs its own.
+
     program = Program({"encode": plan_a, "step": plan_b}, device=None)
     program.run("encode", {"input_features": x})
     logits = program.run("step", {"tokens": ids}, {"pos": 3})["logits"]
 """
 from __future__ import annotations
+
+import collections
 
 import numpy as np
 
@@ -54,7 +59,8 @@ class Program(Driver):
     """plans: {entry point: Plan}, each planned for `device` (an index or UUID as `minirt devices` lists them, or None) in
     buffer storage. Executors are made at creation, all of them, with one StateBuffers for every plan's state.
     Runs are serialised by the Program's lock. profile=True: a GPU timestamp after every dispatch
-    (dispatch_times). add() makes more entry points later, over the same state and weights."""
+    (dispatch_times). add() makes more entry points later, over the same state and weights. runs: {entry point:
+    runs so far} (which of several sizes a caller ran)."""
 
     def __init__(self, plans: dict, device=None, timeout_s: float = 600.0, progress=None, profile=False):
         from .vk.state_buffers import StateBuffers
@@ -66,32 +72,48 @@ class Program(Driver):
         self.state = StateBuffers(self.device, timeout_s)
         self.constants = SharedConstants(self.device)
         self.executors = {}
+        self.arenas = []          # SharedArenas (add's share), freed after the executors
+        self.sharing = {}         # entry point -> the other entry points of its shared arena
+        self.runs = collections.Counter()
         try:
             self.add(plans)
         except BaseException:
             self.close()
             raise
 
-    def add(self, plans: dict) -> None:
+    def add(self, plans: dict, share: tuple = ()) -> None:
         """More entry points ({entry point: Plan}, names not used yet), over this Program's state and weights (a
-        weight already uploaded is shared). Where one fails, none of them is added."""
+        weight already uploaded is shared). share: names of these plans whose activations share one arena
+        (SharedArena). Where one fails, none of them is added."""
+        from .planner.memory_plan import arena, buffer_alignment
+        from .vk.resources import SharedArena
         taken = sorted(set(plans) & set(self.plans))
         if taken:
             raise MinirtError(f"entry point(s) {', '.join(taken)} exist already")
-        made = {}
+        share = [n for n in share if n in plans]
+        made, shared = {}, None
         with self._lock:
             if self.executors is None:
                 raise MinirtError("this Program is closed")
             try:
+                if len(share) > 1:
+                    align = buffer_alignment(self.device.profile)
+                    shared = SharedArena(self.device, max(arena(plans[n], align)[1] for n in share))
                 for name, plan in plans.items():
                     made[name] = self._make_executor(self.device, plan, state=self.state, constants=self.constants,
-                                                     **self._made)
+                                                     arena=shared if name in share else None, **self._made)
             except BaseException:
                 for ex in made.values():
                     ex.close()
+                if shared is not None:
+                    shared.close()
                 raise
             self.plans.update(plans)
             self.executors.update(made)
+            if shared is not None:
+                self.arenas.append(shared)
+                for n in share:
+                    self.sharing[n] = [m for m in share if m != n]
 
     def run(self, entry: str, feeds: dict | None = None, params: dict | None = None) -> dict:
         """Run entry point `entry`: {output name: array}."""
@@ -102,6 +124,9 @@ class Program(Driver):
         with self._lock:
             if self.executors is None:
                 raise MinirtError("this Program is closed")
+            for other in self.sharing.get(entry, ()):
+                self.executors[other].settle()
+            self.runs[entry] += 1
             return self.executors[entry].run(feeds, params)
 
     def dispatch_times(self, entry: str) -> list:
@@ -115,7 +140,8 @@ class Program(Driver):
     def _release(self) -> list:
         """The executors first, then the state and weights they share."""
         execs, self.executors = self.executors or {}, None
-        shared, self.state, self.constants = [self.state, self.constants], None, None
+        shared, self.state, self.constants = [*self.arenas, self.state, self.constants], None, None
+        self.arenas = []
         return [*execs.values(), *shared]
 
     def _is_open(self) -> bool:

@@ -186,7 +186,7 @@ def long_clip(tmp_path_factory):
 @pytest.fixture(scope="module")
 def model(folder):
     from minirt.whisper import WhisperModel
-    return WhisperModel(folder, max_batch_items=4)
+    return WhisperModel(folder, max_batch_items=8)
 
 
 @pytest.fixture(scope="module")
@@ -287,7 +287,7 @@ def test_concurrent_clients_get_their_single_answers(server, clips, singles, cli
 def test_a_long_file_does_not_hold_up_short_ones(model, clips, long_clip, oracle):
     """The scheduler in this process: a 70 s file (three windows or more) alone for its first window, three short
     clips arriving meanwhile: their windows join the long file's next one in a batch and they finish before it; every
-    result is transcribe()'s."""
+    result is transcribe()'s. The batch program holds 8 windows; the batch of 4 runs the encoder of 4 (bencode4)."""
     from minirt.serve.scheduler import Job, Scheduler, transcribe_options
     from minirt.whisper.audio_input import load_audio
     from minirt.whisper.features import LogMel
@@ -305,7 +305,7 @@ def test_a_long_file_does_not_hold_up_short_ones(model, clips, long_clip, oracle
 
         def dropped(self):
             pass
-    scheduler = Scheduler(model, 4, Pause())
+    scheduler = Scheduler(model, 8, Pause())
     finished, results = [], {}
 
     def submit(name, path):
@@ -329,6 +329,9 @@ def test_a_long_file_does_not_hold_up_short_ones(model, clips, long_clip, oracle
         scheduler.stop(120)
     assert finished[-1] == "long" and sorted(finished) == ["long", "s0", "s1", "s2"]
     assert batches[:2] == [1, 4]            # the long file's first window alone, then all four together
+    runs = scheduler.backend.program.runs
+    assert runs["bencode4"] >= 1 and runs["bencode4"] + runs["bencode1"] + runs["bencode2"] == \
+        sum(n for k, n in runs.items() if k.startswith("bencode"))     # never the full 8
     for name, segments in want.items():
         got = results[name]
         assert [(s.id, s.seek, s.start, s.end, s.text, s.tokens) for s in got] == \

@@ -35,9 +35,34 @@ def test_the_batch_plan_chunks_the_encoder_where_its_activations_do_not_fit():
     note = " ".join(enc.notes["batch"])
     assert "on 3 of the batch's 8 windows" in note and "maxStorageBufferRange" in note and big.name in note
     assert max(t.nbytes for t in enc.tensors.values() if t.storage == "buffer") <= profile.max_storage_buffer_range
-    # within the limit the plan is the unchunked one, with no note
+    # a chunk of 3 has the encoder entry points of 1 and 2 windows below it, writing at the chunk's row as it does
+    assert [plans[f"bencode{k}"].tensors["input_features"].shape[0] for k in (1, 2)] == [1, 2]
+    assert plans["bencode1"].params == ["row0"] and "bencode3" not in plans
+    assert "bencode1, bencode2, beside bencode's 3" in note
+    # within the limit the plan is the unchunked one, its note naming only the smaller encoder entry points
     whole = plan_batch(w, cfg, _profile(), 8, None, program)["bencode"]
-    assert whole.tensors["input_features"].shape[0] == 8 and not whole.params and "batch" not in whole.notes
+    assert whole.tensors["input_features"].shape[0] == 8 and not whole.params
+    assert whole.notes["batch"] == ["encoder entry points for fewer windows (a run takes the smallest that holds "
+                                    "them): bencode1, bencode2, bencode4, beside bencode's 8; they share bencode's "
+                                    "activation memory"]
+
+
+def test_the_encoder_ladder_keeps_the_entry_points_with_bencodes_kernels():
+    """On an H200's profile the planner splits the K of fp32 GEMMs that 1 or 2 windows leave too few work groups
+    (bencode's 8 windows fill the GPU unsplit): a window's keys and values would round differently there, so those
+    encoder entry points are not made and the note says so; at fp16 these shapes keep every one."""
+    from minirt.device_profile import KNOWN_PROFILES
+    from minirt.whisper.vulkan import plan_batch
+    w, cfg = small_whisper(max_target_positions=16)
+    h200 = KNOWN_PROFILES["nvidia-h200"]
+    plans = plan_batch(w, cfg, h200, 8, {"precision": "fp32"})
+    assert sorted(k for k in plans if k.startswith("bencode")) == ["bencode", "bencode4"]
+    note = " ".join(plans["bencode"].notes["batch"])
+    assert "bencode4, beside bencode's 8" in note and "not made for 1, 2 windows" in note
+    splits = {d.kernel for d in plans["bencode4"].dispatches if "reduce" in d.kernel}
+    assert not splits
+    plans = plan_batch(w, cfg, h200, 8, {"precision": "fp16"})
+    assert sorted(k for k in plans if k.startswith("bencode")) == ["bencode", "bencode1", "bencode2", "bencode4"]
 
 
 def test_the_batch_holds_fewer_sequences_where_their_state_does_not_fit():
@@ -88,6 +113,8 @@ def test_transcribe_batch_in_encoder_chunks_equals_transcribe(tmp_path, narrow_d
     assert r.exit_code == 0, r.output
     assert "entry point bencode" in r.output and "input_features [2,80,3000]" in r.output
     assert "the encoder runs on 2 of the batch's 4 windows" in r.output and "maxStorageBufferRange" in r.output
+    assert "encoder entry points for fewer windows (a run takes the smallest that holds them): bencode1, beside " \
+           "bencode's 2" in r.output
 
 
 

@@ -6,7 +6,8 @@ attempt is greedy at temperature 0 (decoding.batchable), every other window wait
 joins it, up to max_batch, and they are decoded together on the GPU (decoding.generate_batch: each row at its own
 position, dropped when it ends). Temperature fallback, sampling and beam search then run on the windows that need
 them, one by one, as WhisperModel.transcribe_batch runs them; a window with none to join it is decoded alone, as
-transcribe() decodes it (the batch encoder always runs max_batch windows). A window decoded goes to the back of the line, so a
+transcribe() decodes it (a batch's encoder runs the smallest entry point that holds its windows: VulkanBackend.
+encode_batch). A window decoded goes to the back of the line, so a
 long file takes a turn a window at a time and never holds a short request for longer than its own windows take.
 
 A request's result is what WhisperModel.transcribe gives it alone: the same seek loop, prompts and fallback, its own

@@ -35,9 +35,12 @@ class Executor:
     """profile: True (a timestamp after every dispatch), "span" (one before the first dispatch and one after the last:
     the run's GPU time without whatever per-dispatch stamps cost) or False. timeout_s bounds each wait for the GPU.
     How a run moves its data comes from the plan: plan.direct_io, plan.zero_copy, plan.spin_ms. state: the
-    StateBuffers (minirt/vk/state_buffers.py) holding plan.state, shared with the executors of the program's other plans."""
+    StateBuffers (minirt/vk/state_buffers.py) holding plan.state, shared with the executors of the program's other
+    plans; arena: a SharedArena (resources.py) for the activations, shared with other executors whose runs never
+    overlap this one's (settle() before running one of them)."""
 
-    def __init__(self, dev, plan, profile=False, progress=None, timeout_s=600.0, state=None, constants=None):
+    def __init__(self, dev, plan, profile=False, progress=None, timeout_s=600.0, state=None, constants=None,
+                 arena=None):
         self.dev, self.vk, self.plan, self.d = dev, dev.vk, plan, dev.device
         self.startup_ms = {}      # phase -> ms (alloc, upload, pipelines, record): Session.startup_ms
         phase = Phases(self.startup_ms, progress)
@@ -60,7 +63,7 @@ class Executor:
             phase("alloc", "allocating")
             if self.texture:
                 res.make_sampler()
-            res.place_activations()
+            res.place_activations(arena)
             phase("upload", "uploading weights")
             place_constants(res, self.timeout_ns, constants)
             phase("alloc")
@@ -160,6 +163,20 @@ class Executor:
             else:
                 host_copy.copy(dest[name].reshape(-1), view)
         return dest
+
+    def settle(self) -> None:
+        """Wait for a run that stopped before its fence was reset (a timeout, an interrupt) to finish, so that an
+        executor sharing this one's activation arena may run; a DeviceError where it does not within the timeout."""
+        if not self._pending:
+            return
+        with self.dev.lock:
+            rc = self.vk.lib.vkWaitForFences(self.d, 1, self._fences, 1, self.timeout_ns)
+            if rc == self.vk.VK_SUCCESS:
+                self.vk.lib.vkResetFences(self.d, 1, self._fences)
+                self._pending = False
+        if self._pending:
+            raise DeviceError(f"an earlier run sharing this run's activation memory did not finish within "
+                              f"{self.timeout_ns / 1e9:g} s: {TIMEOUT_HINT}")
 
     def _destination(self, out: dict) -> dict:
         """{output name: the array a run's host copy fills}: out's, then a plain set no caller holds, else fresh arrays

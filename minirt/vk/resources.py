@@ -35,6 +35,30 @@ def count_live(n):
         _live += n
 
 
+def _arena_usage(vk):
+    return (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
+            | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
+
+
+class SharedArena:
+    """One activation buffer for the executors of several plans whose runs never overlap (entry points of one
+    Program: its lock serialises their runs, and each run waits for its fence), as large as the largest of their
+    arenas (memory_plan.arena), instead of one each. The buffer and its memory belong to this object (close() frees
+    them, after the executors using them are closed)."""
+
+    def __init__(self, dev, nbytes: int):
+        self.res = Resources(dev, None)
+        self.nbytes = int(nbytes)
+        self.buffer, _, _ = self.res.buffer(self.nbytes, _arena_usage(dev.vk),
+                                            dev.vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, "shared activations")
+
+    def close(self):
+        errors = []
+        self.res.destroy_all(errors)
+        if errors:
+            raise errors[0]
+
+
 class Resources:
     """where: tensor name -> ("buffer", VkBuffer, offset, size) | ("image", VkImage, VkImageView, extents);
     ranges: root name -> (start, end) bytes in one address space for hazard tracking (the arena's offsets, then the
@@ -126,18 +150,23 @@ class Resources:
     def is_direct(self, t):
         return t.role in self.direct_roles and not t.view_of and t.storage == "buffer"
 
-    def place_activations(self):
+    def place_activations(self, shared=None):
         """Buffer-storage activations share one arena buffer, texture ones one memory block for their images;
-        offsets come from the memory plan, so tensors alive at different times share bytes."""
+        offsets come from the memory plan, so tensors alive at different times share bytes. shared: a SharedArena
+        to place the buffer activations in instead of a buffer of their own."""
         vk, plan = self.vk, self.plan
         roots = [t for t in plan.tensors.values() if t.name in plan.lifetimes and not t.view_of
                  and not self.is_direct(t)]
         align = buffer_alignment(self.dev.profile)
         bufs = [t for t in roots if t.storage == "buffer"]
         offsets, total = arena(plan, align)
-        usage = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
-                 | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
-        self.arena, _, _ = self.buffer(total, usage, vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, "activations")
+        if shared is not None:
+            if total > shared.nbytes:
+                raise MinirtError(f"this plan's activations take {total} bytes; the shared arena holds {shared.nbytes}")
+            self.arena = shared.buffer
+        else:
+            self.arena, _, _ = self.buffer(total, _arena_usage(vk), vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT,
+                                           "activations")
         self.arena_bytes = total
         for t in bufs:
             self.where[t.name] = ("buffer", self.arena, offsets[t.name], t.nbytes)

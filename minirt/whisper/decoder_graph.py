@@ -42,6 +42,10 @@ own length, finishing on its own) has entry points of its own over state of its 
            [M, n_audio_ctx, d_model] (item m in row m). Where the device cannot hold the encoder's activations for
            M windows (batch_graphs' encode_chunk), it takes C < M windows a run, and a run writes them at window
            param(row0) / n_audio_ctx on (a CacheWrite along the batch axis after each key and value projection).
+  bencodeK input_features [K, n_mels, 2 n_audio_ctx], parameter row0 -> the same on K < C windows (C: bencode's
+           windows, M or the chunk), written at window param(row0) / n_audio_ctx on as a chunk's are, for K in
+           encode_sizes(C): an encoder run costs its windows, padding included, so a batch of fewer windows runs
+           the smallest that holds them (the encoder entry points of a batch share one activation arena).
   bstepN   tokens [N, 1] int32, parameters pos.0 .. pos.N-1 and item.0 .. item.N-1 -> logits [N, 1, n_vocab]: row r
            appends its token at its own position pos.r (ParamRows, CacheWrite and CachedAttention read a parameter a
            row: per_row) into row r of bself_k.<i>, bself_v.<i> [M, n_text_ctx, d_model], attends causally over its
@@ -178,6 +182,7 @@ def encoder_graph(weights: dict, dm: Dims, batch: int = 1, state: str = "", item
     return g
 
 
+BATCH_CROSS = "bcross_"   # the batch's cross keys and values: bcross_k.<i>, bcross_v.<i>
 CHUNK_ROW = "row0"   # the parameter of a chunk's encoder (encoder_graph with items): its first row in the state
 
 
@@ -464,6 +469,17 @@ def batch_step_graph(weights: dict, dm: Dims, rows: int, items: int, select: boo
     return g
 
 
+def encode_sizes(chunk: int) -> list:
+    """The window counts of a batch's encoder entry points, where bencode takes `chunk` windows a run: the rule of
+    batch_step_sizes (powers of two below it, and it)."""
+    return batch_step_sizes(chunk)
+
+
+def encode_entry(windows: int, chunk: int) -> str:
+    """The encoder entry point of `windows` (one of encode_sizes(chunk)): bencode for the chunk, else bencodeK."""
+    return "bencode" if windows == chunk else f"bencode{windows}"
+
+
 def batch_state_bytes(dm: Dims, itemsize: int) -> tuple:
     """What each sequence of a batch adds to the batch's state (bcross_*, bself_*): (bytes of its largest state
     tensor, bytes in all)."""
@@ -472,9 +488,11 @@ def batch_state_bytes(dm: Dims, itemsize: int) -> tuple:
         itemsize
 
 
-def batch_graphs(weights: dict, dm: Dims, items: int, encode_chunk: int = 0) -> dict:
-    """{entry point: Graph} of a batch of up to `items` independent sequences: bencode, bstepN and bstepN_select for N
-    in batch_step_sizes(items), breorder (the module doc). encode_chunk (1 to items - 1; 0: items): bencode takes
+def batch_graphs(weights: dict, dm: Dims, items: int, encode_chunk: int = 0, sizes=None) -> dict:
+    """{entry point: Graph} of a batch of up to `items` independent sequences: bencode, bencodeK for the smaller K of
+    encode_sizes(its windows), bstepN and bstepN_select for N in batch_step_sizes(items), breorder (the module doc);
+    sizes: the encoder entry points' window counts to make (None: all of encode_sizes). encode_chunk (1 to items - 1;
+    0: items): bencode takes
     that many windows a run, and encode_batch runs it a chunk at a time, each writing its windows' keys and values at
     parameter CHUNK_ROW (the chunk's first window times n_audio_ctx), where the device cannot hold the encoder's
     activations for the whole batch."""
@@ -485,6 +503,10 @@ def batch_graphs(weights: dict, dm: Dims, items: int, encode_chunk: int = 0) -> 
     chunk = encode_chunk if 0 < encode_chunk < items else items
     weights = _Shared(weights)
     graphs = {"bencode": encoder_graph(weights, dm, chunk, "b", items)}
+    for k in encode_sizes(chunk)[:-1] if sizes is None else sorted(set(sizes) - {chunk}):
+        if not 1 <= k < chunk:
+            raise ValueError(f"an encoder entry point of {k} windows beside bencode's {chunk}")
+        graphs[encode_entry(k, chunk)] = encoder_graph(weights, dm, k, "b", items)
     for n in batch_step_sizes(items):
         graphs[f"bstep{n}"] = batch_step_graph(weights, dm, n, items)
         graphs[select_entry(f"bstep{n}")] = batch_step_graph(weights, dm, n, items, select=True)

@@ -20,10 +20,11 @@ over state tensors that stay on the GPU (minirt/whisper/decoder_graph.py):
                     log-probability and the no-speech figures come back, 16 bytes instead of the logits.
 
 A batch of independent sequences (BatchDecoder in backend.py: many windows decoded together, each at its own
-position, finishing on its own) runs on entry points of its own (decoder_graph.batch_graphs: bencode, bstepN,
-bstepN_select for step_rows_select, breorder) over state of its own, planned at construction (max_items) or by
-add_batch() when first needed, fitted to the device's limits (plan_batch: fewer sequences, or the encoder on chunks
-of the windows, where the device cannot hold them all).
+position, finishing on its own) runs on entry points of its own (decoder_graph.batch_graphs: bencode and bencodeK
+for fewer windows, bstepN, bstepN_select for step_rows_select, breorder) over state of its own, planned at
+construction (max_items) or by add_batch() when first needed, fitted to the device's limits (plan_batch: fewer
+sequences, or the encoder on chunks of the windows, where the device cannot hold them all). encode_batch runs the
+smallest encoder entry point that holds the windows; those entry points share one activation arena.
 
 The cache holds max_batch rows (the most a search uses: beam_size, or best_of when sampling; 5 by default). The step
 entry points share their weights on the GPU (minirt/program.py). At precision fp16 every plan runs its kernels' half
@@ -51,22 +52,47 @@ def plan_program(weights: dict, config: dict, profile, max_batch: int = DEFAULT_
     return _plans(graphs, profile, options)
 
 
-def _plans(graphs: dict, profile, options) -> dict:
+def _plans(graphs: dict, profile, options, share_with: dict | None = None) -> dict:
+    """{entry point: Plan} of graphs; a constant equal to one of an earlier plan (or of share_with's), by name,
+    dtype, shape and bytes, holds that plan's array (_share_data)."""
     from ..driver import plan_graph
     from ..options import Options
     opts = Options.of(options)
     if opts.storage not in ("auto", "buffer"):
         raise UnsupportedError(f"the Vulkan Whisper program runs in buffer storage (asked: {opts.storage})")
     opts = opts.replace(storage="buffer")
-    return {k: plan_graph(g, profile, "buffer", opts)[1] for k, g in graphs.items()}
+    seen, plans = {}, {}
+    for p in (share_with or {}).values():
+        _share_data(p, seen)
+    for k, g in graphs.items():
+        plans[k] = plan_graph(g, profile, "buffer", opts)[1]
+        _share_data(plans[k], seen)
+    return plans
+
+
+def _share_data(plan, seen: dict) -> None:
+    """Point plan's constants at the equal arrays in seen {(name, dtypes, shapes): [arrays]}, adding the others: the
+    plans of a program hold the same packed weights many times over (a batch's encoder entry points each pack the
+    whole encoder's), gigabytes of host memory at the large models' shapes, where one copy does."""
+    for t in plan.tensors.values():
+        if t.data is None:
+            continue
+        known = seen.setdefault((t.name, t.dtype, tuple(t.shape), t.data.dtype, t.data.shape), [])
+        same = next((a for a in known if a is t.data or np.array_equal(a, t.data)), None)
+        if same is None:
+            known.append(t.data)
+        else:
+            t.data = same
 
 
 def plan_batch(weights: dict, config: dict, profile, max_items: int, options=None, program=None) -> dict:
     """{entry point: Plan} of the batch entry points (decoder_graph.batch_graphs), as plan_program plans, fitted to
     the device (fit_batch): they hold fewer than max_items sequences where the device cannot hold their state
     (plans["bstep1"].tensors["bself_k.0"].shape[0] says how many), and bencode takes fewer windows a run where it
-    cannot hold the encoder's activations for all of them (its input's first dimension). program: the plans of the
-    one-sequence program on this device and options (plan_program's; planned here where not given)."""
+    cannot hold the encoder's activations for all of them (its input's first dimension). bencodeK, the encoder of
+    K < those windows (decoder_graph.encode_sizes), is there where its kernels are bencode's (_encode_ladder: a
+    window's keys and values then come out bit for bit as bencode's); bencode's notes name them. program: the plans
+    of the one-sequence program on this device and options (plan_program's; planned here where not given)."""
     from ..options import Options
     dm = decoder_graph.dims_of(weights, config)
     opts = Options.of(options)
@@ -78,12 +104,62 @@ def plan_batch(weights: dict, config: dict, profile, max_items: int, options=Non
         for n in notes:
             graphs["bencode"].note("batch", n)
         try:
-            return _plans(graphs, profile, opts)
+            plans = _plans(graphs, profile, opts, program)
         except UnsupportedError:
             if chunk <= 1:      # the estimate holds for the encoder, whose activations are linear in windows
                 raise
             chunk = max(1, chunk // 2)
             notes = notes[:1] + [f"encoder chunk halved to {chunk} windows: the plan of more did not fit"]
+            continue
+        return _encode_ladder(plans, chunk)
+
+
+def _encode_ladder(plans: dict, chunk: int) -> dict:
+    """plans without the bencodeK whose kernels differ from bencode's (a K-split, a split attention or another tile
+    where fewer windows leave the GPU emptier: its windows would not come out bit for bit as bencode's), and bencode's
+    notes saying which encoder entry points there are."""
+    full = plans["bencode"]
+    made, dropped = [], []
+    for k in decoder_graph.encode_sizes(chunk)[:-1]:
+        name = decoder_graph.encode_entry(k, chunk)
+        if _kernels(plans[name]) == _kernels(full):
+            made.append(k)
+        else:
+            dropped.append(k)
+            del plans[name]
+    if made or dropped:
+        entries = ", ".join(decoder_graph.encode_entry(k, chunk) for k in made) or "none"
+        full.notes.setdefault("batch", []).append(
+            f"encoder entry points for fewer windows (a run takes the smallest that holds them): {entries}, "
+            f"beside bencode's {chunk}; they share bencode's activation memory")
+    if dropped:
+        full.notes["batch"].append(
+            f"not made for {', '.join(map(str, dropped))} windows: the planner picks other kernels there than for "
+            f"{chunk} (K splits, split attention or other tiles where fewer windows fill the GPU less), so a window's "
+            f"keys and values would not be bencode's bit for bit")
+    return plans
+
+
+# Kernel families (Dispatch.family) whose invocations use no shared memory or subgroup operations, each computing its
+# own outputs: elementwise, copies, direct convolutions (glsl/conv.comp, conv_dw.comp)
+LOCAL_FREE = ("elementwise", "copy", "conv")
+
+
+def _kernels(plan) -> tuple:
+    """What decides a window's arithmetic in an encoder plan: per node, its dispatches' kernels, specialization
+    constants and local sizes (a grid's size only says how many windows run; the local size of a kernel whose
+    invocations share nothing, LOCAL_FREE, changes nothing they compute); the cross keys' and values' projections
+    by kernel alone (bencode of the whole batch writes them into the state, a chunk's merge them and copy their
+    rows there)."""
+    nodes, cross = {}, set()
+    for d in plan.dispatches:
+        if d.node.startswith(decoder_graph.BATCH_CROSS):
+            if not d.kernel.startswith("copy_rows"):
+                cross.add(d.kernel)
+        else:
+            local = () if d.family in LOCAL_FREE else tuple(d.local_size or ())
+            nodes.setdefault(d.node, set()).add((d.kernel, tuple(d.spec), local))
+    return nodes, cross
 
 
 def fit_batch(dm, profile, max_items: int, program: dict, precision: str = "fp32") -> tuple:
@@ -173,11 +249,14 @@ class VulkanBackend:
         if not 1 <= max_items <= decoder_graph.MAX_ITEMS:
             raise ValueError(f"max_items must be 1 to {decoder_graph.MAX_ITEMS}, got {max_items}")
         plans = plan_batch(weights, config, self.program.device.profile, max_items, self._opts, self.plans)
-        self.program.add(plans)
+        chunk = plans["bencode"].tensors["input_features"].shape[0]
+        sizes = [k for k in decoder_graph.encode_sizes(chunk) if decoder_graph.encode_entry(k, chunk) in plans]
+        self.program.add(plans, share=[decoder_graph.encode_entry(k, chunk) for k in sizes])
         self.plans.update(plans)
         items = plans["breorder"].tensors["rows"].shape[0]
         self._batch_steps = decoder_graph.batch_step_sizes(items)
-        self._encode_chunk = plans["bencode"].tensors["input_features"].shape[0]
+        self._encode_chunk = chunk
+        self.encode_sizes = sizes     # the encoder entry points' windows (plan_batch): a run takes the smallest
         self.max_items = int(items)
 
     def encode_batch(self, features: np.ndarray) -> None:
@@ -189,17 +268,16 @@ class VulkanBackend:
             raise ValueError(f"features must be [1 to {self.max_items}, {want[0]}, {want[1]}] (max_items "
                              f"{self.max_items}), got {list(x.shape)}")
         chunk = self._encode_chunk
-        if chunk == self.max_items:
-            full = np.zeros((chunk,) + want, np.float32)
-            full[:len(x)] = x
-            self.program.run("bencode", {"input_features": full})
-        else:                   # a chunk of windows a run (plan_batch): each writes its rows of the batch's state
-            for at in range(0, len(x), chunk):
-                full = np.zeros((chunk,) + want, np.float32)
-                part = x[at:at + chunk]
-                full[:len(part)] = part
-                self.program.run("bencode", {"input_features": full},
-                                 {decoder_graph.CHUNK_ROW: at * self.dims.n_audio_ctx})
+        for at in range(0, len(x), chunk):
+            # up to a chunk of windows a run (plan_batch), in the smallest encoder entry point that holds them, the
+            # rest padded; a run of fewer windows than the batch writes its rows of the batch's state from row0 on
+            part = x[at:at + chunk]
+            k = next(k for k in self.encode_sizes if k >= len(part))
+            full = np.zeros((k,) + want, np.float32)
+            full[:len(part)] = part
+            entry = decoder_graph.encode_entry(k, chunk)
+            params = {decoder_graph.CHUNK_ROW: at * self.dims.n_audio_ctx} if self.plans[entry].params else {}
+            self.program.run(entry, {"input_features": full}, params)
         self._items, self._row_item, self._row_len = len(x), [], []
 
     def start_rows(self, items) -> None:

@@ -7,7 +7,8 @@
 layout(constant_id = 3) const int OP = 0;
 // 0 identity, 1 sqrt, 2 erf, 3 gelu (erf), 4 gelu (tanh), 5 relu, 6 sigmoid, 7 tanh, 8 neg, 9 exp, 10 abs,
 // 11 clip (to [prm.x, prm.y]), 12 hard sigmoid (alpha prm.x, beta prm.y), 13 hard swish, 14 log, 15 reciprocal,
-// 16 NaN replaced by prm.x, 17 silu (x * sigmoid(x), as Sigmoid then Mul round it)
+// 16 NaN replaced by prm.x, 17 silu (x * sigmoid(x), as Sigmoid then Mul round it), 18 quantize-dequantize
+// (clamp(round_half_even(x / prm.x), prm.y, prm.z) * prm.x: an activation's Q/DQ pair)
 
 TENSOR_OUT(t_out, 0)
 TENSOR_IN(t_in, 1)
@@ -16,7 +17,8 @@ layout(push_constant) uniform Params {
   ivec4 out_sizes;
   ivec4 in_sizes;
   ivec4 pd;  // packed dims of out, in
-  vec4 prm;  // the function's parameters (clip bounds, hard sigmoid's alpha and beta, NaN's replacement)
+  vec4 prm;  // the function's parameters (clip bounds, hard sigmoid's alpha and beta, NaN's replacement, Q/DQ's
+             // scale and levels)
 } p;
 
 float apply(float x) {
@@ -40,6 +42,7 @@ float apply(float x) {
   if (OP == 14) return isnan(x) || x == INF_F ? x : x < 0.0 ? NAN_F : x == 0.0 ? -INF_F : log(x);
   if (OP == 16) return isnan(x) ? p.prm.x : x;
   if (OP == 17) return x * (1.0 / (1.0 + exp(-x)));
+  if (OP == 18) return clamp(roundEven(x / p.prm.x), p.prm.y, p.prm.z) * p.prm.x;
   return 1.0 / x;
 }
 

@@ -201,6 +201,8 @@ def prepare(graph: Graph, *, symbolic: bool = False, host: bool = False, runtime
                 continue
             t = graph.tensors.get(name) or graph.add_tensor(type(ins[0])(name))
             t.shape, t.dtype = (tuple(shape) if shape is not None else None), dtype
+            # a quantized constant's float value, which the planner folds (fold_dequantize_linear)
+            t.planner_const = getattr(op, "planner_folds", False) and all(i is None or i.is_const for i in ins)
             if t.is_static and int(np.prod(t.shape, dtype=np.float64)) > MAX_ELEMENTS:
                 raise ModelError(f"{graph.source}: tensor '{name}' from {node} would have shape {list(t.shape)}, "
                                  f"more than {MAX_ELEMENTS} elements")

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from cnn_models import resnet
 from minirt import Session
 from minirt.errors import ModelError, UnsupportedError
+from minirt.plan import WEIGHT
 from oracle import compare, make_model, onnxruntime_run
 
 
@@ -212,3 +213,104 @@ def test_unpaired_run_time_dequantize_is_refused():
     x = np.random.default_rng(2).uniform(-15, 15, size=(2, 5)).astype(np.float32)   # past the range: saturates
     with Session(m, options={"poison": True}) as s:
         compare(s.run(None, {"x": x})[0], onnxruntime_run(m, {"x": x})[0], 0)
+
+
+@pytest.mark.parametrize("family,storages", [("mobilenet_v2_like", ("buffer", "texture")),
+                                             ("convnext_like", ("buffer",)), ("wav2vec2_like", ("buffer",))])
+def test_quantize_static_families(tmp_path, family, storages):
+    """quantize_static (QDQ, per channel) of small models of the families (models/families/): depthwise convs, ReLU6
+    as Clip, LayerNorm over channels, GELU, GroupNorm, attention; as onnxruntime runs each Q and DQ. (A UNet's
+    bilinear Resize rounds its last bit unlike onnxruntime's, which the next quantization may turn into a level of
+    difference; families that split q, k and v through rank-5 tensors keep a Q/DQ pair there, which is refused.)"""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from oracle import rand
+    from test_families import FAMILIES
+    src, dst = FAMILIES / f"{family}.onnx", tmp_path / "q.onnx"
+    shape = [d.dim_value for d in onnx.load(src).graph.input[0].type.tensor_type.shape.dim]
+
+    class Data(CalibrationDataReader):
+        def __init__(self):
+            self.items = iter([{"input": rand(*shape, seed=i)} for i in range(2)])
+
+        def get_next(self):
+            return next(self.items, None)
+
+    quantize_static(str(src), str(dst), Data(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8)
+    model = onnx.load(str(dst))
+    x = rand(*shape, seed=7)
+    ref = onnxruntime_run(model, {"input": x})[0]
+    for storage in storages:
+        with Session(model, storage=storage, options={"poison": True}) as s:
+            ops = {d.op for d in s.plan.dispatches}
+            assert "QuantizeDequantize" in ops and not ops & {"QuantizeLinear", "DequantizeLinear"}
+            compare(s.run(x), ref, 1e-5, f"{family} {storage}")
+
+
+def _qdq_conv(c, o, k, *, dtype=np.int8, bn=False, conv1d=False, seed=0):
+    """x -> Conv(DequantizeLinear(W int8 / uint8 [o, c, k(, k)], scale and zero point per output channel)) (->
+    BatchNormalization) -> Relu: (model, feeds)."""
+    rng = np.random.default_rng(seed)
+    lo, hi = (-127, 128) if dtype == np.int8 else (0, 256)
+    ks = (k,) if conv1d else (k, k)
+    inits = {"q": rng.integers(lo, hi, size=(o, c, *ks)).astype(dtype),
+             "s": (rng.uniform(0.5, 2.0, size=o) / (64 * np.sqrt(c * k * k))).astype(np.float32),
+             "z": rng.integers(lo // 8 + (0 if dtype == np.int8 else 112), lo // 8 + (16 if dtype == np.int8 else 144),
+                               size=o).astype(dtype),
+             "b": rng.standard_normal(o).astype(np.float32)}
+    nodes = [helper.make_node("DequantizeLinear", ["q", "s", "z"], ["w"], axis=0),
+             helper.make_node("Conv", ["x", "w", "b"], ["h"], pads=[k // 2] * (2 * len(ks)))]
+    cur = "h"
+    if bn:
+        f32 = np.float32
+        inits.update({"g": rng.uniform(0.5, 1.5, o).astype(f32), "beta": rng.standard_normal(o).astype(f32),
+                      "mu": rng.standard_normal(o).astype(f32), "var": rng.uniform(0.5, 2, o).astype(f32)})
+        nodes.append(helper.make_node("BatchNormalization", [cur, "g", "beta", "mu", "var"], ["hb"]))
+        cur = "hb"
+    nodes.append(helper.make_node("Relu", [cur], ["y"]))
+    shape = (1, c, 24) if conv1d else (1, c, 6, 7)
+    model = make_model(nodes, {"x": shape}, ["y"], inits, opset=17)
+    return model, {"x": rng.standard_normal(shape).astype(np.float32)}
+
+
+@pytest.mark.parametrize("dtype,bn,conv1d", [(np.int8, False, False), (np.uint8, True, False), (np.int8, True, True)])
+def test_qdq_conv_weights_int8_on_im2col(dtype, bn, conv1d):
+    """A Conv's DequantizeLinear weight (per output channel, zero points, uint8 stored as int8 less 128) runs int8 on
+    the im2col GEMM, also after a BatchNormalization folded into it (the scales take it) and as a 1-D conv rewritten
+    to 2-D; the plan holds the weight as int8 and no float copy of it."""
+    model, feeds = _qdq_conv(12, 20, 3, dtype=dtype, bn=bn, conv1d=conv1d)
+    with Session(model, storage="buffer", options={"poison": True, "conv_route": "im2col"}) as s:
+        assert any("(QDQ), a scale an output channel, on the int8 GEMM" in t for t in _notes(s.plan))
+        gemm = [d for d in s.plan.dispatches if d.op == "Conv" and d.kernel.startswith("linear")]
+        assert gemm and all("_i8" in d.kernel for d in gemm)
+        assert [t for t in s.plan.tensors.values() if t.dtype == "int8"]
+        assert not [t for t in s.plan.tensors.values() if t.role == WEIGHT and t.dtype == "float32" and
+                    t.numel >= 20 * 12 * 3]
+        got = s.run(None, feeds)[0]
+    compare(got, onnxruntime_run(model, feeds)[0], 1e-5)
+
+
+def test_rewrites_on_the_graph():
+    """fold_dequantize_linear marks the Conv (_wq: a scale an output channel) and folds its weight to float;
+    fold_qdq_activations makes a Q/DQ pair one QuantizeDequantize of the pair's scale and levels."""
+    from minirt.infer import prepare
+    from minirt.loaders import load
+    from minirt.options import Options
+    from minirt.planner import fold_dequantize_linear, fold_qdq_activations
+    model, _ = _qdq_conv(4, 8, 3, dtype=np.uint8)
+    nodes = list(model.graph.node)
+    nodes[1].input[0] = "xd"
+    del model.graph.node[:]
+    model.graph.node.extend([helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+                             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"])] + nodes)
+    model.graph.initializer.extend([numpy_helper.from_array(np.array(0.05, np.float32), "xs"),
+                                    numpy_helper.from_array(np.array(3, np.int8), "xz")])
+    g = prepare(load(model))
+    assert [n.op for n in g.nodes] == ["QuantizeLinear", "DequantizeLinear", "DequantizeLinear", "Conv", "Relu"]
+    g = fold_dequantize_linear.rewrite(g, Options.make({}))
+    (conv,) = [n for n in g.nodes if n.op == "Conv"]
+    s, z = conv.attrs["_wq"]
+    assert g.tensor(conv.inputs[1]).data.dtype == np.float32 and s.shape == z.shape == (8,)
+    g = fold_qdq_activations.rewrite(g, Options.make({}))
+    assert [n.op for n in g.nodes] == ["QuantizeDequantize", "Conv", "Relu"]
+    assert g.nodes[0].inputs == ["x"] and g.nodes[0].attrs == {"scale": np.float32(0.05), "lo": -131.0, "hi": 124.0}

@@ -31,7 +31,7 @@ def dq_params(node, x_shape, scale, zero, source=""):
     rank = len(x_shape)
     axis = int(attr(node, "axis", 1))
     block = int(attr(node, "block_size", 0))
-    if zero is not None and zero.shape != scale.shape:
+    if zero is not None and zero.shape != scale.shape and not zero.size == scale.size == 1:
         raise ModelError(f"{source}{node}: zero point '{node.inputs[2]}' {list(zero.shape)} does not match scale "
                          f"'{node.inputs[1]}' {list(scale.shape)}")
     if not np.all(np.isfinite(scale)):
@@ -74,8 +74,8 @@ def dequantize(node, x, scale, zero=None, source=""):
 class DequantizeLinear(Op):
     name = "DequantizeLinear"
     planner_folds = True      # of constants: its output is one once fold_dequantize_linear has run
-    limits = ("of int8 / uint8 / int4 / uint4 constants (weights: per tensor, per axis, blocked): into a MatMul or Gemm "
-              "they stay int8 (per column) or 4-bit (blocked along K) on the GPU, into a Conv (per output channel) "
+    limits = ("of int8 / uint8 / int4 / uint4 constants (weights: per tensor, per axis, blocked): into a MatMul or "
+              "Gemm they stay int8 (per column) or 4-bit (blocked along K) on the GPU, into a Conv (per output channel) "
               "int8 on its GEMM routes (fold_dequantize_linear), elsewhere they fold to float; of activations only as "
               "a pair after QuantizeLinear (fold_qdq_activations)")
 
@@ -91,7 +91,10 @@ class DequantizeLinear(Op):
             return None
         if x.data.dtype.name in QUANT_DTYPES:
             self.check_types(node, ins)
-            return None      # the planner's fold_dequantize_linear decides: an int8 Linear weight, or a float constant
+            if x.data.ndim in (2, 3, 4):
+                return None  # the planner's fold_dequantize_linear decides: a quantized MatMul / Gemm / Conv weight,
+            #                  or a float constant
+            # (biases, norm scales: float now, for the ops that need them constant at load)
         return super().fold(node, ins)
 
     @staticmethod
@@ -133,7 +136,8 @@ def q_params(node, ins, source=""):
         raise UnsupportedError(f"{source}{node}: quantizes to {qtype}; minirt quantizes activations to int8 or uint8")
     if int(attr(node, "saturate", 1)) != 1 or attr(node, "output_dtype", 0):
         raise UnsupportedError(f"{source}{node}: attributes saturate 0 / output_dtype are not supported")
-    s, zz = dq_params(node, ins[0].shape, ins[1].data, None if z is None else z.data, source)
+    shape = ins[0].shape if ins[0].shape is not None else np.shape(ins[0].data)
+    s, zz = dq_params(node, shape, ins[1].data, None if z is None else z.data, source)
     if np.any(np.asarray(s) == 0):
         raise ModelError(f"{source}{node}: scale '{node.inputs[1]}' holds a zero; it divides")
     return s, zz, qtype

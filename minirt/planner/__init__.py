@@ -54,9 +54,9 @@ from ..options import PRECISIONS, Options
 from ..kernels.local_size import check_local_size, forced_local_size
 from ..kernels.rules import pick_local_size
 from . import (conv1d_as_conv2d, conv_channels_last, conv_input_nlc, conv_output_nlc, conv_routing, fold_batch_norm,
-               fold_dequantize_linear, fold_dynamic_quantize, fold_pad_conv, fold_qdq_activations,
-               fuse_activation, fuse_attention, fuse_gelu, fuse_layer_norm, fuse_linear, fuse_norm_linear_rows, fuse_reduce_layer_norm, fuse_silu,
-               memory_plan, merge_siblings, quantize_weights, split_wide_tables)
+               fold_dequantize_linear, fold_dynamic_quantize, fold_pad_conv, fold_qdq_activations, fuse_activation,
+               fuse_attention, fuse_gelu, fuse_layer_norm, fuse_linear, fuse_norm_linear_rows, fuse_reduce_layer_norm,
+               fuse_silu, memory_plan, merge_siblings, quantize_weights, split_wide_tables)
 from .lower import lower, lower_mixed
 from ..plan import INPUT, OUTPUT, Plan
 from .storage_layout import check_limits, resolve_storage
@@ -93,7 +93,8 @@ class Pass:
 
 # Every pass, in the order they run (the module docstring says what each does); lowering comes between the graph
 # passes and the plan passes.
-PASSES = (Pass(fold_dequantize_linear), Pass(fold_qdq_activations), Pass(fold_dynamic_quantize), Pass(fold_batch_norm), Pass(fold_pad_conv), Pass(conv1d_as_conv2d), Pass(conv_routing, "annotate"),
+PASSES = (Pass(fold_dequantize_linear), Pass(fold_qdq_activations), Pass(fold_dynamic_quantize), Pass(fold_batch_norm),
+          Pass(fold_pad_conv), Pass(conv1d_as_conv2d), Pass(conv_routing, "annotate"),
           Pass(fuse_gelu), Pass(fuse_layer_norm), Pass(fuse_silu), Pass(fuse_activation), Pass(conv_output_nlc),
           Pass(conv_input_nlc), Pass(conv_channels_last), Pass(fuse_linear), Pass(quantize_weights),
           Pass(merge_siblings),

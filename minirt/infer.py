@@ -10,6 +10,7 @@ import numpy as np
 from . import ops
 from .errors import InputError, MinirtError, ModelError, UnsupportedError
 from .graph import Graph
+from .qdq import fold_qdq_pairs
 from .rank5 import compact_rank5_transposes, refuse_high_ranks, unstack_rank5
 
 MAX_ELEMENTS = 1 << 31   # refuse absurd declared shapes before anything is allocated
@@ -217,6 +218,7 @@ def prepare(graph: Graph, *, symbolic: bool = False, host: bool = False, runtime
     if split is not None:
         graph.host = split.finish(graph)
     graph.remove_unused()
+    fold_qdq_pairs(graph)   # before the rank-5 rewrites: the pairs quantize_static puts inside their patterns go
     unstack_rank5(graph)    # kernels take rank <= 4: rank-5 tensors exporters make in passing, at rank <= 4
     compact_rank5_transposes(graph)
     refuse_high_ranks(graph)

@@ -6,9 +6,9 @@ reads it the quantized weight itself; every other one that pass folds into a flo
 QuantizeLinear (ONNX): y = saturate(round(x / y_scale) + y_zero_point), to int8 or uint8 (the zero point's type,
 uint8 without one), rounding half to even. On constants it folds. On activations, a QuantizeLinear read only by
 DequantizeLinears of the same scale and zero point (onnxruntime's quantize_static writes such a pair around each
-quantized activation) is folded by fold_qdq_activations into one QuantizeDequantize (minirt's own op): the pair's
-float result, (clamp(round(x / s), lo - z, hi - z)) * s, computed in float32 as onnxruntime computes each half, on
-the elementwise kernel. Other run-time quantize or dequantize nodes are refused with a note naming the node."""
+quantized activation) is folded as the graph is prepared (minirt/qdq.py) into one QuantizeDequantize (minirt's own
+op): the pair's float result, clamp(round(x / s), lo - z, hi - z) * s, computed in float32 as onnxruntime computes
+each half, on the elementwise kernel. Other run-time quantize or dequantize nodes are refused, naming the node."""
 from __future__ import annotations
 
 import numpy as np
@@ -75,9 +75,9 @@ class DequantizeLinear(Op):
     name = "DequantizeLinear"
     planner_folds = True      # of constants: its output is one once fold_dequantize_linear has run
     limits = ("of int8 / uint8 / int4 / uint4 constants (weights: per tensor, per axis, blocked): into a MatMul or "
-              "Gemm they stay int8 (per column) or 4-bit (blocked along K) on the GPU, into a Conv (per output channel) "
-              "int8 on its GEMM routes (fold_dequantize_linear), elsewhere they fold to float; of activations only as "
-              "a pair after QuantizeLinear (fold_qdq_activations)")
+              "Gemm they stay int8 (per column) or 4-bit (blocked along K) on the GPU, into a Conv (per output "
+              "channel) int8 on its GEMM routes (fold_dequantize_linear), elsewhere they fold to float; of activations only as "
+              "a pair after QuantizeLinear (minirt/qdq.py)")
 
     def infer(self, node, ins):
         return [(ins[0].shape, "float32")]
@@ -109,12 +109,12 @@ class DequantizeLinear(Op):
     def check(self, node, ins):
         if not all(t is None or t.is_const for t in ins[1:]):
             return "scale and zero point must be constants"
-        return None     # a run-time x: fold_qdq_activations takes it as the second half of a Q/DQ pair, or refuses it
+        return None     # a run-time x: minirt/qdq.py takes it as the second half of a Q/DQ pair, or refuses it
 
     def lower(self, node, ctx):
         raise UnsupportedError(f"{node}: a DequantizeLinear has no kernel: of a constant it is folded by the planner "
                                f"(fold_dequantize_linear), of an activation it runs only as the second half of a "
-                               f"QuantizeLinear -> DequantizeLinear pair (fold_qdq_activations)")
+                               f"QuantizeLinear -> DequantizeLinear pair (minirt/qdq.py)")
 
 
 def check_zero_range(node, name, zero, dtype_name, source=""):
@@ -156,7 +156,7 @@ def quantize(x, s, z, qtype):
 class QuantizeLinear(Op):
     name = "QuantizeLinear"
     limits = ("constants fold; on activations only as a pair with DequantizeLinear of the same per-tensor scale and "
-              "zero point (fold_qdq_activations); to int8 or uint8")
+              "zero point (minirt/qdq.py); to int8 or uint8")
 
     def infer(self, node, ins):
         z = ins[2] if len(ins) > 2 else None
@@ -176,16 +176,16 @@ class QuantizeLinear(Op):
     def lower(self, node, ctx):
         raise UnsupportedError(f"{node}: QuantizeLinear of a run-time tensor runs only as the first half of a "
                                f"QuantizeLinear -> DequantizeLinear pair of one per-tensor scale and zero point "
-                               f"(fold_qdq_activations); minirt keeps activations in float")
+                               f"(minirt/qdq.py); minirt keeps activations in float")
 
 
 @register
 class QuantizeDequantize(Op):
-    """DequantizeLinear(QuantizeLinear(x, s, z), s, z) in float (fold_qdq_activations): y = clamp(round(x / s),
+    """DequantizeLinear(QuantizeLinear(x, s, z), s, z) in float (minirt/qdq.py): y = clamp(round(x / s),
     lo - z, hi - z) * s with s, z per tensor and lo..hi the quantized type's range; attributes scale, lo, hi (lo - z,
     hi - z)."""
     name, domain = "QuantizeDequantize", "minirt"
-    limits = "made by the planner (fold_qdq_activations) from a QuantizeLinear -> DequantizeLinear pair"
+    limits = "made as a graph is prepared (minirt/qdq.py) from a QuantizeLinear -> DequantizeLinear pair"
     code = 18      # glsl/unary.comp
 
     def infer(self, node, ins):

@@ -4,41 +4,39 @@ Pass order (each pass is one module of this package):
   1. fold_dequantize_linear (fold_dequantize_linear.py)  a DequantizeLinear of an int8 weight into a MatMul or Gemm
                                             -> a Linear reading the int8 (or 4-bit, blocked) weight; into a Conv: its
                                             GEMM routes read it as int8; others fold to float
-  2. fold_qdq_activations (fold_qdq_activations.py)  an activation's QuantizeLinear -> DequantizeLinear pair
-                                            -> one QuantizeDequantize (float), or nothing where already on its grid
-  3. fold_dynamic_quantize (fold_dynamic_quantize.py)  quantize_dynamic's DynamicQuantizeLinear + MatMulInteger
+  2. fold_dynamic_quantize (fold_dynamic_quantize.py)  quantize_dynamic's DynamicQuantizeLinear + MatMulInteger
                                             + Cast -> DynamicQuantize + a Linear reading the int8 weight
-  4. fold_batch_norm  (fold_batch_norm.py)  an inference BatchNormalization after a Conv -> the conv's W and B
-  5. fold_pad_conv    (fold_pad_conv.py)    a zero Pad of the spatial axes read by a Conv alone -> the conv's pads
-  6. conv1d_as_conv2d (conv1d_as_conv2d.py) eligible 1-D convs become 2-D convs over a height of 1
-  7. conv routing     (conv_routing.py)     every Conv gets one kernel: im2col, pointwise, depthwise, direct
-  8. fuse_gelu        (fuse_gelu.py)        the Erf GELU pattern, and its tanh form (GPT-2), become one Gelu node
-  9. fuse_layer_norm  (fuse_layer_norm.py)  LayerNorm spelt out as ReduceMean chains -> one LayerNormalization, or
+  3. fold_batch_norm  (fold_batch_norm.py)  an inference BatchNormalization after a Conv -> the conv's W and B
+  4. fold_pad_conv    (fold_pad_conv.py)    a zero Pad of the spatial axes read by a Conv alone -> the conv's pads
+  5. conv1d_as_conv2d (conv1d_as_conv2d.py) eligible 1-D convs become 2-D convs over a height of 1
+  6. conv routing     (conv_routing.py)     every Conv gets one kernel: im2col, pointwise, depthwise, direct
+  7. fuse_gelu        (fuse_gelu.py)        the Erf GELU pattern, and its tanh form (GPT-2), become one Gelu node
+  8. fuse_layer_norm  (fuse_layer_norm.py)  LayerNorm spelt out as ReduceMean chains -> one LayerNormalization, or
                                             one AxisLayerNorm over a non-last axis (ConvNeXt's channels); a GroupNorm
                                             of one channel a group -> one InstanceNormalization with its affine
-10. fuse_silu        (fuse_silu.py)        Mul(x, Sigmoid(x)) becomes one Silu node
-11. fuse_activation  (fuse_activation.py)  Relu/Gelu/HardSwish/Silu after a conv goes into the conv's epilogue
-12. conv_output_nlc  (conv_output_nlc.py)  an im2col conv + channels-last Transpose (+ Add) -> one GEMM writing
+  9. fuse_silu        (fuse_silu.py)        Mul(x, Sigmoid(x)) becomes one Silu node
+ 10. fuse_activation  (fuse_activation.py)  Relu/Gelu/HardSwish/Silu after a conv goes into the conv's epilogue
+ 11. conv_output_nlc  (conv_output_nlc.py)  an im2col conv + channels-last Transpose (+ Add) -> one GEMM writing
                                             [1, L, C] (adding the residual)
-13. conv_input_nlc   (conv_input_nlc.py)   a 1-D im2col conv reading another's output: that one writes it
+ 12. conv_input_nlc   (conv_input_nlc.py)   a 1-D im2col conv reading another's output: that one writes it
                                             channels-last, this one's GEMM reads it as overlapping rows (no im2col)
-14. conv_channels_last (conv_channels_last.py)  2-D convs on the buffer GEMM keep activations NHWC between them
+ 13. conv_channels_last (conv_channels_last.py)  2-D convs on the buffer GEMM keep activations NHWC between them
                                             (1x1 convs as Linears over pixels), Transposes at the boundaries
-15. fuse_linear      (fuse_linear.py)      MatMul (or Gemm) + bias + scale + activation + residual -> one Linear
-16. quantize_weights (quantize_weights.py) option quantize_weights=int8: float Linear weights -> int8 a column
-17. merge_siblings   (merge_siblings.py)   Linears reading the same input (q, k, v) -> one GEMM + part views
-18. fuse_attention   (fuse_attention.py)   head splits + MatMul (+ mask) + Softmax + MatMul -> one Attention
-19. split_wide_tables (split_wide_tables.py) a Linear weight or run-time Gather table beyond
+ 14. fuse_linear      (fuse_linear.py)      MatMul (or Gemm) + bias + scale + activation + residual -> one Linear
+ 15. quantize_weights (quantize_weights.py) option quantize_weights=int8: float Linear weights -> int8 a column
+ 16. merge_siblings   (merge_siblings.py)   Linears reading the same input (q, k, v) -> one GEMM + part views
+ 17. fuse_attention   (fuse_attention.py)   head splits + MatMul (+ mask) + Softmax + MatMul -> one Attention
+ 18. split_wide_tables (split_wide_tables.py) a Linear weight or run-time Gather table beyond
                                             maxStorageBufferRange -> parts by columns that fit, joined by a Concat
-20. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor (storage "auto"
+ 19. lowering         (lower.py)            graph nodes -> dispatches, storage and layout per tensor (storage "auto"
                                             on a texture device: buffers where textures do not fit,
                                             storage_layout.py)
-21. fuse_reduce_layer_norm (fuse_reduce_layer_norm.py)  on the Plan: a split GEMM's reduce pass also does the
+ 20. fuse_reduce_layer_norm (fuse_reduce_layer_norm.py)  on the Plan: a split GEMM's reduce pass also does the
                                             LayerNorm that reads its output
-22. fuse_norm_linear_rows (fuse_norm_linear_rows.py)  on the Plan: a LayerNorm read only by a few-row Linear
+ 21. fuse_norm_linear_rows (fuse_norm_linear_rows.py)  on the Plan: a LayerNorm read only by a few-row Linear
                                             (linear_rows) is done by that Linear as it reads its rows
-23. local sizes      (minirt.kernels.rules) one deterministic local size per dispatch, by its family's rule
-24. memory plan      (memory_plan.py)      lifetimes for memory reuse (option memory_reuse=False: none), and
+ 22. local sizes      (minirt.kernels.rules) one deterministic local size per dispatch, by its family's rule
+ 23. memory plan      (memory_plan.py)      lifetimes for memory reuse (option memory_reuse=False: none), and
                                             the check that the device can hold what the plan allocates
 The planner never imports vulkan: everything it decides is plain data in the Plan. PASSES lists the passes in this
 order; each graph pass is fn(graph, options, profile): the Session's Options (storage resolved for the device) and the
@@ -54,9 +52,9 @@ from ..options import PRECISIONS, Options
 from ..kernels.local_size import check_local_size, forced_local_size
 from ..kernels.rules import pick_local_size
 from . import (conv1d_as_conv2d, conv_channels_last, conv_input_nlc, conv_output_nlc, conv_routing, fold_batch_norm,
-               fold_dequantize_linear, fold_dynamic_quantize, fold_pad_conv, fold_qdq_activations, fuse_activation,
-               fuse_attention, fuse_gelu, fuse_layer_norm, fuse_linear, fuse_norm_linear_rows, fuse_reduce_layer_norm,
-               fuse_silu, memory_plan, merge_siblings, quantize_weights, split_wide_tables)
+               fold_dequantize_linear, fold_dynamic_quantize, fold_pad_conv, fuse_activation, fuse_attention,
+               fuse_gelu, fuse_layer_norm, fuse_linear, fuse_norm_linear_rows, fuse_reduce_layer_norm, fuse_silu,
+               memory_plan, merge_siblings, quantize_weights, split_wide_tables)
 from .lower import lower, lower_mixed
 from ..plan import INPUT, OUTPUT, Plan
 from .storage_layout import check_limits, resolve_storage
@@ -93,8 +91,8 @@ class Pass:
 
 # Every pass, in the order they run (the module docstring says what each does); lowering comes between the graph
 # passes and the plan passes.
-PASSES = (Pass(fold_dequantize_linear), Pass(fold_qdq_activations), Pass(fold_dynamic_quantize), Pass(fold_batch_norm),
-          Pass(fold_pad_conv), Pass(conv1d_as_conv2d), Pass(conv_routing, "annotate"),
+PASSES = (Pass(fold_dequantize_linear), Pass(fold_dynamic_quantize), Pass(fold_batch_norm), Pass(fold_pad_conv),
+          Pass(conv1d_as_conv2d), Pass(conv_routing, "annotate"),
           Pass(fuse_gelu), Pass(fuse_layer_norm), Pass(fuse_silu), Pass(fuse_activation), Pass(conv_output_nlc),
           Pass(conv_input_nlc), Pass(conv_channels_last), Pass(fuse_linear), Pass(quantize_weights),
           Pass(merge_siblings),

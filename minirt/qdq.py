@@ -3,19 +3,23 @@ run-time tensor read only by DequantizeLinears of the same per-tensor scale and 
 one QuantizeDequantize (minirt/ops/quantize.py): y = clamp(round(x / s), lo - z, hi - z) * s, the pair's float result
 as onnxruntime computes each half (x / s in float32, round half to even, (q - z) * s), on the elementwise kernel.
 Where its input is already on that grid (another QuantizeDequantize of the same scale and range, through ops that keep
-the grid: reshapes, transposes, Relu, MaxPool) it is the identity and is dropped. Any other run-time QuantizeLinear or
+the grid: reshapes, transposes, splits, slices, gathers, Relu, MaxPool) it is the identity and is dropped.
+This runs as a graph is prepared (minirt.infer.prepare), before the rank-5 rewrites (minirt/rank5.py): quantize_static
+writes a pair after each step of an attention block's q, k, v split, all of the projection's grid, and with them
+dropped the rewrites see the exporters' pattern. Any other run-time QuantizeLinear or
 DequantizeLinear (an int8 model input or output, a pair of different or per-axis parameters) is refused, naming the
 node."""
 from __future__ import annotations
 
 import numpy as np
 
-from ..errors import UnsupportedError
-from ..graph import Node
-from ..ops.quantize import QUANT_RANGE, dq_params, q_params
+from .errors import UnsupportedError
+from .graph import Node
+from .ops.quantize import QUANT_RANGE, dq_params, q_params
 
 # ops whose output holds only values of their input (or 0, which is on every grid: the zero point is in range)
-_KEEP_GRID = {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Relu", "MaxPool"}
+_KEEP_GRID = {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Relu", "MaxPool", "Split",
+              "Slice", "Gather"}
 
 
 def _pair(graph, q, dq, cons):
@@ -50,7 +54,7 @@ def _on_grid(node, attrs, prod):
             all(cur.attrs[k] == attrs[k] for k in ("scale", "lo", "hi")))
 
 
-def rewrite(graph, options, profile=None):
+def fold_qdq_pairs(graph) -> None:
     prod, cons = graph.producers(), graph.consumers()
     new, drop = {}, set()
     for dq in graph.nodes:
@@ -70,9 +74,9 @@ def rewrite(graph, options, profile=None):
                            {"scale": scale, "lo": lo, "hi": hi}, "minirt")
         drop.add(id(q))
         graph.note(dq.name, f"QuantizeLinear '{q.name}' -> DequantizeLinear folded into one QuantizeDequantize "
-                            f"(scale {scale:g}, levels {lo:g}..{hi:g}) (fold_qdq_activations)")
+                            f"(scale {scale:g}, levels {lo:g}..{hi:g}) (fold_qdq_pairs)")
     if not new:
-        return graph
+        return
     graph.nodes = [new.get(id(n), n) for n in graph.nodes if id(n) not in drop]
     # a QuantizeDequantize of values already on its grid is the identity: its readers read its input
     prod = graph.producers()
@@ -80,10 +84,9 @@ def rewrite(graph, options, profile=None):
     for n in graph.nodes:
         if n.op == "QuantizeDequantize" and n.outputs[0] not in graph.outputs and _on_grid(n, n.attrs, prod):
             rename[n.outputs[0]] = rename.get(n.inputs[0], n.inputs[0])
-            graph.note(n.name, "QuantizeDequantize dropped: its input is already on its grid (fold_qdq_activations)")
+            graph.note(n.name, "QuantizeDequantize dropped: its input is already on its grid (fold_qdq_pairs)")
             continue
         n.inputs = [rename.get(i, i) for i in n.inputs]
         keep.append(n)
     graph.nodes = keep
     graph.remove_unused()
-    return graph

@@ -30,6 +30,9 @@ def _pair(graph, q, dq, cons):
     dz = graph.tensor(dq.inputs[2]) if len(dq.inputs) > 2 and dq.inputs[2] else None
     ds, dzz = dq_params(dq, ins[0].shape or (1,), graph.tensor(dq.inputs[1]).data, None if dz is None else dz.data,
                         f"{graph.source}: ")
+    if np.any(np.asarray(s) <= 0):
+        raise UnsupportedError(f"{graph.source}: {q}: scale '{q.inputs[1]}' is not positive; minirt folds pairs of a "
+                               f"positive scale")
     if np.size(s) != 1:
         raise UnsupportedError(f"{graph.source}: {q}: quantizes an activation per axis; minirt folds per-tensor "
                                f"quantize/dequantize pairs only")

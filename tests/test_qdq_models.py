@@ -317,3 +317,31 @@ def test_rewrites_on_the_graph():
     assert [n.op for n in g.nodes] == ["QuantizeDequantize", "Conv", "Relu"]
     s, z = g.nodes[1].attrs["_wq"]
     assert g.tensor(g.nodes[1].inputs[1]).data.dtype == np.float32 and s.shape == z.shape == (8,)
+
+
+@pytest.mark.parametrize("zero_dtype,storage", [(np.uint8, "buffer"), (np.int8, "texture")])
+def test_quantize_dequantize_at_rounding_ties(zero_dtype, storage):
+    """The pair's rounding where it is closest to going either way: x at (k + 1/2) s and a few ulps around it, for
+    odd and even k, past both ends of the levels, and plain random values; bit for bit onnxruntime's (whose x / s is
+    correctly rounded, which a Vulkan division need not be: the kernel settles those cases exactly)."""
+    rng = np.random.default_rng(11)
+    s = np.float32(rng.uniform(0.003, 0.05))
+    z = zero_dtype(rng.integers(100, 156) if zero_dtype == np.uint8 else rng.integers(-20, 20))
+    k = np.arange(-300, 300, dtype=np.float32)
+    mid = ((k + np.float32(0.5)) * s).astype(np.float32)
+    near = [mid]
+    for steps in (1, 2, 3):
+        near += [np.nextafter(near[-1] if steps > 1 else mid, np.float32(np.inf))]
+    down = mid
+    for _ in range(3):
+        down = np.nextafter(down, np.float32(-np.inf))
+        near.append(down)
+    x = np.concatenate(near + [rng.uniform(-8, 8, 4000).astype(np.float32)]).astype(np.float32)
+    x = x[: x.size // 4 * 4].reshape(4, -1)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])]
+    m = make_model(nodes, {"x": x.shape}, ["y"], {"s": s, "z": np.asarray(z)}, opset=17)
+    want = onnxruntime_run(m, {"x": x})[0]
+    with Session(m, storage=storage, options={"poison": True}) as sess:
+        got = sess.run(None, {"x": x})[0]
+    assert np.array_equal(got, want), f"{np.sum(got != want)} of {x.size} differ"

@@ -201,4 +201,5 @@ class QuantizeDequantize(Op):
         from .elementwise import elementwise_dispatch
         a = node.attrs
         elementwise_dispatch(ctx, "unary", self.code, ctx.t(node.outputs[0]), [ctx.t(node.inputs[0])], flops_per=4,
-                             params=(float(a["scale"]), float(a["lo"]), float(a["hi"]), 0.0))
+                             params=(float(a["scale"]), float(a["lo"]), float(a["hi"]),
+                                     float(np.float32(1) / np.float32(a["scale"]))))

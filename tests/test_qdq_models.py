@@ -345,3 +345,18 @@ def test_quantize_dequantize_at_rounding_ties(zero_dtype, storage):
     with Session(m, storage=storage, options={"poison": True}) as sess:
         got = sess.run(None, {"x": x})[0]
     assert np.array_equal(got, want), f"{np.sum(got != want)} of {x.size} differ"
+
+
+def test_int4_per_column_runs_as_int8():
+    """An int4 weight with a scale a column (no blocks) is an int8 Linear's weight (the same values, a byte each)."""
+    import ml_dtypes
+    rng = np.random.default_rng(8)
+    inits = {"q": rng.integers(-8, 8, size=(24, 12)).astype(ml_dtypes.int4),
+             "s": rng.uniform(0.05, 0.1, 12).astype(np.float32), "z": rng.integers(-8, 8, 12).astype(ml_dtypes.int4)}
+    model = make_model([helper.make_node("DequantizeLinear", ["q", "s", "z"], ["w"], axis=1),
+                        helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": (1, 5, 24)}, ["y"], inits, opset=21)
+    feeds = {"x": rng.standard_normal((1, 5, 24)).astype(np.float32)}
+    with Session(model, storage="buffer", options={"poison": True}) as s:
+        (lin,) = [d for d in s.plan.dispatches if d.op == "Linear"]
+        assert "_i8" in lin.kernel
+        compare(s.run(None, feeds)[0], onnxruntime_run(model, feeds)[0], 1e-5)

@@ -9,9 +9,9 @@ input is [N, L, C], channels last, for the [N, C, L] (or, rewritten to 2-D, [N, 
 _in_layout / _out_layout "NHWC" (conv_channels_last, routes linear and im2col, 2-D): the input / output is
 [N, H, W, C] for the [N, C, H, W] the conv computes over; a channels-last output holds the whole batch's GEMM rows, and
 may have a residual as 4th input (an _act "res+<act>" comes after it: minirt.kernels.RES_FIRST).
-_wq (fold_dequantize_linear, quantize_weights): the weight is int8 a output channel: (scale [O], zero point [O] or
-None) of a QDQ model's weight, which W (its float value) divides back into whole numbers, or "int8" (option
-quantize_weights: quantized here per output channel, symmetric). The GEMM routes on the buffer GEMM (linear, im2col)
+_wq (fold_dequantize_linear, quantize_weights): the weight is int8 with a scale an output channel: (scale [O], zero
+point [O] or None) of a QDQ model's weight, which W (its float value) divides back into whole numbers, or "int8"
+(option quantize_weights: quantized here per output channel, symmetric). The GEMM routes on the buffer GEMM (linear, im2col)
 then read it at a byte a weight (ops/int8_weight.py); the other routes, which have no int8 kernel, read W in float and
 the plan notes it."""
 from __future__ import annotations

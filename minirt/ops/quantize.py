@@ -76,8 +76,8 @@ class DequantizeLinear(Op):
     planner_folds = True      # of constants: its output is one once fold_dequantize_linear has run
     limits = ("of int8 / uint8 / int4 / uint4 constants (weights: per tensor, per axis, blocked): into a MatMul or "
               "Gemm they stay int8 (per column) or 4-bit (blocked along K) on the GPU, into a Conv (per output "
-              "channel) int8 on its GEMM routes (fold_dequantize_linear), elsewhere they fold to float; of activations only as "
-              "a pair after QuantizeLinear (minirt/qdq.py)")
+              "channel) int8 on its GEMM routes (fold_dequantize_linear), elsewhere they fold to float; of "
+              "activations only as a pair after QuantizeLinear (minirt/qdq.py)")
 
     def infer(self, node, ins):
         return [(ins[0].shape, "float32")]
@@ -91,10 +91,10 @@ class DequantizeLinear(Op):
             return None
         if x.data.dtype.name in QUANT_DTYPES:
             self.check_types(node, ins)
+            # a weight's rank (MatMul / Gemm, Conv): the planner's fold_dequantize_linear decides whether it stays
+            # quantized; biases and norm scales fold to float now, for the ops that need them constant at load
             if x.data.ndim in (2, 3, 4):
-                return None  # the planner's fold_dequantize_linear decides: a quantized MatMul / Gemm / Conv weight,
-            #                  or a float constant
-            # (biases, norm scales: float now, for the ops that need them constant at load)
+                return None
         return super().fold(node, ins)
 
     @staticmethod

@@ -360,3 +360,21 @@ def test_int4_per_column_runs_as_int8():
         (lin,) = [d for d in s.plan.dispatches if d.op == "Linear"]
         assert "_i8" in lin.kernel
         compare(s.run(None, feeds)[0], onnxruntime_run(model, feeds)[0], 1e-5)
+
+
+def test_qdq_conv_on_the_tensor_core_gemm():
+    """At fp16, an im2col conv with a QDQ int8 weight (K = 3 * 3 * 6, not a multiple of 32: the padded rows
+    dequantize to 0) runs the tensor-core kernel's w=i8 variant (emulated here, coopmat=emulate)."""
+    from minirt.session import get_device
+    if get_device().profile.subgroup_size not in (8, 16, 32):
+        pytest.skip("the emulated tensor-core kernel needs subgroups of 8, 16 or 32 lanes")
+    model, feeds = _qdq_conv(6, 72, 3, dtype=np.uint8, seed=4)
+    feeds = {"x": np.random.default_rng(4).standard_normal((1, 6, 12, 12)).astype(np.float32)}
+    model.graph.input[0].type.tensor_type.shape.dim[2].dim_value = 12
+    model.graph.input[0].type.tensor_type.shape.dim[3].dim_value = 12
+    opts = {"poison": True, "precision": "fp16", "coopmat": "emulate", "conv_route": "im2col"}
+    with Session(model, storage="buffer", options=opts) as s:
+        kernels = [d.kernel for d in s.plan.dispatches if d.op == "Conv"]
+        assert any(k.startswith("linear_cm_emu") and "_i8" in k for k in kernels), kernels
+        got = s.run(None, feeds)[0]
+    compare(got, onnxruntime_run(model, feeds)[0], 4e-3, "tensor-core int8 conv")

@@ -27,6 +27,8 @@ class Tensor:
     shape: tuple | None = None
     dtype: str | None = None          # numpy dtype name: "float32", "int64", ...
     data: np.ndarray | None = None    # set for constants
+    planner_const: bool = False       # not a constant yet, but one once the planner folds it (a quantized weight's
+    #                                   DequantizeLinear: fold_dequantize_linear)
 
     @property
     def is_const(self) -> bool:
@@ -157,7 +159,7 @@ class Graph:
     def copy(self) -> "Graph":
         # constants are never mutated in place, so sharing their arrays is safe
         g = copy.copy(self)
-        g.tensors = {k: Tensor(t.name, t.shape, t.dtype, t.data) for k, t in self.tensors.items()}
+        g.tensors = {k: Tensor(t.name, t.shape, t.dtype, t.data, t.planner_const) for k, t in self.tensors.items()}
         g.nodes = [Node(n.op, n.name, list(n.inputs), list(n.outputs), dict(n.attrs), n.domain)
                    for n in self.nodes]
         g.inputs, g.outputs = list(self.inputs), list(self.outputs)

@@ -10,6 +10,7 @@ import numpy as np
 from . import ops
 from .errors import InputError, MinirtError, ModelError, UnsupportedError
 from .graph import Graph
+from .qdq import fold_qdq_pairs
 from .rank5 import compact_rank5_transposes, refuse_high_ranks, unstack_rank5
 
 MAX_ELEMENTS = 1 << 31   # refuse absurd declared shapes before anything is allocated
@@ -201,6 +202,8 @@ def prepare(graph: Graph, *, symbolic: bool = False, host: bool = False, runtime
                 continue
             t = graph.tensors.get(name) or graph.add_tensor(type(ins[0])(name))
             t.shape, t.dtype = (tuple(shape) if shape is not None else None), dtype
+            # a quantized constant's float value, which the planner folds (fold_dequantize_linear)
+            t.planner_const = getattr(op, "planner_folds", False) and all(i is None or i.is_const for i in ins)
             if t.is_static and int(np.prod(t.shape, dtype=np.float64)) > MAX_ELEMENTS:
                 raise ModelError(f"{graph.source}: tensor '{name}' from {node} would have shape {list(t.shape)}, "
                                  f"more than {MAX_ELEMENTS} elements")
@@ -215,6 +218,7 @@ def prepare(graph: Graph, *, symbolic: bool = False, host: bool = False, runtime
     if split is not None:
         graph.host = split.finish(graph)
     graph.remove_unused()
+    fold_qdq_pairs(graph)   # before the rank-5 rewrites: the pairs quantize_static puts inside their patterns go
     unstack_rank5(graph)    # kernels take rank <= 4: rank-5 tensors exporters make in passing, at rank <= 4
     compact_rank5_transposes(graph)
     refuse_high_ranks(graph)

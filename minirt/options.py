@@ -161,7 +161,8 @@ class Options:
     quantize_weights: str = _opt("off", _choice(("off", "int8")),
                                  "int8: every float Linear weight (MatMul, Gemm) quantized at planning per output "
                                  "column, symmetric, onto the int8 GEMM kernels (a byte a weight on the GPU; buffer "
-                                 "storage, K a multiple of 4); off: weights as the model holds them")
+                                 "storage, K a multiple of 4), and every Conv weight on a buffer-GEMM route (im2col, "
+                                 "linear) per output channel; off: weights as the model holds them")
     conv1d_rewrite: bool = _opt(True, _flag, "run 1-D convolutions as 2-D ones over a height of 1 "
                                 "(MINIRT_NO_CONV1D_REWRITE=1 turns it off)")
     local_size: tuple | None = _opt(None, _optional(_local_size),

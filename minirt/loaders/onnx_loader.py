@@ -23,6 +23,9 @@ _ITEMSIZE = {onnx.TensorProto.FLOAT: 4, onnx.TensorProto.UINT8: 1, onnx.TensorPr
              onnx.TensorProto.INT16: 2, onnx.TensorProto.INT32: 4, onnx.TensorProto.INT64: 8, onnx.TensorProto.BOOL: 1,
              onnx.TensorProto.FLOAT16: 2, onnx.TensorProto.DOUBLE: 8, onnx.TensorProto.UINT32: 4,
              onnx.TensorProto.UINT64: 8, onnx.TensorProto.BFLOAT16: 2}
+# INT4 / UINT4 (opset 21's 4-bit weights of a DequantizeLinear): read as ml_dtypes' int4 / uint4 arrays (a value a
+# byte), which only fold_dequantize_linear turns into GPU weights
+_PACKED4 = (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
 _INTERNAL_DOMAIN = "minirt"    # the planner's own fused ops (Linear, Attention, ...): never from a file
 
 
@@ -181,6 +184,8 @@ def _tensor_data(t, base, source) -> np.ndarray:
     for d in dims:
         numel *= d
     want = numel * _ITEMSIZE[t.data_type] if t.data_type in _ITEMSIZE else None
+    if t.data_type in _PACKED4:       # two 4-bit values a byte
+        want = (numel + 1) // 2
     if t.data_location == onnx.TensorProto.EXTERNAL:
         t = _external(t, name, want, base, source)
     try:

@@ -8,7 +8,12 @@ input is a residual added after bias and activation; and _in_layout "NLC" (conv_
 input is [N, L, C], channels last, for the [N, C, L] (or, rewritten to 2-D, [N, C, 1, L]) the conv computes over.
 _in_layout / _out_layout "NHWC" (conv_channels_last, routes linear and im2col, 2-D): the input / output is
 [N, H, W, C] for the [N, C, H, W] the conv computes over; a channels-last output holds the whole batch's GEMM rows, and
-may have a residual as 4th input (an _act "res+<act>" comes after it: minirt.kernels.RES_FIRST)."""
+may have a residual as 4th input (an _act "res+<act>" comes after it: minirt.kernels.RES_FIRST).
+_wq (fold_dequantize_linear, quantize_weights): the weight is int8 with a scale an output channel: (scale [O], zero
+point [O] or None) of a QDQ model's weight, which W (its float value) divides back into whole numbers, or "int8"
+(option quantize_weights: quantized here per output channel, symmetric). The GEMM routes on the buffer GEMM (linear, im2col)
+then read it at a byte a weight (ops/int8_weight.py); the other routes, which have no int8 kernel, read W in float and
+the plan notes it."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,7 +22,9 @@ from ..errors import ModelError, UnsupportedError
 from ..kernels import act_code, activate, spec
 from ..kernels.gemm import OUT_NCHW, OUT_ROWS, gemm_dispatch, linear_dispatch, linear_ok, pack_bias, pack_weight
 from ..plan import Push
+from ..quant import quantize_rows
 from . import Op, attr, register
+from .int8_weight import Int8Weight
 
 
 def _nchw_shape(node, shape, nd):
@@ -77,7 +84,7 @@ def rank_reason(node, ins, kind):
 class Conv(Op):
     name = "Conv"
     limits = ("1-D and 2-D only (3-D is refused at load); the weight and bias must be constants "
-              "(prepacked at load); float32")
+              "(prepacked at load), or the weight a DequantizeLinear of one (int8 on the GEMM routes); float32")
 
     def check(self, node, ins):
         w = ins[1]
@@ -90,7 +97,7 @@ class Conv(Op):
         if len(node.inputs) > 3 and node.attrs.get("_out_layout") not in ("NLC", "NHWC"):
             return f"{len(node.inputs)} inputs; Conv takes at most 3 (X, W, B)"
         for i, what in ((1, "weight"), (2, "bias")):
-            if len(ins) > i and ins[i] is not None and not ins[i].is_const:
+            if len(ins) > i and ins[i] is not None and not ins[i].is_const and not ins[i].planner_const:
                 return (f"{what} '{node.inputs[i]}' is computed at run time; minirt needs Conv {what}s to be "
                         f"constants (they are prepacked at load)")
 
@@ -144,6 +151,39 @@ class Conv(Op):
         route = node.attrs.get("_route", "direct")
         {"linear": _lower_linear, "im2col": _lower_im2col, "pointwise": _lower_pointwise,
          "depthwise": _lower_depthwise, "direct": _lower_direct}[route](node, ctx)
+
+
+def _gemm_weight(ctx, node, b_kn, kp=0):
+    """(the GEMM's B, N4) of a conv on the buffer GEMM (linear_dispatch): b_kn [K, N] float, or, where the conv has
+    _wq, the int8 weight (rows K .. kp - 1, where the GEMM reads kp rows, dequantize to 0)."""
+    wq = node.attrs.get("_wq")
+    k, n = b_kn.shape
+    if wq is None:
+        return pack_weight(ctx, node.inputs[1], b_kn)
+    if isinstance(wq, str):
+        q8, s = quantize_rows(b_kn.T, node.inputs[1]).kn()
+        z = None
+        ctx.note(f"quantize_weights int8: weight [{k}, {n}] as int8 with a scale an output channel")
+    else:
+        s, z = wq
+        t = b_kn / s.reshape(1, -1) + (0 if z is None else z.reshape(1, -1))
+        r = np.rint(t)
+        if t.size and (np.abs(t - r).max() > 1e-3 or r.min() < -128 or r.max() > 127):
+            ctx.note("int8 weight read in float: the weight is no longer the int8 one times its scales (a pass "
+                     "changed it after dequantizing)")
+            return pack_weight(ctx, node.inputs[1], b_kn)
+        q8 = r.astype(np.int8)
+        ctx.note(f"int8 weight [{k}, {n}] (QDQ), a scale an output channel, on the int8 GEMM")
+    if kp > k:
+        pad = np.zeros((kp - k, n), np.int8) if z is None else np.broadcast_to(np.rint(z).astype(np.int8), (kp - k, n))
+        q8 = np.concatenate([q8, pad])
+    return Int8Weight(node.inputs[1], np.ascontiguousarray(q8), np.asarray(s, np.float32), z), -(-n // 4)
+
+
+def _float_note(ctx, node, route):
+    if node.attrs.get("_wq") is not None:
+        ctx.note(f"int8 weight dequantized to float at planning: route {route} ({ctx.storage} storage) has no int8 "
+                 f"kernel")
 
 
 IM2COL_SCRATCH_BUDGET = 16 << 20   # bytes; larger convs run in tiles of output rows sharing one scratch
@@ -202,7 +242,7 @@ def _lower_linear(node, ctx):
     if node.attrs.get("_in_layout") != "NHWC" or not linear_ok(ctx, c):
         raise UnsupportedError(f"{node}: route linear needs a channels-last input (pass conv_channels_last) on the "
                                f"buffer GEMM with C_in % 4 == 0 ({ctx.storage} storage, {c} channels)")
-    wt, n4 = pack_weight(ctx, node.inputs[1], w.reshape(oc, c).T)
+    wt, n4 = _gemm_weight(ctx, node, w.reshape(oc, c).T)
     bt = pack_bias(ctx, f"{node.name}.bias", b, oc)
     batch, h, wd, _c = x.shape
     act = node.attrs.get("_act")
@@ -229,8 +269,14 @@ def _lower_im2col(node, ctx):
     _x, _y, w, b, strides, dil, pb, out = _operands(node, ctx)
     oc, c, kh, kw = w.shape
     k = c * kh * kw
-    # k ordered (kh, kw, c), as im2col writes it
-    wt, n4 = pack_weight(ctx, node.inputs[1], w.transpose(2, 3, 1, 0).reshape(k, oc))
+    # k ordered (kh, kw, c), as im2col writes it; the buffer GEMM reads K padded to 4 (kp), the tiled GEMM K
+    kp = -(-k // 4) * 4
+    b_kn = w.transpose(2, 3, 1, 0).reshape(k, oc)
+    if linear_ok(ctx, kp):
+        wt, n4 = _gemm_weight(ctx, node, b_kn, kp)
+    else:
+        _float_note(ctx, node, "im2col")
+        wt, n4 = pack_weight(ctx, node.inputs[1], b_kn)
     bt = pack_bias(ctx, f"{node.name}.bias", b, oc)
     batch = x.shape[0]
     if node.attrs.get("_out_layout") == "NHWC":
@@ -298,6 +344,7 @@ def _lower_pointwise(node, ctx):
     x, y, w, b, *_ = _operands(node, ctx)
     oc, c = w.shape[:2]
     x4, y4 = _as4d(ctx, x), _out4d(ctx, y)
+    _float_note(ctx, node, "pointwise")
     wt, n4 = pack_weight(ctx, node.inputs[1], w.reshape(oc, c).T)
     bt = pack_bias(ctx, f"{node.name}.bias", b, oc)
     m = x4.shape[2] * x4.shape[3]
@@ -311,6 +358,7 @@ def _lower_pointwise(node, ctx):
 def _lower_depthwise(node, ctx):
     x, y, w, b, strides, dil, pb, _ = _operands(node, ctx)
     c, _, kh, kw = w.shape
+    _float_note(ctx, node, "depthwise")
     x4, y4 = _as4d(ctx, x), _out4d(ctx, y)
     wt = ctx.weight(node.inputs[1], w.reshape(-1))
     bt = ctx.weight(f"{node.name}.bias", np.zeros(c, np.float32) if b is None else b)
@@ -327,6 +375,7 @@ def _lower_direct(node, ctx):
     conv1d = len(x.shape) == 3
     oc, icg, kh, kw = w.shape
     g = int(attr(node, "group", 1))
+    _float_note(ctx, node, "direct")
     ocb = -(-oc // 4)
     # [O/4][I/g][kh][kw] vec4: lane l of block o4 is output channel 4*o4 + l (zeros past O)
     wp = np.zeros((ocb * 4, icg, kh, kw), np.float32)

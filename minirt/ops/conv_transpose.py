@@ -73,7 +73,7 @@ class ConvTranspose(Op):
         if why:
             return why
         for i, what in ((1, "weight"), (2, "bias")):
-            if len(ins) > i and ins[i] is not None and not ins[i].is_const:
+            if len(ins) > i and ins[i] is not None and not ins[i].is_const and not ins[i].planner_const:
                 return (f"{what} '{node.inputs[i]}' is computed at run time; minirt needs ConvTranspose {what}s to "
                         f"be constants (they are packed at load)")
         ks = attr(node, "kernel_shape")

@@ -14,7 +14,7 @@ from ..quant import dequantize_kn
 def int8_operands(graph, node):
     """(q [K, N] int8, scale [N] float32, zero [N] float32 or None) of a Linear with an int8 weight, else None."""
     ins = list(node.inputs) + [""] * (6 - len(node.inputs))
-    if not ins[4]:
+    if not ins[4] or "block" in node.attrs:
         return None
     q, s = graph.tensor(ins[1]), graph.tensor(ins[4])
     z = graph.tensor(ins[5]) if ins[5] else None
@@ -27,6 +27,21 @@ def int8_operands(graph, node):
             raise ModelError(f"{node}: '{t.name}' must be a constant of {n} values (one per column of '{q.name}')")
     return (q.data, np.asarray(s.data, np.float32).reshape(-1),
             None if z is None else np.asarray(z.data, np.float32).reshape(-1))
+
+
+def int4_operands(graph, node):
+    """(q [K, N] uint8 values 0..15, scale [blocks, N], zero [blocks, N] float32, block) of a Linear with a blocked
+    4-bit weight (attribute block: fold_dequantize_linear), else None."""
+    block = int(node.attrs.get("block", 0))
+    if not block:
+        return None
+    q, s, z = (graph.tensor(node.inputs[i]) for i in (1, 4, 5))
+    k, n = q.data.shape
+    want = (-(-k // block), n)
+    if q.data.dtype != np.uint8 or s.data.shape != want or z.data.shape != want or block % 4:
+        raise ModelError(f"{node}: a blocked 4-bit weight needs uint8 '{q.name}' [K, N] with scale and zero point "
+                         f"{list(want)} and a block size that is a multiple of 4")
+    return q.data, np.asarray(s.data, np.float32), np.asarray(z.data, np.float32), block
 
 
 class Int8Weight:

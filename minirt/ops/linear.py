@@ -19,7 +19,7 @@ from ..kernels.gemm import OUT_PARTS, linear_dispatch, linear_ok, pack_bias, pac
 from ..quant import dequantize_kn
 from . import Op, attr, register
 from .elementwise import activation_dispatch, elementwise_dispatch
-from .int8_weight import Int8Weight, int8_operands
+from .int8_weight import Int4Weight, Int8Weight, int4_operands, int8_operands
 from .shape_ops import affine_copy, view_or_copy
 
 
@@ -40,7 +40,10 @@ class Linear(Op):
         return [(tuple(x.shape[:-1]) + (w.shape[1],), x.dtype)]
 
     def reference(self, node, x, w, b=None, r=None, s=None, z=None):
-        if s is not None:
+        if s is not None and "block" in node.attrs:
+            rows = np.arange(w.shape[0]) // int(node.attrs["block"])
+            w = (w.astype(np.float32) - z[rows]) * s[rows]
+        elif s is not None:
             w = dequantize_kn(w, s, z)
         parts = int(attr(node, "parts", 1))
         if parts > 1:     # part-major: [M, P * Np] -> [P, M, Np]
@@ -62,8 +65,16 @@ class Linear(Op):
         x, y = ctx.t(node.inputs[0]), ctx.t(node.outputs[0])
         scale = float(node.attrs.get("scale", 1.0))
         quant = int8_operands(g, node)
+        q4 = int4_operands(g, node)
         k, n = g.tensor(node.inputs[1]).data.shape
-        if quant is not None and linear_ok(ctx, k):      # the scale folds into the column scales
+        if q4 is not None:       # a blocked 4-bit weight: on the w=q4 kernels, as MatMulNBits
+            q, s, z, block = q4
+            w = Int4Weight(node.inputs[1], q, s * np.float32(scale), z, block)
+            if not linear_ok(ctx, k):
+                ctx.note("4-bit weight dequantized to float at planning: the 4-bit kernels need buffer storage and "
+                         "K a multiple of 4")
+                w = w.b_kn
+        elif quant is not None and linear_ok(ctx, k):      # the scale folds into the column scales
             q, s, z = quant
             w = Int8Weight(node.inputs[1], q, s * np.float32(scale), z)
         else:

@@ -2,7 +2,8 @@
 
 Pass order (each pass is one module of this package):
   1. fold_dequantize_linear (fold_dequantize_linear.py)  a DequantizeLinear of an int8 weight into a MatMul or Gemm
-                                            -> a Linear reading the int8 weight (others fold to float)
+                                            -> a Linear reading the int8 (or 4-bit, blocked) weight; into a Conv: its
+                                            GEMM routes read it as int8; others fold to float
   2. fold_dynamic_quantize (fold_dynamic_quantize.py)  quantize_dynamic's DynamicQuantizeLinear + MatMulInteger
                                             + Cast -> DynamicQuantize + a Linear reading the int8 weight
   3. fold_batch_norm  (fold_batch_norm.py)  an inference BatchNormalization after a Conv -> the conv's W and B
@@ -90,7 +91,8 @@ class Pass:
 
 # Every pass, in the order they run (the module docstring says what each does); lowering comes between the graph
 # passes and the plan passes.
-PASSES = (Pass(fold_dequantize_linear), Pass(fold_dynamic_quantize), Pass(fold_batch_norm), Pass(fold_pad_conv), Pass(conv1d_as_conv2d), Pass(conv_routing, "annotate"),
+PASSES = (Pass(fold_dequantize_linear), Pass(fold_dynamic_quantize), Pass(fold_batch_norm), Pass(fold_pad_conv),
+          Pass(conv1d_as_conv2d), Pass(conv_routing, "annotate"),
           Pass(fuse_gelu), Pass(fuse_layer_norm), Pass(fuse_silu), Pass(fuse_activation), Pass(conv_output_nlc),
           Pass(conv_input_nlc), Pass(conv_channels_last), Pass(fuse_linear), Pass(quantize_weights),
           Pass(merge_siblings),

@@ -79,7 +79,7 @@ def _rewrite_one(node, graph):
     s_in = graph.const(graph.fresh_name(f"{x4.name}.shape"), np.array(x4.shape, np.int64))
     s_out = graph.const(graph.fresh_name(f"{y4.name}.shape"), np.array(y.shape, np.int64))
     attrs = {"strides": [1, strides[0]], "pads": [0, pb[0], 0, pe[0]], "dilations": [1, dil[0]], "group": 1,
-             "kernel_shape": [1, k]}
+             "kernel_shape": [1, k], **{a: node.attrs[a] for a in ("_wq",) if a in node.attrs}}
     return [Node("Reshape", f"{node.name}/to_2d", [node.inputs[0], s_in.name], [x4.name]),
             Node("Conv", node.name, [x4.name, *node.inputs[1:]], [y4.name], attrs, node.domain),
             Node("Reshape", f"{node.name}/to_1d", [y4.name, s_out.name], [node.outputs[0]])]

@@ -48,7 +48,7 @@ GEMM_ROUTES = ("linear", "im2col")
 GLOBAL_POOLS = {"GlobalAveragePool": "ReduceMean", "GlobalMaxPool": "ReduceMax"}
 # ops that compute elementwise whatever the layout, where every input has the output's shape or is a scalar constant
 ELEMENTWISE = ("Add", "Sub", "Mul", "Div", "Pow", "Relu", "Sigmoid", "Tanh", "Neg", "Exp", "Abs", "Log", "Sqrt", "Erf",
-               "Gelu", "Reciprocal", "HardSigmoid", "HardSwish", "Clip")
+               "Gelu", "Reciprocal", "HardSigmoid", "HardSwish", "Clip", "QuantizeDequantize")
 
 
 def rewrite(graph, options, profile=None):

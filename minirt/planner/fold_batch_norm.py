@@ -35,6 +35,9 @@ def rewrite(graph, options, profile=None):
                             (w64 * s.reshape((-1,) + (1,) * (w64.ndim - 1))).astype(np.float32)).name
         bname = graph.const(graph.fresh_name(f"{conv.name}_bn_bias"), bias.astype(np.float32)).name
         conv.inputs[1:] = [wname, bname]
+        if isinstance(conv.attrs.get("_wq"), tuple):     # an int8 weight (QDQ): its scales take the BatchNorm's
+            wscale, wzero = conv.attrs["_wq"]
+            conv.attrs["_wq"] = ((np.asarray(wscale, np.float64) * s).astype(np.float32), wzero)
         conv.outputs[0] = bn.outputs[0]
         drop.add(id(bn))
         graph.note(conv.name, f"folded BatchNormalization '{bn.name}' into the conv's weight and bias")

@@ -76,7 +76,8 @@ def rewrite(graph, options, profile=None):
         if bias:
             graph.tensor(bias).data = np.asarray(graph.tensor(bias).data, np.float32).reshape(-1)
         node = Node("Linear", mm.name, [mm.inputs[0], wname, bias, res, *mm.inputs[4:6]], [cur],
-                    {"act": act, "scale": scale * float(mm.attrs.get("scale", 1.0))}, "minirt")
+                    {"act": act, "scale": scale * float(mm.attrs.get("scale", 1.0)),
+                     **{k: mm.attrs[k] for k in ("block",) if k in mm.attrs}}, "minirt")
         drop.update(id(c) for c in chain)
         new[id(chain[-1])] = node
         parts = [mm.op] + [c.op for c in chain[1:]]

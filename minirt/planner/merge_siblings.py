@@ -34,7 +34,8 @@ MAX_ALIGNMENT = 256    # the largest minStorageBufferOffsetAlignment Vulkan allo
 
 def _candidate(graph, node):
     """(x, act, K, N) grouping key of a Linear that may merge, or None."""
-    if node.op != "Linear" or node.domain != "minirt" or int(node.attrs.get("parts", 1)) != 1:
+    if node.op != "Linear" or node.domain != "minirt" or int(node.attrs.get("parts", 1)) != 1 or \
+            "block" in node.attrs:     # blocked 4-bit weights (fold_dequantize_linear) stay single
         return None
     ins = list(node.inputs) + [""] * (4 - len(node.inputs))
     x, w, b, r = ins[:4]

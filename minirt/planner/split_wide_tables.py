@@ -84,8 +84,9 @@ def _linear(graph, node, limit, itemsize, profile):
     why = (f"weight '{w}' [{k}, {n}] is {_size(packed)} packed, beyond the maxStorageBufferRange "
            f"of '{profile.name}' ({_size(limit)})")
     y = node.outputs[0]
-    if int(node.attrs.get("parts", 1)) != 1 or y in graph.state.values():
-        graph.note(node.name, why + ": not split (a Linear of merged parts, or one writing a state tensor)")
+    if int(node.attrs.get("parts", 1)) != 1 or y in graph.state.values() or (len(node.inputs) > 4 and node.inputs[4]):
+        graph.note(node.name, why + ": not split (a Linear of merged parts, one writing a state tensor, or one of a "
+                                    "quantized weight)")
         return None
     widths = _widths(n, lambda c: _ceil(k, 32) * _ceil(c, 16) * itemsize <= limit, 16)
     if widths is None:

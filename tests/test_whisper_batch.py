@@ -237,8 +237,8 @@ def test_transcribe_batch_errors(model):
     assert [s.tokens for s in got[1][0]] == [s.tokens for s in want]
     from minirt.whisper import BatchedInferencePipeline
     pipe = BatchedInferencePipeline(model)
-    with pytest.raises(NotImplementedError, match="temperature above 0"):
-        pipe.transcribe(audio[0], temperature=0.4, beam_size=1)
+    with pytest.raises(NotImplementedError, match="chunk_length above 30"):
+        pipe.transcribe(audio[0], chunk_length=45, beam_size=1)
     with pytest.raises(ValueError, match=r"clip_timestamps\[0\]"):
         pipe.transcribe(audio[0], clip_timestamps=[{"start": 0, "end": 40}], beam_size=1)
     with pytest.raises(ValueError, match="batch_size must be 1 to 4"):

@@ -1,6 +1,7 @@
 """The multilingual code paths against faster-whisper, on tiny.en's weights laid out as a multilingual model
 (tests/whisper_multilingual.py): language detection, <|startoftranscript|> <|xx|> <|task|> prompts (transcribe and
-translate), per-window detection (multilingual=True), the shifted special and timestamp ids."""
+translate), per-window detection (multilingual=True), the shifted special and timestamp ids; BatchedInferencePipeline's
+per-chunk detection on the same weights with the languages told apart (whisper_multilingual.languages_apart_ct2_dir)."""
 import pytest
 
 import real_whisper
@@ -92,3 +93,75 @@ def test_detection_options_clips_prefix_and_words(oracle, model):
     fs, ms = list(oracle.transcribe(path, **options)[0]), list(model.transcribe(path, **options)[0])
     assert_same(fs, ms)
     assert_same_words(fs, ms)
+
+
+@pytest.mark.skipif(not speech_clips.espeak_available(), reason="espeak-ng is not installed (tools/setup.sh installs it)")
+def test_batched_pipeline_detects_each_chunks_language():
+    """BatchedInferencePipeline(multilingual=True) against faster-whisper's, on a model whose languages are told apart
+    (whisper_multilingual.languages_apart_ct2_dir): each chunk's language, detected on its own encoder output, goes
+    into its prompt (greedy in batches of 3; beam search a chunk at a time), the words are aligned in the file's
+    language; the same segments, tokens and words. The chunks' languages differ and change what is decoded."""
+    import numpy as np
+    from faster_whisper.audio import pad_or_trim
+
+    from minirt.whisper import BatchedInferencePipeline, WhisperModel
+    from test_whisper_parity import assert_same_words
+    try:
+        folder = str(whisper_multilingual.languages_apart_ct2_dir())
+    except real_whisper.Unavailable as e:
+        pytest.skip(f"Whisper tiny.en weights unavailable: {e}")
+    fw = faster_whisper.WhisperModel(folder, device="cpu", compute_type="float32", cpu_threads=1)
+    oracle = faster_whisper.BatchedInferencePipeline(fw)
+    pipe = BatchedInferencePipeline(WhisperModel(folder, backend="reference"))
+    parts = [speech_clips.clip(speech_clips.sentences(s, k)) for s, k in ((0, 1), (1, 2), (2, 1), (3, 1), (4, 2))]
+    starts = np.cumsum([0] + [len(a) for a in parts[:-1]]) / 16000
+    clips = [{"start": float(s), "end": float(s) + len(a) / 16000} for s, a in zip(starts, parts)]
+    audio = np.concatenate(parts)
+    features = np.stack([pad_or_trim(fw.feature_extractor(a)[..., :-1]) for a in parts])
+    assert len({r[0][0] for r in fw.model.detect_language(fw.encode(features))}) > 1
+
+    def key(s):
+        return s.id, s.seek, s.start, s.end, s.text, list(s.tokens), s.temperature
+    base = dict(clip_timestamps=clips, vad_filter=False, max_new_tokens=40, multilingual=True)
+    for options in (dict(beam_size=1, batch_size=3, language="en", word_timestamps=True),
+                    dict(beam_size=2, batch_size=2)):
+        options = dict(base, **options)
+        fs, finfo = oracle.transcribe(audio, **options)
+        ms, minfo = pipe.transcribe(audio, **options)
+        fs, ms = list(fs), list(ms)
+        assert [key(s) for s in ms] == [key(s) for s in fs] and len(ms) >= 5
+        assert [s.avg_logprob for s in ms] == pytest.approx([s.avg_logprob for s in fs], abs=1e-4)
+        assert minfo.language == finfo.language and minfo.transcription_options.multilingual
+        if options.get("word_timestamps"):
+            assert_same_words(fs, ms)
+            one = list(oracle.transcribe(audio, **dict(options, multilingual=False))[0])
+            assert [s.tokens for s in one] != [s.tokens for s in fs]       # the chunks' languages mattered
+
+
+@pytest.mark.long
+@pytest.mark.skipif(not speech_clips.espeak_available(), reason="espeak-ng is not installed (tools/setup.sh installs it)")
+def test_batched_pipeline_languages_on_the_gpu():
+    """BatchedInferencePipeline(multilingual=True) on the GPU gives the reference's tokens: each chunk's language read
+    from the batch's rows (two chunks of different languages in one batch of 2), and from the one-window state with a
+    beam of 2 (long: real tiny windows, about 4 minutes on lavapipe)."""
+    import numpy as np
+
+    from minirt.whisper import BatchedInferencePipeline, WhisperModel
+    try:
+        folder = str(whisper_multilingual.languages_apart_ct2_dir())
+    except real_whisper.Unavailable as e:
+        pytest.skip(f"Whisper tiny.en weights unavailable: {e}")
+    parts = [speech_clips.clip(speech_clips.sentences(s, 1)) for s in (2, 3, 4)]
+    starts = np.cumsum([0] + [len(a) for a in parts[:-1]]) / 16000
+    clips = [{"start": float(s), "end": float(s) + len(a) / 16000} for s, a in zip(starts, parts)]
+    audio = np.concatenate(parts)
+    gpu = BatchedInferencePipeline(WhisperModel(folder, backend="vulkan", max_batch_items=2))
+    ref = BatchedInferencePipeline(WhisperModel(folder, backend="reference"))
+    for beam in (1, 2):
+        opts = dict(beam_size=beam, batch_size=2, language="en", multilingual=True, max_new_tokens=20,
+                    clip_timestamps=clips, vad_filter=False)
+        got, want = list(gpu.transcribe(audio, **opts)[0]), list(ref.transcribe(audio, **opts)[0])
+        assert [s.tokens for s in got] == [s.tokens for s in want] and len(want) == 3
+        if beam == 1:
+            plain = list(ref.transcribe(audio, **dict(opts, multilingual=False))[0])
+            assert [s.tokens for s in plain] != [s.tokens for s in want]

@@ -285,6 +285,72 @@ def test_batched_pipeline_words(oracle, model):
     assert len({s.seek for s in ms}) == 3 and len(fs) >= 3
 
 
+def three_chunks():
+    """Three spoken sentences and their clip_timestamps, a chunk each."""
+    audio = np.concatenate([speech_clips.clip(speech_clips.sentences(s, 1)) for s in (0, 1, 2)])
+    n = len(audio) / 16000
+    return audio, [{"start": k * n / 3, "end": (k + 1) * n / 3} for k in range(3)]
+
+
+@needs_espeak
+@pytest.mark.parametrize("options", [
+    dict(initial_prompt="Hello there.", beam_size=1),
+    dict(hotwords="Stella container", prefix="Hi", beam_size=1),
+    dict(hotwords="Stella", initial_prompt="A shopping list.", without_timestamps=False, beam_size=2),
+    dict(prefix="The quick", temperature=[0.6, 1.0], multilingual=True, beam_size=1)],
+    ids=["prompt", "hotwords-prefix", "hotwords-prompt-beam", "prefix-temperature-multilingual"])
+def test_batched_pipeline_prompts(oracle, model, options, caplog):
+    """BatchedInferencePipeline's prompt options against faster-whisper's pipeline, three chunks in batches of 2: the
+    initial prompt's text encoded as it is, the hotwords as previous text, the prefix taken and not used (the hotwords
+    apply with it), a first temperature above 0 decoding as 0 and reported as the segments' temperature,
+    multilingual turned off (with a warning) on an English-only model. The same segments, scores and options."""
+    from minirt.whisper import BatchedInferencePipeline
+    audio, clips = three_chunks()
+    options = dict(options, clip_timestamps=clips, vad_filter=False, batch_size=2)
+    fs, finfo = faster_whisper.BatchedInferencePipeline(oracle).transcribe(audio, **options)
+    with caplog.at_level("WARNING", logger="minirt.whisper"):
+        ms, minfo = BatchedInferencePipeline(model).transcribe(audio, **options)
+    fs, ms = list(fs), list(ms)
+
+    def key(s):
+        return s.id, s.seek, s.start, s.end, s.text, list(s.tokens), s.temperature
+    assert [key(s) for s in ms] == [key(s) for s in fs] and len(ms) >= 3
+    assert [s.avg_logprob for s in ms] == pytest.approx([s.avg_logprob for s in fs], abs=1e-4)
+    assert [s.no_speech_prob for s in ms] == pytest.approx([s.no_speech_prob for s in fs], abs=1e-5)
+    for name in ("temperatures", "initial_prompt", "prefix", "hotwords", "multilingual", "without_timestamps"):
+        assert getattr(minfo.transcription_options, name) == getattr(finfo.transcription_options, name), name
+    assert ("multilingual=True is ignored" in caplog.text) == ("multilingual" in options)
+    if isinstance(options.get("initial_prompt"), str):
+        # token ids (which faster-whisper's pipeline cannot take: it encodes the prompt as text) as the text's
+        ids = model.tokenizer.encode(options["initial_prompt"])
+        got, _ = BatchedInferencePipeline(model).transcribe(audio, **dict(options, initial_prompt=ids))
+        assert [s.tokens for s in got] == [s.tokens for s in ms]
+
+
+@needs_espeak
+def test_batched_pipeline_chunk_length(oracle, model):
+    """chunk_length=10: the VAD's speech at most 10 s a piece, gathered into chunks of up to 10 s, as faster-whisper's
+    pipeline; above 30 s refused (faster-whisper's would decode a chunk's first 30 s only), 0 an OptionError."""
+    pytest.importorskip("onnxruntime", reason="onnxruntime (vad_filter's runtime) is not installed")
+    from minirt.errors import OptionError
+    from minirt.whisper import BatchedInferencePipeline
+    pipe = BatchedInferencePipeline(model)
+    audio = gappy_clip()
+    options = dict(beam_size=1, batch_size=2, chunk_length=10)
+    fs, finfo = faster_whisper.BatchedInferencePipeline(oracle).transcribe(audio, **options)
+    ms, minfo = pipe.transcribe(audio, **options)
+    fs, ms = list(fs), list(ms)
+
+    def key(s):
+        return s.id, s.seek, s.start, s.end, s.text, list(s.tokens)
+    assert [key(s) for s in ms] == [key(s) for s in fs] and len({s.seek for s in ms}) >= 2
+    assert vars(minfo.vad_options) == vars(finfo.vad_options)
+    with pytest.raises(NotImplementedError, match="chunk_length above 30"):
+        pipe.transcribe(audio, chunk_length=40)
+    with pytest.raises(OptionError, match="chunk_length must be at least 1"):
+        pipe.transcribe(audio, chunk_length=0)
+
+
 @needs_espeak
 def test_batch_alignments_are_ctranslate2s(oracle, model):
     """words.batch_alignments over the reference's alignment of each window alone gives CTranslate2's align of the

@@ -8,6 +8,8 @@ vocabulary has 51865 entries. The folder written here is tiny.en's CTranslate2 f
 inserted at 50256 (the empty token, as in multilingual vocabularies; its logit is always 0) and the special
 tokens moved up by one in model.bin,
 config.json, vocabulary.txt and tokenizer.json. The model transcribes as tiny.en does; in the multilingual layout.
+Its 99 language rows are tiny.en's untrained ones, all alike; languages_apart_ct2_dir adds seeded noise to them, for
+tests where each window's detected language must decide what is decoded.
 """
 from __future__ import annotations
 
@@ -85,6 +87,39 @@ def tiny_multilingual_ct2_dir() -> Path:
                 v["ids"] = [_shift(i) for i in v["ids"]]
             (tmp / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False), encoding="utf-8")
             write_ct2(tmp / "model.bin", spec, variables, aliases)
+            for f in ("config.json", "vocabulary.txt", "tokenizer.json", "model.bin"):
+                os.replace(tmp / f, out / f)
+    return out
+
+
+LANGUAGE_NOISE = 0.02       # per element; tiny.en's 99 language rows are all alike, so every language is as likely
+
+
+def languages_apart_ct2_dir() -> Path:
+    """tiny_multilingual_ct2_dir with seeded noise added to the language tokens' embedding rows (the output
+    projection is the same matrix): languages are then told apart (on the spoken clips, different chunks have
+    different best languages, by margins far above float32 rounding), and the language token in a prompt changes
+    what is decoded. The folder is cached; raises real_whisper.Unavailable when tiny.en cannot be had."""
+    from minirt.whisper.ct2 import read_ct2
+    out = real_whisper.cache_dir() / "whisper-tiny-multilingual-languages-apart-ct2"
+    if (out / "model.bin").is_file():
+        return out
+    src = tiny_multilingual_ct2_dir()
+    with real_whisper._locked(real_whisper.cache_dir() / "whisper-tiny-multilingual-languages-apart-ct2.lock"):
+        if (out / "model.bin").is_file():
+            return out
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=real_whisper.cache_dir()) as tmp:
+            tmp = Path(tmp)
+            spec, variables, aliases = read_ct2(src / "model.bin")
+            emb = variables["decoder/embeddings/weight"].copy()
+            rows = slice(50259, 50358)
+            noise = np.random.default_rng(7).standard_normal(emb[rows].shape) * LANGUAGE_NOISE
+            emb[rows] += noise.astype(np.float32)
+            variables["decoder/embeddings/weight"] = emb
+            write_ct2(tmp / "model.bin", spec, variables, aliases)
+            for f in ("config.json", "vocabulary.txt", "tokenizer.json"):
+                (tmp / f).write_bytes((src / f).read_bytes())
             for f in ("config.json", "vocabulary.txt", "tokenizer.json", "model.bin"):
                 os.replace(tmp / f, out / f)
     return out

@@ -57,9 +57,21 @@ class TranscriptionInfo:
 def language_probabilities(backend, tokenizer) -> list:
     """[(code, probability)] best first, for the window in the backend: the softmax over the language tokens'
     logits at <|startoftranscript|>."""
+    return _language_probabilities(backend.start([tokenizer.sot], [0])[0], tokenizer)
+
+
+def batch_languages(backend, tokenizer, n: int) -> list:
+    """The best language code of each of the n windows a BatchDecoder holds (encode_batch), as CTranslate2's
+    detect_language on a batch's encoder output: each window's language_probabilities, a row a window."""
+    backend.start_rows(list(range(n)))
+    logits = backend.step_rows(np.full(n, tokenizer.sot, np.int64))
+    return [_language_probabilities(row, tokenizer)[0][0] for row in logits]
+
+
+def _language_probabilities(logits_at_sot, tokenizer) -> list:
     codes = list(tokenizer.language_tokens)
     ids = [tokenizer.language_tokens[c] for c in codes]
-    logits = np.asarray(backend.start([tokenizer.sot], [0])[0], np.float32)[ids]
+    logits = np.asarray(logits_at_sot, np.float32)[ids]
     probs = np.exp(log_softmax(logits[None])[0])
     order = sorted(range(len(codes)), key=lambda i: -probs[i])
     return [(codes[i], float(probs[i])) for i in order]

@@ -6,8 +6,8 @@
 // (+ residual), A row-major with K a multiple of 4, B prepacked as [K][N4] (as glsl/linear.comp reads it: a vec4
 // column group a k row, 16, 8, 4 or 2 bytes by the weight type). With so few rows the work is reading B once, and the
 // time is the memory system's: a work group of LX x LY invocations takes LX CV vec4 columns; lane tx holds columns
-// tx, tx + LX, ... (CV of them, so each load is LX consecutive column groups of one k row across the lanes) for all
-// ROWS rows, and reads a contiguous run of the k rows of its split (ty's share of the group's k4 rows). Every weight
+// tx, tx + LX, ... (CV of them, so each load is LX consecutive column groups of one k row across the lanes; VEC:
+// columns tx CV .. tx CV + CV - 1, read 16 bytes a load) for all ROWS rows, and reads a contiguous run of the k rows of its split (ty's share of the group's k4 rows). Every weight
 // and activation load of UNROLL vec4 rows of K is issued before their FMAs, so a lane keeps 4 UNROLL CV loads in
 // flight. The LY partial sums of a column are then added in ty order through shared memory (the same bits every run).
 // SPLIT (the planner splits K where the column groups alone leave most of the GPU idle): the gl_NumWorkGroups.z
@@ -31,6 +31,8 @@ layout(constant_id = 6) const bool LN_BIAS = true;  // the LayerNorm has a bias
 layout(constant_id = 7) const int ROWS = 8;         // M (<= MAX_ROWS), constant: the accumulators are registers
 layout(constant_id = 8) const int CV = 1;           // vec4 columns a lane
 layout(constant_id = 9) const bool SPLIT = false;   // write fp32 partials of the group's split of K
+layout(constant_id = 10) const bool VEC = false;    // a lane's columns adjacent, VPL of them a vector load (N4 and CV
+                                                    // multiples of VPL): one 16-byte load (w=q4: 8) for VPL columns
 
 const int MAX_ROWS = 8;
 const int UNROLL = 2;                                // vec4 rows of K loaded before their FMAs
@@ -38,6 +40,19 @@ const int UNROLL = 2;                                // vec4 rows of K loaded be
 layout(set = 0, binding = 0, std430) writeonly buffer o_buf { ELEM o[]; };
 layout(set = 0, binding = 0, std430) writeonly buffer p_buf { vec4 part4[]; };   // SPLIT: [S][M][N4]
 layout(set = 0, binding = 1, std430) readonly buffer a_buf { ELEM4 a4[]; };
+#if defined(W_Q4)
+layout(set = 0, binding = 2, std430) readonly buffer bv_buf { uvec2 bv[]; };   // VEC: 4 vec4 columns' 16-bit groups
+const int VPL = 4;
+#else
+layout(set = 0, binding = 2, std430) readonly buffer bv_buf { uvec4 bv[]; };   // VEC: 16 bytes
+#if defined(W_I8)
+const int VPL = 4;
+#elif defined(DTYPE_HALF)
+const int VPL = 2;
+#else
+const int VPL = 1;
+#endif
+#endif
 #if defined(W_I8)
 layout(set = 0, binding = 2, std430) readonly buffer b_buf { uint b4[]; };
 layout(set = 0, binding = 6, std430) readonly buffer q_buf { vec4 qsz4[]; };   // scale [N4] then zero [N4]
@@ -108,7 +123,26 @@ void rows_k4(const int k4, const int U) {
   [[unroll]] for (int u = 0; u < UNROLL; ++u) {
     if (u < U) {
       [[unroll]] for (int r = 0; r < 4; ++r) {
-        [[unroll]] for (int j = 0; j < CV; ++j) w[(u * 4 + r) * CV + j] = WB((4 * (k4 + u) + r) * N4 + col[j], j);
+        if (VEC) {
+          [[unroll]] for (int v = 0; v < CV / VPL; ++v) {
+            const int jv = v * VPL, i = ((4 * (k4 + u) + r) * N4 + col[jv]) / VPL, b = (u * 4 + r) * CV + jv;
+#if defined(W_Q4)
+            const uvec2 q = bv[i];
+            [[unroll]] for (int e = 0; e < 4; ++e) w[b + e] = unpack_u4_bits(q[e >> 1], e);
+#elif defined(W_I8)
+            const uvec4 q = bv[i];
+            [[unroll]] for (int e = 0; e < 4; ++e) w[b + e] = unpack_i8_bits(q[e]) - qz[jv + e];
+#elif defined(DTYPE_HALF)
+            const uvec4 q = bv[i];
+            w[b] = vec4(unpackHalf2x16(q.x), unpackHalf2x16(q.y));
+            w[b + 1] = vec4(unpackHalf2x16(q.z), unpackHalf2x16(q.w));
+#else
+            w[b] = uintBitsToFloat(bv[i]);
+#endif
+          }
+        } else {
+          [[unroll]] for (int j = 0; j < CV; ++j) w[(u * 4 + r) * CV + j] = WB((4 * (k4 + u) + r) * N4 + col[j], j);
+        }
       }
       const vec4 g = LN ? W4(lnw, k4 + u) : vec4(1.0), beta = LN && LN_BIAS ? W4(lnw, K4 + k4 + u) : vec4(0.0);
       [[unroll]] for (int m = 0; m < ROWS; ++m) {
@@ -207,7 +241,10 @@ void main() {
     }
   }
   // lanes past N4 read a valid column (the last) and store nothing: no branch around the loads
-  [[unroll]] for (int j = 0; j < CV; ++j) col[j] = min(first + j * LX + tx, N4 - 1);
+  // (VEC: each vector load's columns together, the last whole vector's where they pass N4)
+  [[unroll]] for (int j = 0; j < CV; ++j) {
+    col[j] = VEC ? min(first + tx * CV + j - j % VPL, N4 - VPL) + j % VPL : min(first + j * LX + tx, N4 - 1);
+  }
   [[unroll]] for (int i = 0; i < ROWS * CV; ++i) acc[i] = vec4(0.0);
 #if defined(W_I8)
   [[unroll]] for (int j = 0; j < CV; ++j) qz[j] = qsz4[N4 + col[j]];
@@ -237,7 +274,7 @@ void main() {
   // added in ty order in two steps (short dependent chains): SEGS runs of SEG_LEN, each summed into its first entry,
   // then those in order
   [[unroll]] for (int m = 0; m < ROWS; ++m) {
-    [[unroll]] for (int j = 0; j < CV; ++j) red_sh[ty * OUTS + j * LX + tx] = acc[m * CV + j];
+    [[unroll]] for (int j = 0; j < CV; ++j) red_sh[ty * OUTS + (VEC ? tx * CV + j : j * LX + tx)] = acc[m * CV + j];
     barrier();
     for (int t = tid; t < OUTS * SEGS; t += LXY) {
       const int c = t % OUTS, y0 = (t / OUTS) * SEG_LEN, y1 = min(LY, y0 + SEG_LEN);

@@ -229,6 +229,8 @@ class Options:
     rows_columns: int | None = _opt(None, _optional(_column_count),
                                     "vec4 columns each lane of the few-row Linear (glsl/linear_rows.comp) takes: 1, "
                                     "2 or 4; default: 16 bytes of weights a load (at most 2 past 4 rows)")
+    rows_vec: bool = _opt(True, _flag, "the few-row Linear's lanes read their columns 16 bytes (4-bit: 8) a load "
+                          "where the weight's width allows; off: a load a vec4 column group, lanes interleaved")
     cm_tile: str | None = _opt(None, _optional(_choice(CM_TILES)),
                                "tensor-core GEMM tile: m64n64k32s1 (default), m64n128k32s1 (where the default takes "
                                "more than one wave), r64n64 or r32n64 (register-fed)", "cooperative-matrix devices")

@@ -1,7 +1,7 @@
 """glsl/linear_rows.comp: Linears of at most ROWS_MAX rows (a decoder step) split K across a group's invocations (and
 across groups: gemm_splitk). Against onnxruntime (poisoned outputs): rows 1..8, widths that are and are not multiples
 of 4 or of a group's columns, K whose vec4 rows are odd (the splits, k runs and unrolled steps end short), 1, 2 and 4
-vec4 columns a lane, with the bias, GELU and a residual; fp16; the plan routes them there and a ninth row back to the
+vec4 columns a lane, with the bias, GELU and a residual; fp16, its 16-byte loads; the plan routes them there and a ninth row back to the
 tiled GEMM; two runs give the same bits. The layout rule (rows_shape) on the H200's table entry."""
 import pytest
 
@@ -103,6 +103,22 @@ def test_fp16(m, splits):
     compare(got, onnxruntime_run(model, feeds)[0], 4e-3, f"fp16, {m} rows, {splits} splits")
 
 
+@pytest.mark.parametrize("m,opts", [(1, {}), (3, {"gemm_splitk": 2}), (4, {"rows_columns": 4, "local_size": (3, 5, 1)}),
+                                     (8, {}), (2, {"rows_vec": False})])
+def test_vector_loads_fp16(m, opts):
+    """fp16 weights read 16 bytes (2 vec4 column groups) a load where N4 is even: 52 vec4 columns (no whole group of
+    them: the last lanes' loads stay in the row), against onnxruntime; and the same with rows_vec off."""
+    from minirt.session import get_device
+    if not get_device().profile.storage16:
+        pytest.skip("no 16-bit storage buffers: precision fp16 cannot run")
+    model, feeds = linear_case(m, 208, 260, True, True, seed=70 + m)
+    with Session(model, storage="buffer", precision="fp16", options={"poison": True, **opts}) as s:
+        (d,) = [d for d in s.plan.dispatches if d.kernel == "linear_rows_half"]
+        assert d.info["vec"] == opts.get("rows_vec", True)
+        got = s.run(None, feeds)[0]
+    compare(got, onnxruntime_run(model, feeds)[0], 4e-3, f"fp16, {m} rows, {opts}")
+
+
 def test_layout_rule_on_a_big_gpu():
     """rows_shape on the H200's table entry (132 multiprocessors, as an H100) for a Whisper-large decoder step: 16
     bytes a lane's load (2 vec4 columns of fp16, 4 of int8; at most 2 past 4 rows); K split where the column groups
@@ -116,10 +132,12 @@ def test_layout_rule_on_a_big_gpu():
         return rows_shape(p, options, m, -(-n // 4), k // 4, ROWS_VEC4_BYTES[w], part_major)
 
     assert shape(1, 1280, 1280)["cv"] == 2 and shape(1, 1280, 1280, "i8")["cv"] == 4
+    assert shape(1, 1280, 1280)["vec"] and shape(1, 1280, 1280, "i8")["vec"] and shape(1, 1280, 1280, "q4")["vec"]
+    assert not shape(1, 1280, 51866)["vec"] and not shape(5, 1280, 1280, "i8")["vec"]   # 12967 vec4; 2 a lane
     assert shape(1, 1280, 1280, "float")["cv"] == 1 and shape(5, 1280, 1280, "i8")["cv"] == 2
     assert shape(1, 1280, 1280)["splits"] == 1 and shape(1, 1280, 5120)["splits"] == 1
     assert shape(1, 5120, 1280)["splits"] == 3 and shape(1, 5120, 1280, part_major=True)["splits"] == 1
     logits = shape(1, 1280, 51866)
     assert logits["splits"] == 1 and -(-12967 // (logits["lx"] * logits["cv"])) * logits["lx"] * logits["ly"] >= 132 * 512
     forced = shape(1, 1280, 51866, options=Options.make({"gemm_splitk": 2, "rows_columns": 1, "local_size": (4, 8, 1)}))
-    assert forced == {"lx": 4, "ly": 8, "cv": 1, "splits": 2, "ks": 160}
+    assert forced == {"lx": 4, "ly": 8, "cv": 1, "vec": False, "splits": 2, "ks": 160}

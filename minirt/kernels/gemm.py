@@ -551,13 +551,17 @@ ROWS_SPLIT_BYTES = 256 << 10  # weight bytes one column group may read before K 
 ROWS_SPLIT_MAX = 4
 # bytes of B per vec4 column group and k row, by weight type (w axis of the variant; float by precision)
 ROWS_VEC4_BYTES = {"float": 16, "half": 8, "i8": 4, "q4": 2}
+# VEC: vec4 column groups one vector load of linear_rows.comp takes (16 bytes; 4-bit: 8), by those bytes
+ROWS_VEC_COLUMNS = {16: 1, 8: 2, 4: 4, 2: 4}
 
 
 def rows_shape(profile, options, m: int, n4: int, k4: int, wbytes: int, part_major: bool) -> dict:
     """The few-row kernel's layout for m rows of n4 vec4 columns over k4 vec4 rows of K, the weight wbytes bytes per
-    vec4 column group and k row: {lx, ly (the group: lanes along N by k runs), cv (vec4 columns a lane: 16 bytes a
-    load, at most 2 past 4 rows for the accumulators' registers), splits (K split across groups), ks (vec4 rows of K
-    a split)}. The local_size, gemm_splitk and rows_columns options force their parts.
+    vec4 column group and k row: {lx, ly (the group: lanes along N by k runs), cv (vec4 columns a lane: 16 bytes a k
+    row, at most 2 past 4 rows for the accumulators' registers), vec (the lane's columns adjacent and read by vector
+    loads, ROWS_VEC_COLUMNS a load: where n4 and cv are multiples of that, so every load is aligned), splits (K split
+    across groups), ks (vec4 rows of K a split)}. The local_size, gemm_splitk, rows_columns and rows_vec options force
+    their parts.
     Splits: where a column group would read more than ROWS_SPLIT_BYTES and there are fewer column groups than
     multiprocessors (a 5120-deep fc2 into 1280 columns: 20 groups on an H100's 132), K splits up to ROWS_SPLIT_MAX ways
     and linear_reduce.comp adds the fp32 partials (one more dispatch); part-major outputs are not split.
@@ -585,7 +589,9 @@ def rows_shape(profile, options, m: int, n4: int, k4: int, wbytes: int, part_maj
         ly = 1
         while ly * 2 <= want:
             ly *= 2
-    return {"lx": lx, "ly": ly, "cv": cv, "splits": splits, "ks": ks}
+    vpl = ROWS_VEC_COLUMNS[wbytes]
+    vec = options.rows_vec and vpl > 1 and n4 % vpl == 0 and cv % vpl == 0
+    return {"lx": lx, "ly": ly, "cv": cv, "vec": vec, "splits": splits, "ks": ks}
 
 
 def linear_rows_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, act=None, residual=None, part_n=0):
@@ -632,7 +638,7 @@ def rows_spec(info, ln=False, ln_bias=True) -> tuple:
     """linear_rows.comp's specialization constants from its dispatch's info (ln, ln_bias: a fused LayerNorm's)."""
     i = info
     return spec("linear_rows", ACT=act_code(i["act"]), HAS_RES=i["has_res"], LN=ln, LN_BIAS=ln_bias,
-                ROWS=i["rows"], CV=i["cv"], SPLIT=i["splits"] > 1)
+                ROWS=i["rows"], CV=i["cv"], SPLIT=i["splits"] > 1, VEC=i["vec"])
 
 
 def _linear_spec(ctx, out_mode, act, has_res, a_win):

@@ -60,7 +60,7 @@ SPEC_CONSTANTS: dict[str, tuple[str, ...]] = {
     **{stem: _LINEAR_CM for stem in ("linear_cm", "linear_cm_emu", "linear_cm_split", "linear_cm_emu_split",
                                      "linear_cmreg", "linear_cmreg_emu", "linear_cmreg_split", "linear_cmreg_emu_split")},
     "linear_reduce": ("ACT", "HAS_RES", "LN_BIAS"),      # LN_BIAS: post=ln variants only
-    "linear_rows": ("ACT", "HAS_RES", "LN", "LN_BIAS", "ROWS", "CV", "SPLIT"),   # LN, LN_BIAS: fuse_norm_linear_rows
+    "linear_rows": ("ACT", "HAS_RES", "LN", "LN_BIAS", "ROWS", "CV", "SPLIT", "VEC"),   # LN, LN_BIAS: fuse_norm_linear_rows
     "matmul": ("TILE", "TRANS_A", "TRANS_B", "HAS_BIAS", "SQUEEZE_M"),
     "occupancy_probe": ("SHARED",),
     "pool": ("OP",),

@@ -121,9 +121,10 @@ def test_vector_loads_fp16(m, opts):
 
 def test_layout_rule_on_a_big_gpu():
     """rows_shape on the H200's table entry (132 multiprocessors, as an H100) for a Whisper-large decoder step: 16
-    bytes a lane's load (2 vec4 columns of fp16, 4 of int8; at most 2 past 4 rows); K split where the column groups
-    are fewer than the multiprocessors and each would read more than 256 KiB (fc2: 5120 deep into 1280 columns), not
-    for the logits (811 column groups) nor a part-major output; about 1024 lanes a multiprocessor or more."""
+    bytes a lane's load (2 vec4 columns of fp16, 4 of int8; at most 2 past 4 rows; vector loads where N4 is a multiple
+    of those); 4 lanes along N where 8 would make fewer column groups than multiprocessors; K split where the column
+    groups are still fewer and each would read more than 256 KiB (fc2: 5120 deep into 1280 columns), not for the
+    logits (811 column groups) nor a part-major output; about 1024 lanes a multiprocessor or more."""
     from minirt.device_profile import KNOWN_PROFILES
     from minirt.options import Options
     p, o = KNOWN_PROFILES["nvidia-h200"], Options.make({})
@@ -136,7 +137,8 @@ def test_layout_rule_on_a_big_gpu():
     assert not shape(1, 1280, 51866)["vec"] and not shape(5, 1280, 1280, "i8")["vec"]   # 12967 vec4; 2 a lane
     assert shape(1, 1280, 1280, "float")["cv"] == 1 and shape(5, 1280, 1280, "i8")["cv"] == 2
     assert shape(1, 1280, 1280)["splits"] == 1 and shape(1, 1280, 5120)["splits"] == 1
-    assert shape(1, 5120, 1280)["splits"] == 3 and shape(1, 5120, 1280, part_major=True)["splits"] == 1
+    assert shape(1, 5120, 1280)["splits"] == 2 and shape(1, 5120, 1280, part_major=True)["splits"] == 1
+    assert shape(1, 1280, 1280)["lx"] == 4 and shape(1, 1280, 51866)["lx"] == 8    # 40 column groups, not 20
     logits = shape(1, 1280, 51866)
     assert logits["splits"] == 1 and -(-12967 // (logits["lx"] * logits["cv"])) * logits["lx"] * logits["ly"] >= 132 * 512
     forced = shape(1, 1280, 51866, options=Options.make({"gemm_splitk": 2, "rows_columns": 1, "local_size": (4, 8, 1)}))

@@ -544,6 +544,7 @@ def _win(a_win):
 ROWS_MAX = 8
 ROWS_GROUP = 256          # invocations a group where the device tells no multiprocessor count
 ROWS_LX = 8               # lanes along N: each load of a group's lanes is 8 x 16 = 128 contiguous bytes of a k row
+ROWS_LX_FEW = 4           # where the column groups are fewer than the multiprocessors: 64 bytes, twice the groups
 ROWS_LY_MAX = 64          # k runs a group at most (512 invocations)
 ROWS_MIN_RUN = 4          # vec4 rows of K a lane at least (16 k: two of the kernel's unrolled steps)
 ROWS_LANES_PER_UNIT = 1024  # lanes aimed at per multiprocessor (half an H100 SM's 2048)
@@ -562,15 +563,17 @@ def rows_shape(profile, options, m: int, n4: int, k4: int, wbytes: int, part_maj
     loads, ROWS_VEC_COLUMNS a load: where n4 and cv are multiples of that, so every load is aligned), splits (K split
     across groups), ks (vec4 rows of K a split)}. The local_size, gemm_splitk, rows_columns and rows_vec options force
     their parts.
-    Splits: where a column group would read more than ROWS_SPLIT_BYTES and there are fewer column groups than
-    multiprocessors (a 5120-deep fc2 into 1280 columns: 20 groups on an H100's 132), K splits up to ROWS_SPLIT_MAX ways
-    and linear_reduce.comp adds the fp32 partials (one more dispatch); part-major outputs are not split.
+    Lanes along N: ROWS_LX, or ROWS_LX_FEW where that many would make fewer column groups than multiprocessors (1280
+    fp16 columns: 20 groups of 8 lanes on an H100's 132, 40 of 4). Splits: where a column group would read more than
+    ROWS_SPLIT_BYTES and the column groups are still fewer than the multiprocessors (a 5120-deep fc2 into 1280
+    columns), K splits up to ROWS_SPLIT_MAX ways and linear_reduce.comp adds the fp32 partials (one more dispatch);
+    part-major outputs are not split.
     k runs: lanes enough for ROWS_LANES_PER_UNIT a multiprocessor, each run at least ROWS_MIN_RUN vec4 rows."""
     cv = options.rows_columns or max(1, min(16 // wbytes, 4 if m <= 4 else 2))
     forced = forced_local_size("gemm", options)
-    lx = forced[0] if forced is not None else ROWS_LX
-    groups_n = -(-n4 // (lx * cv))
     units = profile.compute_units if profile.tuning.split_work else 0
+    lx = forced[0] if forced is not None else ROWS_LX_FEW if -(-n4 // (ROWS_LX * cv)) < units else ROWS_LX
+    groups_n = -(-n4 // (lx * cv))
     if options.gemm_splitk is not None:
         splits = options.gemm_splitk if not part_major else 1
     elif units and not part_major and groups_n < units:

@@ -7,9 +7,10 @@
 // column group a k row, 16, 8, 4 or 2 bytes by the weight type). With so few rows the work is reading B once, and the
 // time is the memory system's: a work group of LX x LY invocations takes LX CV vec4 columns; lane tx holds columns
 // tx, tx + LX, ... (CV of them, so each load is LX consecutive column groups of one k row across the lanes; VEC:
-// columns tx CV .. tx CV + CV - 1, read 16 bytes a load) for all ROWS rows, and reads a contiguous run of the k rows of its split (ty's share of the group's k4 rows). Every weight
-// and activation load of UNROLL vec4 rows of K is issued before their FMAs, so a lane keeps 4 UNROLL CV loads in
-// flight. The LY partial sums of a column are then added in ty order through shared memory (the same bits every run).
+// columns tx CV .. tx CV + CV - 1, read 16 bytes a load) for all ROWS rows, and reads a contiguous run of the k rows
+// of its split (ty's share of the group's k4 rows). Every weight and activation load of UNROLL vec4 rows of K is
+// issued before their FMAs, so a lane keeps 4 UNROLL CV loads in flight. The LY partial sums of a column are then
+// added in ty order through shared memory (the same bits every run).
 // SPLIT (the planner splits K where the column groups alone leave most of the GPU idle): the gl_NumWorkGroups.z
 // groups of a column group each take p.geo.z vec4 rows of K and write fp32 partials [S][M][N4] (binding 0) that
 // glsl/linear_reduce.comp adds in split order with the bias, activation and residual.

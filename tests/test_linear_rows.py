@@ -1,8 +1,9 @@
 """glsl/linear_rows.comp: Linears of at most ROWS_MAX rows (a decoder step) split K across a group's invocations (and
 across groups: gemm_splitk). Against onnxruntime (poisoned outputs): rows 1..8, widths that are and are not multiples
 of 4 or of a group's columns, K whose vec4 rows are odd (the splits, k runs and unrolled steps end short), 1, 2 and 4
-vec4 columns a lane, with the bias, GELU and a residual; fp16, its 16-byte loads; the plan routes them there and a ninth row back to the
-tiled GEMM; two runs give the same bits. The layout rule (rows_shape) on the H200's table entry."""
+vec4 columns a lane, with the bias, GELU and a residual; fp16, its 16-byte loads; the plan routes them there and a
+ninth row back to the tiled GEMM; two runs give the same bits. The layout rule (rows_shape) on the H200's table
+entry."""
 import pytest
 
 from minirt import Session
@@ -140,6 +141,7 @@ def test_layout_rule_on_a_big_gpu():
     assert shape(1, 5120, 1280)["splits"] == 2 and shape(1, 5120, 1280, part_major=True)["splits"] == 1
     assert shape(1, 1280, 1280)["lx"] == 4 and shape(1, 1280, 51866)["lx"] == 8    # 40 column groups, not 20
     logits = shape(1, 1280, 51866)
-    assert logits["splits"] == 1 and -(-12967 // (logits["lx"] * logits["cv"])) * logits["lx"] * logits["ly"] >= 132 * 512
+    lanes = -(-12967 // (logits["lx"] * logits["cv"])) * logits["lx"] * logits["ly"]
+    assert logits["splits"] == 1 and lanes >= 132 * 512
     forced = shape(1, 1280, 51866, options=Options.make({"gemm_splitk": 2, "rows_columns": 1, "local_size": (4, 8, 1)}))
     assert forced == {"lx": 4, "ly": 8, "cv": 1, "vec": False, "splits": 2, "ks": 160}

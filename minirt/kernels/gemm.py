@@ -592,6 +592,8 @@ def rows_shape(profile, options, m: int, n4: int, k4: int, wbytes: int, part_maj
         ly = 1
         while ly * 2 <= want:
             ly *= 2
+    while cv > 1 and lx * ly * cv * 16 > profile.max_shared_memory:    # the kernel's red_sh: a vec4 a column a lane
+        cv //= 2
     vpl = ROWS_VEC_COLUMNS[wbytes]
     vec = options.rows_vec and vpl > 1 and n4 % vpl == 0 and cv % vpl == 0
     return {"lx": lx, "ly": ly, "cv": cv, "vec": vec, "splits": splits, "ks": ks}
@@ -605,8 +607,8 @@ def linear_rows_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, act=None, residual
     if forced is not None:
         check_local_size(forced, ctx.profile)
     quant = getattr(wt, "axes", {}).get("w")
-    shape = rows_shape(ctx.profile, ctx.options, m, n4, k // 4, ROWS_VEC4_BYTES[quant or ("half" if ctx.half else "float")],
-                       part_n > 0)
+    wbytes = ROWS_VEC4_BYTES[quant or ("half" if ctx.half else "float")]
+    shape = rows_shape(ctx.profile, ctx.options, m, n4, k // 4, wbytes, part_n > 0)
     lx, ly, cv, S = shape["lx"], shape["ly"], shape["cv"], shape["splits"]
     res = residual if residual is not None else bt
     groups = -(-n4 // (lx * cv))

@@ -41,18 +41,15 @@ const int UNROLL = 2;                                // vec4 rows of K loaded be
 layout(set = 0, binding = 0, std430) writeonly buffer o_buf { ELEM o[]; };
 layout(set = 0, binding = 0, std430) writeonly buffer p_buf { vec4 part4[]; };   // SPLIT: [S][M][N4]
 layout(set = 0, binding = 1, std430) readonly buffer a_buf { ELEM4 a4[]; };
-#if defined(W_Q4)
-layout(set = 0, binding = 2, std430) readonly buffer bv_buf { uvec2 bv[]; };   // VEC: 4 vec4 columns' 16-bit groups
-const int VPL = 4;
-#else
-layout(set = 0, binding = 2, std430) readonly buffer bv_buf { uvec4 bv[]; };   // VEC: 16 bytes
-#if defined(W_I8)
-const int VPL = 4;
+// VEC's vector loads: VPL vec4 column groups each, 16 bytes (w=q4: 8) or, where a lane has only 2 columns, 8 (w=q4: 4)
+layout(set = 0, binding = 2, std430) readonly buffer bv_buf { uvec4 bv[]; };
+layout(set = 0, binding = 2, std430) readonly buffer bv2_buf { uvec2 bv2[]; };
+#if defined(W_Q4) || defined(W_I8)
+const int VPL = CV < 4 ? CV : 4;
 #elif defined(DTYPE_HALF)
-const int VPL = 2;
+const int VPL = CV < 2 ? CV : 2;
 #else
 const int VPL = 1;
-#endif
 #endif
 #if defined(W_I8)
 layout(set = 0, binding = 2, std430) readonly buffer b_buf { uint b4[]; };
@@ -128,11 +125,21 @@ void rows_k4(const int k4, const int U) {
           [[unroll]] for (int v = 0; v < CV / VPL; ++v) {
             const int jv = v * VPL, i = ((4 * (k4 + u) + r) * N4 + col[jv]) / VPL, b = (u * 4 + r) * CV + jv;
 #if defined(W_Q4)
-            const uvec2 q = bv[i];
-            [[unroll]] for (int e = 0; e < 4; ++e) w[b + e] = unpack_u4_bits(q[e >> 1], e);
+            if (VPL == 4) {
+              const uvec2 q = bv2[i];
+              [[unroll]] for (int e = 0; e < 4; ++e) w[b + e] = unpack_u4_bits(q[e >> 1], e);
+            } else {
+              const uint q = b4[i];
+              [[unroll]] for (int e = 0; e < 2; ++e) w[b + e] = unpack_u4_bits(q, e);
+            }
 #elif defined(W_I8)
-            const uvec4 q = bv[i];
-            [[unroll]] for (int e = 0; e < 4; ++e) w[b + e] = unpack_i8_bits(q[e]) - qz[jv + e];
+            if (VPL == 4) {
+              const uvec4 q = bv[i];
+              [[unroll]] for (int e = 0; e < 4; ++e) w[b + e] = unpack_i8_bits(q[e]) - qz[jv + e];
+            } else {
+              const uvec2 q = bv2[i];
+              [[unroll]] for (int e = 0; e < 2; ++e) w[b + e] = unpack_i8_bits(q[e]) - qz[jv + e];
+            }
 #elif defined(DTYPE_HALF)
             const uvec4 q = bv[i];
             w[b] = vec4(unpackHalf2x16(q.x), unpackHalf2x16(q.y));

@@ -87,6 +87,7 @@ def test_int8_linear_kernels(precision, m, k, n, act, residual, kernel):
     (5, {"gemm_splitk": 2, "rows_columns": 2}),        # beams, split
     (1, {"n": 208}),                                   # 52 vec4 columns: 16-byte loads of 4 (VEC)
     (3, {"n": 208, "gemm_splitk": 2, "local_size": (3, 5, 1)}),
+    (5, {"n": 208}),                                   # beams: 2 columns a lane, 8-byte loads of 2
 ])
 def test_int8_rows_layouts(precision, m, opts):
     """The few-row kernel's layouts (rows_columns, gemm_splitk, group shapes, 16-byte loads) on int8 weights with zero
@@ -98,7 +99,7 @@ def test_int8_rows_layouts(precision, m, opts):
     with Session(model, storage="buffer", options={"poison": True, "precision": precision, **opts}) as s:
         (d,) = [d for d in s.plan.dispatches if d.op == "Linear" and d.kernel.startswith("linear_rows")]
         assert "_i8" in d.kernel and d.info["splits"] == opts.get("gemm_splitk", 1)
-        assert d.info["vec"] == (n == 208 and d.info["cv"] == 4)
+        assert d.info["vec"] == (n == 208 and d.info["cv"] > 1)
         got = s.run(None, feeds)[0]
     compare(got, reference(feeds, w, b, True, True), 1e-5 if precision == "fp32" else 4e-3, f"{m} rows {opts}")
 

@@ -78,6 +78,7 @@ def test_matmul_nbits(precision, m, k, n, block, zero, bias, kernel):
     (5, 132, 64, {"gemm_splitk": 2}),                           # one block and a short one, split between them
     (1, 260, 32, {"n": 208}),                                   # 52 vec4 columns: 8-byte loads of 4 (VEC)
     (4, 132, 16, {"n": 208, "gemm_splitk": 3}),
+    (5, 260, 32, {"n": 208}),                                   # beams: 2 columns a lane, 4-byte loads of 2
 ])
 def test_rows_layouts(precision, m, k, block, opts):
     """The few-row kernel's layouts on 4-bit weights: each lane's run of K crosses blocks where the splits and k runs
@@ -89,7 +90,7 @@ def test_rows_layouts(precision, m, k, block, opts):
     with Session(model, storage="buffer", options={"poison": True, "precision": precision, **opts}) as s:
         (d,) = [x for x in s.plan.dispatches if x.op == "MatMulNBits" and x.kernel.startswith("linear_rows")]
         assert "_q4" in d.kernel and d.info["splits"] == opts.get("gemm_splitk", 1)
-        assert d.info["vec"] == (n == 208 and d.info["cv"] == 4)
+        assert d.info["vec"] == (n == 208 and d.info["cv"] > 1)
         got = s.run(None, feeds)[0]
     ref = feeds["A"].astype(np.float64) @ w + b
     compare(got, ref, 1e-5 if precision == "fp32" else 4e-3, f"{m} rows {opts} {precision}")

@@ -552,7 +552,8 @@ ROWS_SPLIT_BYTES = 256 << 10  # weight bytes one column group may read before K 
 ROWS_SPLIT_MAX = 4
 # bytes of B per vec4 column group and k row, by weight type (w axis of the variant; float by precision)
 ROWS_VEC4_BYTES = {"float": 16, "half": 8, "i8": 4, "q4": 2}
-# VEC: vec4 column groups one vector load of linear_rows.comp takes (16 bytes; 4-bit: 8), by those bytes
+# VEC: vec4 column groups one vector load of linear_rows.comp takes at most (16 bytes; 4-bit: 8), by those bytes; a
+# lane's cv where that is fewer
 ROWS_VEC_COLUMNS = {16: 1, 8: 2, 4: 4, 2: 4}
 
 
@@ -560,8 +561,8 @@ def rows_shape(profile, options, m: int, n4: int, k4: int, wbytes: int, part_maj
     """The few-row kernel's layout for m rows of n4 vec4 columns over k4 vec4 rows of K, the weight wbytes bytes per
     vec4 column group and k row: {lx, ly (the group: lanes along N by k runs), cv (vec4 columns a lane: 16 bytes a k
     row, at most 2 past 4 rows for the accumulators' registers), vec (the lane's columns adjacent and read by vector
-    loads, ROWS_VEC_COLUMNS a load: where n4 and cv are multiples of that, so every load is aligned), splits (K split
-    across groups), ks (vec4 rows of K a split)}. The local_size, gemm_splitk, rows_columns and rows_vec options force
+    loads of min(cv, ROWS_VEC_COLUMNS) columns: where n4 is a multiple of that, so every load is aligned), splits (K
+    split across groups), ks (vec4 rows of K a split)}. The local_size, gemm_splitk, rows_columns and rows_vec options force
     their parts.
     Lanes along N: ROWS_LX, or ROWS_LX_FEW where that many would make fewer column groups than multiprocessors (1280
     fp16 columns: 20 groups of 8 lanes on an H100's 132, 40 of 4). Splits: where a column group would read more than
@@ -594,8 +595,8 @@ def rows_shape(profile, options, m: int, n4: int, k4: int, wbytes: int, part_maj
             ly *= 2
     while cv > 1 and lx * ly * cv * 16 > profile.max_shared_memory:    # the kernel's red_sh: a vec4 a column a lane
         cv //= 2
-    vpl = ROWS_VEC_COLUMNS[wbytes]
-    vec = options.rows_vec and vpl > 1 and n4 % vpl == 0 and cv % vpl == 0
+    vpl = min(cv, ROWS_VEC_COLUMNS[wbytes])
+    vec = options.rows_vec and vpl > 1 and n4 % vpl == 0
     return {"lx": lx, "ly": ly, "cv": cv, "vec": vec, "splits": splits, "ks": ks}
 
 

@@ -562,8 +562,8 @@ def rows_shape(profile, options, m: int, n4: int, k4: int, wbytes: int, part_maj
     vec4 column group and k row: {lx, ly (the group: lanes along N by k runs), cv (vec4 columns a lane: 16 bytes a k
     row, at most 2 past 4 rows for the accumulators' registers), vec (the lane's columns adjacent and read by vector
     loads of min(cv, ROWS_VEC_COLUMNS) columns: where n4 is a multiple of that, so every load is aligned), splits (K
-    split across groups), ks (vec4 rows of K a split)}. The local_size, gemm_splitk, rows_columns and rows_vec options force
-    their parts.
+    split across groups), ks (vec4 rows of K a split)}. The local_size, gemm_splitk, rows_columns and rows_vec options
+    force their parts.
     Lanes along N: ROWS_LX, or ROWS_LX_FEW where that many would make fewer column groups than multiprocessors (1280
     fp16 columns: 20 groups of 8 lanes on an H100's 132, 40 of 4). Splits: where a column group would read more than
     ROWS_SPLIT_BYTES and the column groups are still fewer than the multiprocessors (a 5120-deep fc2 into 1280

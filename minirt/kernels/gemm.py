@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..device_profile import DeviceProfile
-from ..errors import MinirtError, UnsupportedError
+from ..errors import MinirtError
 from ..plan import Push
 from .local_size import (check_local_size, clamp, default_budget, extent_room, fit_shared, forced_local_size, grow,
                          largest_first, pow2_floor, wave_places, wave_splits)

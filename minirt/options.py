@@ -78,6 +78,14 @@ def _choice(choices):
     return conv
 
 
+def _column_count(v):
+    """rows_columns: 1, 2 or 4."""
+    n = _count(v)
+    if n not in (1, 2, 4):
+        raise ValueError("1, 2 or 4")
+    return n
+
+
 def _ints(n=None, low=1, want=None):
     """A tuple of positive ints, from a tuple or text such as "16,4,1" or "16x4x1"; `want` says what in errors."""
     counts = n if isinstance(n, tuple) else (n,)
@@ -223,7 +231,13 @@ class Options:
     fast_gemm: bool = _opt(True, _flag, "off: the generic GEMM (glsl/gemm.comp) where glsl/linear.comp would run")
     gemm_tile: str | None = _opt(None, _optional(_choice(GEMM_TILES)),
                                  "linear.comp tile: t44 (16-deep slices) or t44k32 (32-deep; discrete GPUs' default)")
-    gemm_splitk: int | None = _opt(None, _optional(_count), "split every eligible GEMM's K this many ways")
+    gemm_splitk: int | None = _opt(None, _optional(_count), "split every eligible GEMM's K this many ways (the "
+                                   "few-row Linear's too, where its output is row-major)")
+    rows_columns: int | None = _opt(None, _optional(_column_count),
+                                    "vec4 columns each lane of the few-row Linear (glsl/linear_rows.comp) takes: 1, "
+                                    "2 or 4; default: 16 bytes of weights a load (at most 2 past 4 rows)")
+    rows_vec: bool = _opt(True, _flag, "the few-row Linear's lanes read their columns 16 bytes (4-bit: 8) a load "
+                          "where the weight's width allows; off: a load a vec4 column group, lanes interleaved")
     cm_tile: str | None = _opt(None, _optional(_choice(CM_TILES)),
                                "tensor-core GEMM tile: m64n64k32s1 (default), m64n128k32s1 (where the default takes "
                                "more than one wave), r64n64 or r32n64 (register-fed)", "cooperative-matrix devices")

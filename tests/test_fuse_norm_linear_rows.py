@@ -2,7 +2,8 @@
 few-row Linear goes into that Linear (glsl/linear_rows.comp, LN). The plans themselves (which dispatches go, what the
 fused one reads, where the pass must not apply), then values against onnxruntime with poisoned outputs: 1 to 8 rows
 (one and two passes of the kernel's four-row statistics), K longer than a group's invocations, no LayerNorm bias, a
-group shape whose size is not a power of two, rows far from zero, fp16; the same bits on a second run."""
+group shape whose size is not a power of two, rows far from zero, fp16, K split across groups and other layouts of
+the kernel; the same bits on a second run."""
 import numpy as np
 import pytest
 from onnx import helper
@@ -48,12 +49,12 @@ def test_the_layer_norm_dispatch_goes():
     plan = plan_of(model)
     (d,) = plan.dispatches
     assert d.kernel == "linear_rows" and d.args[1][0] == "x" and d.info["ln"]
-    assert d.spec[2:] == (1, 1)                       # LN, LN_BIAS
+    assert d.spec[2:4] == (1, 1)                      # LN, LN_BIAS
     assert "h" not in plan.lifetimes                  # the LayerNorm's output is never allocated
     assert any("folded into this few-row Linear" in n for notes in plan.notes.values() for n in notes)
     off = plan_of(model, fuse_norm_linear_rows=False)
     assert [x.kernel for x in off.dispatches] == ["layer_norm_rows", "linear_rows"]
-    assert off.dispatches[1].spec[2:] in ((), (0,), (0, 0))
+    assert off.dispatches[1].spec[2] == 0              # LN off
 
 
 @pytest.mark.parametrize("why, kw", [("the output is read elsewhere", dict(extra_reader=True)),
@@ -77,6 +78,20 @@ def test_matches_onnxruntime(m, k, n, kw):
         again = s.run(None, feeds)[0]
     compare(got, ref, 1e-5, "fused LayerNorm + linear_rows")
     assert got.tobytes() == again.tobytes()
+
+
+@pytest.mark.parametrize("m,opts", [
+    (1, {"gemm_splitk": 3}),                              # K split across groups: each normalises the whole row
+    (6, {"gemm_splitk": 2, "rows_columns": 4}),
+    (4, {"rows_columns": 1, "local_size": (3, 5, 1)}),   # 15 invocations: the statistics' tree over no power of two
+])
+def test_layouts(m, opts):
+    model, feeds = norm_linear(m, 260, 75, act=True, residual=True, seed=60 + m)
+    with Session(model, storage="buffer", options={"poison": True, **opts}) as s:
+        split = ["linear_reduce"] if "gemm_splitk" in opts else []
+        assert [d.kernel for d in s.plan.dispatches] == ["linear_rows"] + split
+        got = s.run(None, feeds)[0]
+    compare(got, onnxruntime_run(model, feeds)[0], 1e-5, f"fused LayerNorm, {m} rows {opts}")
 
 
 def float64_reference(model, x):

@@ -79,6 +79,31 @@ def test_int8_linear_kernels(precision, m, k, n, act, residual, kernel):
     compare(got, reference(feeds, w, b, act, residual), 1e-5 if precision == "fp32" else 4e-3, f"{kernel} {precision}")
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("m,opts", [
+    (1, {"gemm_splitk": 3}),                           # K split across groups: the scale applied before the partials
+    (2, {"rows_columns": 4, "local_size": (3, 5, 1)}),  # 16 columns a lane; a group that is no power of two
+    (8, {"rows_columns": 1}),                          # the most rows, a column a lane
+    (5, {"gemm_splitk": 2, "rows_columns": 2}),        # beams, split
+    (1, {"n": 208}),                                   # 52 vec4 columns: 16-byte loads of 4 (VEC)
+    (3, {"n": 208, "gemm_splitk": 2, "local_size": (3, 5, 1)}),
+    (5, {"n": 208}),                                   # beams: 2 columns a lane, 8-byte loads of 2
+])
+def test_int8_rows_layouts(precision, m, opts):
+    """The few-row kernel's layouts (rows_columns, gemm_splitk, group shapes, 16-byte loads) on int8 weights with zero
+    points: 65 vec4 rows of K and 19 or 52 vec4 columns (neither whole groups nor whole splits), ReLU and the
+    residual."""
+    opts = dict(opts)
+    n = opts.pop("n", 75)
+    model, feeds, w, b = qdq_linear(m, 260, n, seed=40 + m, zero=True, act=True, residual=True)
+    with Session(model, storage="buffer", options={"poison": True, "precision": precision, **opts}) as s:
+        (d,) = [d for d in s.plan.dispatches if d.op == "Linear" and d.kernel.startswith("linear_rows")]
+        assert "_i8" in d.kernel and d.info["splits"] == opts.get("gemm_splitk", 1)
+        assert d.info["vec"] == (n == 208 and d.info["cv"] > 1)
+        got = s.run(None, feeds)[0]
+    compare(got, reference(feeds, w, b, True, True), 1e-5 if precision == "fp32" else 4e-3, f"{m} rows {opts}")
+
+
 @pytest.mark.parametrize("dtype,per_column,zero", [(np.uint8, True, True), (np.int8, False, True),
                                                    (np.uint8, False, False)])
 def test_zero_points_and_per_tensor_scales(dtype, per_column, zero):

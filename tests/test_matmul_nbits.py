@@ -70,6 +70,32 @@ def test_matmul_nbits(precision, m, k, n, block, zero, bias, kernel):
         compare(got, onnxruntime_run(model, feeds)[0], 1e-4, "onnxruntime")
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("m,k,block,opts", [
+    (1, 260, 32, {"gemm_splitk": 3}),                           # splits start and end inside blocks
+    (2, 260, 16, {"rows_columns": 4, "local_size": (3, 5, 1)}),  # k runs of 22 vec4 rows over 4-row blocks
+    (8, 80, 32, {"rows_columns": 1}),                           # the most rows; a short last block
+    (5, 132, 64, {"gemm_splitk": 2}),                           # one block and a short one, split between them
+    (1, 260, 32, {"n": 208}),                                   # 52 vec4 columns: 8-byte loads of 4 (VEC)
+    (4, 132, 16, {"n": 208, "gemm_splitk": 3}),
+    (5, 260, 32, {"n": 208}),                                   # beams: 2 columns a lane, 4-byte loads of 2
+])
+def test_rows_layouts(precision, m, k, block, opts):
+    """The few-row kernel's layouts on 4-bit weights: each lane's run of K crosses blocks where the splits and k runs
+    fall, its block sums added scaled as it leaves each; 75 columns (19 vec4: no whole group) or 208 (52 vec4: 8-byte
+    loads of 4 vec4 columns)."""
+    opts = dict(opts)
+    n = opts.pop("n", 75)
+    model, feeds, w, b = nbits_model(m, k, n, block, seed=50 + m, zero="packed", bias=True)
+    with Session(model, storage="buffer", options={"poison": True, "precision": precision, **opts}) as s:
+        (d,) = [x for x in s.plan.dispatches if x.op == "MatMulNBits" and x.kernel.startswith("linear_rows")]
+        assert "_q4" in d.kernel and d.info["splits"] == opts.get("gemm_splitk", 1)
+        assert d.info["vec"] == (n == 208 and d.info["cv"] > 1)
+        got = s.run(None, feeds)[0]
+    ref = feeds["A"].astype(np.float64) @ w + b
+    compare(got, ref, 1e-5 if precision == "fp32" else 4e-3, f"{m} rows {opts} {precision}")
+
+
 def test_bad_matmul_nbits_name_the_tensor():
     model, _, _, _ = nbits_model(1, 64, 8, 16, seed=0)
     node = model.graph.node[0]

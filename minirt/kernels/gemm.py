@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..device_profile import DeviceProfile
-from ..errors import MinirtError, UnsupportedError
+from ..errors import MinirtError
 from ..plan import Push
 from .local_size import (check_local_size, clamp, default_budget, extent_room, fit_shared, forced_local_size, grow,
                          largest_first, pow2_floor, wave_places, wave_splits)
@@ -702,45 +702,94 @@ def _win(a_win):
 
 
 # glsl/linear_rows.comp: Linears of at most this many rows (a decoder step: one token a beam) split K across the
-# invocations of a group instead of tiling M.
+# invocations of a group (and, where the column groups alone leave the GPU idle, across groups) instead of tiling M.
+# A one-row Linear reads each weight once: its time is the memory system's, so the shape below is chosen to keep
+# enough weight loads in flight on every multiprocessor, each lane's load 16 bytes of a k row where registers allow.
 ROWS_MAX = 8
-ROWS_GROUP = 256      # invocations a group, where the device allows
+ROWS_GROUP = 256          # invocations a group where the device tells no multiprocessor count
+ROWS_LX = 8               # lanes along N: each load of a group's lanes is 8 x 16 = 128 contiguous bytes of a k row
+ROWS_LX_FEW = 4           # where the column groups are fewer than the multiprocessors: 64 bytes, twice the groups
+ROWS_LY_MAX = 64          # k runs a group at most (512 invocations)
+ROWS_MIN_RUN = 4          # vec4 rows of K a lane at least (16 k: two of the kernel's unrolled steps)
+ROWS_LANES_PER_UNIT = 1024  # lanes aimed at per multiprocessor (half an H100 SM's 2048)
+ROWS_SPLIT_BYTES = 256 << 10  # weight bytes one column group may read before K is split across groups
+ROWS_SPLIT_MAX = 4
+# bytes of B per vec4 column group and k row, by weight type (w axis of the variant; float by precision)
+ROWS_VEC4_BYTES = {"float": 16, "half": 8, "i8": 4, "q4": 2}
+# VEC: vec4 column groups one vector load of linear_rows.comp takes at most (16 bytes; 4-bit: 8), by those bytes; a
+# lane's cv where that is fewer
+ROWS_VEC_COLUMNS = {16: 1, 8: 2, 4: 4, 2: 4}
 
 
-def rows_shape(profile, k4: int) -> tuple[int, int]:
-    """(LX vec4 columns, LY k-lanes) of a linear_rows group: 8 columns (each k row read as 128 contiguous bytes),
-    the rest of a 256-invocation group as k-lanes, no more lanes than K has vec4 rows. On an H200 the decoder's
-    384-wide Linears then make only 12 groups (11-13 us for fc2 at one row, docs/benchmarks.md); fewer columns a group
-    (the local_size option, e.g. 2 x 128) spread them wider, not yet measured there."""
-    lx, ly = 8, 1
-    while ly * 2 * lx <= min(ROWS_GROUP, profile.max_invocations) and ly * 2 <= profile.max_local_size[1] \
-            and ly < k4:
-        ly *= 2
-    return lx, ly
+def rows_shape(profile, options, m: int, n4: int, k4: int, wbytes: int, part_major: bool) -> dict:
+    """The few-row kernel's layout for m rows of n4 vec4 columns over k4 vec4 rows of K, the weight wbytes bytes per
+    vec4 column group and k row: {lx, ly (the group: lanes along N by k runs), cv (vec4 columns a lane: 16 bytes a k
+    row, at most 2 past 4 rows for the accumulators' registers), vec (the lane's columns adjacent and read by vector
+    loads of min(cv, ROWS_VEC_COLUMNS) columns: where n4 is a multiple of that, so every load is aligned), splits (K
+    split across groups), ks (vec4 rows of K a split)}. The local_size, gemm_splitk, rows_columns and rows_vec options
+    force their parts.
+    Lanes along N: ROWS_LX, or ROWS_LX_FEW where that many would make fewer column groups than multiprocessors (1280
+    fp16 columns: 20 groups of 8 lanes on an H100's 132, 40 of 4). Splits: where a column group would read more than
+    ROWS_SPLIT_BYTES and the column groups are still fewer than the multiprocessors (a 5120-deep fc2 into 1280
+    columns), K splits up to ROWS_SPLIT_MAX ways and linear_reduce.comp adds the fp32 partials (one more dispatch);
+    part-major outputs are not split.
+    k runs: lanes enough for ROWS_LANES_PER_UNIT a multiprocessor, each run at least ROWS_MIN_RUN vec4 rows."""
+    cv = options.rows_columns or max(1, min(16 // wbytes, 4 if m <= 4 else 2))
+    forced = forced_local_size("gemm", options)
+    units = profile.compute_units if profile.tuning.split_work else 0
+    lx = forced[0] if forced is not None else ROWS_LX_FEW if -(-n4 // (ROWS_LX * cv)) < units else ROWS_LX
+    groups_n = -(-n4 // (lx * cv))
+    if options.gemm_splitk is not None:
+        splits = options.gemm_splitk if not part_major else 1
+    elif units and not part_major and groups_n < units:
+        splits = min(ROWS_SPLIT_MAX, -(-units // groups_n), -(-4 * k4 * lx * cv * wbytes // ROWS_SPLIT_BYTES),
+                     max(1, k4 // ROWS_MIN_RUN))
+    else:
+        splits = 1
+    ks = -(-k4 // max(1, splits))
+    splits = -(-k4 // ks) if k4 else 1
+    if forced is not None:
+        ly = forced[1]
+    else:
+        most = min(ROWS_LY_MAX, profile.max_invocations // lx, profile.max_local_size[1])
+        want = units * ROWS_LANES_PER_UNIT // (groups_n * splits * lx) if units else ROWS_GROUP // lx
+        want = min(want, most, max(1, ks // ROWS_MIN_RUN))
+        ly = 1
+        while ly * 2 <= want:
+            ly *= 2
+    while cv > 1 and lx * ly * cv * 16 > profile.max_shared_memory:    # the kernel's red_sh: a vec4 a column a lane
+        cv //= 2
+    vpl = min(cv, ROWS_VEC_COLUMNS[wbytes])
+    vec = options.rows_vec and vpl > 1 and n4 % vpl == 0
+    return {"lx": lx, "ly": ly, "cv": cv, "vec": vec, "splits": splits, "ks": ks}
 
 
 def linear_rows_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, act=None, residual=None, part_n=0):
     """out = act(A @ B + bias) (+ residual) for m <= ROWS_MAX rows, row-major or (part_n > 0) part-major
-    [n / part_n][m][part_n]: glsl/linear_rows.comp, groups of rows_shape() (LX vec4 columns by LY k-lanes, each
-    lane reading K / (4 LY) vec4 rows of B)."""
+    [n / part_n][m][part_n]: glsl/linear_rows.comp in rows_shape()'s layout, then linear_reduce.comp where K is split
+    across groups."""
     forced = forced_local_size("gemm", ctx.options)
-    if forced is not None:       # the local_size option: LY must be a power of two (the kernel's tree)
-        lx, ly, _ = check_local_size(forced, ctx.profile)
-        if ly & (ly - 1):
-            raise UnsupportedError(f"linear_rows: local size {forced} needs a power-of-two y (its k-lanes)")
-    else:
-        lx, ly = rows_shape(ctx.profile, k // 4)
+    if forced is not None:
+        check_local_size(forced, ctx.profile)
+    quant = getattr(wt, "axes", {}).get("w")
+    wbytes = ROWS_VEC4_BYTES[quant or ("half" if ctx.half else "float")]
+    shape = rows_shape(ctx.profile, ctx.options, m, n4, k // 4, wbytes, part_n > 0)
+    lx, ly, cv, S = shape["lx"], shape["ly"], shape["cv"], shape["splits"]
     res = residual if residual is not None else bt
-    groups = -(-n4 // lx)
+    groups = -(-n4 // (lx * cv))
+    split = S > 1
+    info = {"rows": m, "n": n, "k": k, "n4": n4, "part_n": part_n, "act": None if split else act,
+            "has_res": residual is not None and not split, **shape}
+    target = ctx.scratch("linear.partials", S * m * n4 * 4) if split else out
     # binding 5 (a fused LayerNorm's scale and bias, fuse_norm_linear_rows) holds the bias until that pass fills it;
     # an int8 weight (ops/int8_weight.py) adds its scales and zero points at binding 6
-    ctx.dispatch("linear_rows", [(out.name, "w"), (a.name, "r"), (wt.row_major(ctx).name, "r"), (bt.name, "r"),
+    ctx.dispatch("linear_rows", [(target.name, "w"), (a.name, "r"), (wt.row_major(ctx).name, "r"), (bt.name, "r"),
                                  (res.name, "r"), (bt.name, "r"), *_int8_args(ctx, wt)],
-                 rows_push(m, n, k, n4, part_n), spec("linear_rows", ACT=act_code(act), HAS_RES=residual is not None),
-                 (groups * lx, ly, 1), "gemm", flops=2 * m * n * k,
+                 rows_push(info), rows_spec(info), (groups * lx, ly, S), "gemm", flops=2 * m * n * k,
                  nbytes=4 * (m * k + k * n + m * n * (2 if residual is not None else 1)),
-                 local_size=(lx, ly, 1), info={"rows": m, "n": n, "k": k, "n4": n4, "part_n": part_n, "act": act,
-                                               "has_res": residual is not None}, axes=getattr(wt, "axes", None))
+                 local_size=(lx, ly, 1), info=info, axes=getattr(wt, "axes", None))
+    if split:
+        reduce_dispatch(ctx, out, target, bt, res, m, n, n4, S, act, residual is not None)
 
 
 def _int8_args(ctx, wt) -> list:
@@ -748,9 +797,18 @@ def _int8_args(ctx, wt) -> list:
     return wt.extra_args(ctx) if hasattr(wt, "extra_args") else []
 
 
-def rows_push(m, n, k, n4, part_n, eps=0.0) -> Push:
-    """linear_rows.comp's push constants: dims, geo (the part width), ln (a fused LayerNorm's epsilon)."""
-    return Push().ivec4(m, n, k, n4).ivec4(part_n, 0, 0, 0).vec4(eps)
+def rows_push(info, eps=0.0) -> Push:
+    """linear_rows.comp's push constants from its dispatch's info: dims, geo (the part width, the K splits and the
+    vec4 rows of K a split), ln (a fused LayerNorm's epsilon)."""
+    i = info
+    return Push().ivec4(i["rows"], i["n"], i["k"], i["n4"]).ivec4(i["part_n"], i["splits"], i["ks"], 0).vec4(eps)
+
+
+def rows_spec(info, ln=False, ln_bias=True) -> tuple:
+    """linear_rows.comp's specialization constants from its dispatch's info (ln, ln_bias: a fused LayerNorm's)."""
+    i = info
+    return spec("linear_rows", ACT=act_code(i["act"]), HAS_RES=i["has_res"], LN=ln, LN_BIAS=ln_bias,
+                ROWS=i["rows"], CV=i["cv"], SPLIT=i["splits"] > 1, VEC=i["vec"])
 
 
 def _linear_spec(ctx, out_mode, act, has_res, a_win):

@@ -61,7 +61,7 @@ SPEC_CONSTANTS: dict[str, tuple[str, ...]] = {
                                      "linear_cmreg", "linear_cmreg_emu", "linear_cmreg_split", "linear_cmreg_emu_split")},
     "linear_cm2": ("BM", "BN", "BK", "OUT_MODE", "ACT", "HAS_RES"),
     "linear_reduce": ("ACT", "HAS_RES", "LN_BIAS"),      # LN_BIAS: post=ln variants only
-    "linear_rows": ("ACT", "HAS_RES", "LN", "LN_BIAS"),      # LN, LN_BIAS: the fuse_norm_linear_rows pass
+    "linear_rows": ("ACT", "HAS_RES", "LN", "LN_BIAS", "ROWS", "CV", "SPLIT", "VEC"),   # LN, LN_BIAS: fuse_norm_linear_rows
     "matmul": ("TILE", "TRANS_A", "TRANS_B", "HAS_BIAS", "SQUEEZE_M"),
     "occupancy_probe": ("SHARED",),
     "pool": ("OP",),

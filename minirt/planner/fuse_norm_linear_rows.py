@@ -10,8 +10,7 @@ activation type (the LayerNorm not reading or writing a float32 graph edge). Ses
 fuse_norm_linear_rows=False turns the pass off."""
 from __future__ import annotations
 
-from ..kernels import act_code, spec
-from ..kernels.gemm import rows_push
+from ..kernels.gemm import rows_push, rows_spec
 from ..plan import Dispatch, Plan
 
 OPTION = "fuse_norm_linear_rows"     # the option that switches this pass off (minirt/planner/__init__.py runs it)
@@ -26,8 +25,7 @@ def _fuse(ln: Dispatch, lin: Dispatch) -> Dispatch:
     out, _a, wt, bt, res, _, *q = lin.args     # q: an int8 weight's scales (binding 6)
     i, n = lin.info, ln.info
     return Dispatch(kernel=lin.kernel, node=lin.node, op=lin.op, args=[out, (x, "r"), wt, bt, res, (w, "r"), *q],
-                    push=rows_push(i["rows"], i["n"], i["k"], i["n4"], i["part_n"], n["eps"]).bytes(),
-                    spec=spec(ROWS, ACT=act_code(i["act"]), HAS_RES=i["has_res"], LN=True, LN_BIAS=n["has_bias"]),
+                    push=rows_push(i, n["eps"]).bytes(), spec=rows_spec(i, ln=True, ln_bias=n["has_bias"]),
                     global_size=lin.global_size, family=lin.family, local_size=lin.local_size,
                     shared_xy=lin.shared_xy, flops=lin.flops + ln.flops, bytes=lin.bytes, stem=ROWS,
                     axes=lin.axes, info={**i, "ln": ln.node})

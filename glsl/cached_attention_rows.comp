@@ -98,7 +98,8 @@ void main() {
       [[unroll]] for (int r = 0; r < R; ++r) dot4[r] = vec4(0.0);
       [[unroll]] for (int d4 = 0; d4 < DH4; ++d4) {
         const vec4 kk = vec4(k4[base + d4]);
-        [[unroll]] for (int r = 0; r < R; ++r) dot4[r] += q_sh[r * DH4 + d4] * kk;
+        [[unroll]] for (int r = 0; r < R; ++r)
+          if (r < cnt) dot4[r] += q_sh[r * DH4 + d4] * kk;
       }
       [[unroll]] for (int r = 0; r < R; ++r) sc[r] = dot4[r].x + dot4[r].y + dot4[r].z + dot4[r].w;
     }
@@ -107,7 +108,8 @@ void main() {
     for (int w = NT >> 1; w > 0; w >>= 1) {
       barrier();
       if (tid < w)
-        [[unroll]] for (int r = 0; r < R; ++r) red_sh[r * NT + tid] = max(red_sh[r * NT + tid], red_sh[r * NT + tid + w]);
+        [[unroll]] for (int r = 0; r < R; ++r)
+          if (r < cnt) red_sh[r * NT + tid] = max(red_sh[r * NT + tid], red_sh[r * NT + tid + w]);
     }
     barrier();
     float mn[R], f[R];
@@ -124,7 +126,8 @@ void main() {
     for (int w = NT >> 1; w > 0; w >>= 1) {
       barrier();
       if (tid < w)
-        [[unroll]] for (int r = 0; r < R; ++r) red_sh[r * NT + tid] += red_sh[r * NT + tid + w];
+        [[unroll]] for (int r = 0; r < R; ++r)
+          if (r < cnt) red_sh[r * NT + tid] += red_sh[r * NT + tid + w];
     }
     barrier();                                 // (also publishes s_sh)
     [[unroll]] for (int r = 0; r < R; ++r) {
@@ -135,7 +138,8 @@ void main() {
     if (kl < KL)                               // (NT need not be a multiple of DH / 4)
       for (int j = kl; j < cn; j += KL) {
         const vec4 vv = vec4(v4[kv0 + (c0 + j) * D4 + c4]);
-        [[unroll]] for (int r = 0; r < R; ++r) acc[r] += s_sh[r * CH + j] * vv;
+        [[unroll]] for (int r = 0; r < R; ++r)
+          if (r < cnt) acc[r] += s_sh[r * CH + j] * vv;
       }
     barrier();                                 // s_sh and red_sh are rewritten by the next chunk
   }

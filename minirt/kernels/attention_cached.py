@@ -43,7 +43,7 @@ def lower(node, ctx):
     if R > 1:
         stem, consts = "cached_attention_rows", spec("cached_attention_rows", DH=dh, R=R)
         cfg, part = (Bk, B, L, S), (rows * dh // 2, ip, 0, 0)
-        how = "rows that the items map sends to one, at run time" if items else f"{groups // heads} groups a head"
+        how = "rows that the items map sends to one, at run time" if items else f"work groups a head: {groups // heads}"
         ctx.note(f"up to {R} query rows reading one K/V row a work group ({how}): each key read once for them")
     else:
         stem, consts = "cached_attention", spec("cached_attention", DH=dh)

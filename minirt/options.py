@@ -251,6 +251,10 @@ class Options:
     rows_invocations: int | None = _opt(None, _optional(_count), "invocations a group of the row kernels "
                                         "(LayerNorm); default: the device table's")
     attention_splits: int | None = _opt(None, _optional(_count), "split every attention's keys this many ways")
+    attention_rows: int | None = _opt(None, _optional(_count), "query rows of the decoder's cross-attention "
+                                      "(CachedAttention over every key) that read the same keys and values: up to "
+                                      "this many a work group, each key read once for them (1: a group a row); "
+                                      "default 8 (minirt/kernels/attention_cached.py ROWS_MAX)")
     attention_stream: bool | int = _opt(True, _stream, "stream splits of the attention's (query, key) blocks over "
                                         "one wave: True (where the device's rule says), False, or a group count")
     attention_tile: tuple | None = _opt(None, _optional(_ints((3, 4), want="THREADSxKGxRT or THREADSxKGxRTxNK "

@@ -12,7 +12,8 @@ keep ONNX meaning and call a family to lower; the planner asks the families (nev
   attention_cm.py     attention on cooperative matrices, S and P through shared memory (glsl/attention_cm.comp)
   attention_cmr.py    attention on cooperative matrices, softmax in registers (glsl/attention_cmr.comp)
   attention_split.py  key and stream splits across work groups and the combine pass (glsl/attention_combine.comp)
-  attention_cached.py the decoder's attention over a key/value cache (glsl/cached_attention.comp)
+  attention_cached.py the decoder's attention over a key/value cache (glsl/cached_attention.comp; query rows that
+                      read one K/V row a work group: cached_attention_rows.comp)
   rows.py             the row kernels (glsl/layer_norm_rows.comp, linear_reduce.comp post=ln): a subgroup a row
 
 Imports point one way: local_size <- the families <- minirt.ops <- minirt.planner (tests/test_import_graph.py).

@@ -46,6 +46,7 @@ SPEC_CONSTANTS: dict[str, tuple[str, ...]] = {
     "dynamic_quantize": (),
     "col2im": (),
     "cached_attention": ("DH",),
+    "cached_attention_rows": ("DH", "R"),
     "concat": (),
     "conv": ("CONV1D",),
     "conv_dw": (),

@@ -255,6 +255,9 @@ class Options:
                                       "(CachedAttention over every key) that read the same keys and values: up to "
                                       "this many a work group, each key read once for them (1: a group a row); "
                                       "default 8 (minirt/kernels/attention_cached.py ROWS_MAX)")
+    attention_rows_by_map: bool = _opt(False, _flag, "also group, at run time, consecutive batch rows that the items "
+                                       "map sends to one K/V row (beams on a batch's rows); off by default: a greedy "
+                                       "batch sends each row to a clip of its own, where grouping only costs")
     attention_stream: bool | int = _opt(True, _stream, "stream splits of the attention's (query, key) blocks over "
                                         "one wave: True (where the device's rule says), False, or a group count")
     attention_tile: tuple | None = _opt(None, _optional(_ints((3, 4), want="THREADSxKGxRT or THREADSxKGxRTxNK "

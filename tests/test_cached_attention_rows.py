@@ -61,7 +61,7 @@ CASES = [
 def test_rows_sharing_a_kv_row_read_it_once(B, Tq, Bk, items, splits, precision):
     rng = np.random.default_rng([B, Tq, Bk, splits])
     g = attend_graph(B, Tq, Bk, items is not None)
-    opts = {"precision": precision, "attention_splits": splits}
+    opts = {"precision": precision, "attention_splits": splits, "attention_rows_by_map": items is not None}
     plans = {"rows": plan_of(g, **opts), "one": plan_of(g, attention_rows=1, **opts)}
     suffix = "_half" if precision == "fp16" else ""
     kernels = {k: [x.kernel for x in p.dispatches] for k, p in plans.items()}
@@ -93,7 +93,7 @@ def test_attention_rows_caps_the_group(most):
     d = HEADS * DH
     for B, Bk, items in ((8, 3, [0, 0, 1, 1, 1, 0, 2, 2]), (7, 1, None)):
         g = attend_graph(B, 1, Bk, items is not None)
-        plan = plan_of(g, precision="fp32", attention_rows=most)
+        plan = plan_of(g, precision="fp32", attention_rows=most, attention_rows_by_map=True)
         (disp,) = [x for x in plan.dispatches if x.kernel == "cached_attention_rows"]
         assert disp.spec == (DH, most)
         if items is None:

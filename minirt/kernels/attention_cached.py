@@ -63,9 +63,11 @@ def lower(node, ctx):
 def row_groups(ctx, B: int, Tq: int, Bk: int, items: bool, causal: bool) -> tuple:
     """(R, L): query rows a work group at most (1: cached_attention.comp, a group a row), and the length of the runs
     of consecutive rows (flat, b Tq + t) that read one K/V row as far as planning knows: all B Tq rows where K and V
-    hold one batch row, or where the items map may send them all to one; else a query batch row's Tq rows. Only over
-    every key (causal rows see keys of their own); Options.attention_rows caps R (1: off)."""
-    L = B * Tq if Bk == 1 or items else Tq
+    hold one batch row, or (Options.attention_rows_by_map) where the run-time items map may send them all to one;
+    else a query batch row's Tq rows. The map's grouping is off by default: a greedy batch sends each row to a clip of
+    its own, and there the grouped grid only costs (idle row slots, other key splits). Only over every key (causal
+    rows see keys of their own); Options.attention_rows caps R (1: off)."""
+    L = B * Tq if Bk == 1 or (items and ctx.options.attention_rows_by_map) else Tq
     most = ctx.options.attention_rows
     R = min(ROWS_MAX if most is None else most, L)
     return (1, L) if causal or R < 2 else (R, L)

@@ -2,7 +2,7 @@
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 // variants: w=float,i8,q4 dtype=float,half
-// A Linear of a few rows (M <= MAX_ROWS: a decoder step, one token a beam): out = act(A[M, K] @ B[K, N] + bias)
+// A Linear of a few rows (M <= 32: a decoder step, one token a beam or a clip): out = act(A[M, K] @ B[K, N] + bias)
 // (+ residual), A row-major with K a multiple of 4, B prepacked as [K][N4] (as glsl/linear.comp reads it: a vec4
 // column group a k row, 16, 8, 4 or 2 bytes by the weight type). With so few rows the work is reading B once, and the
 // time is the memory system's: a work group of LX x LY invocations takes LX CV vec4 columns; lane tx holds columns
@@ -17,6 +17,10 @@
 // LN (the fuse_norm_linear_rows pass): A's rows are a LayerNorm's input; the group normalises each row as it reads
 // it (numerics as glsl/layer_norm_rows.comp: two passes about the row's first element), so the LayerNorm needs no
 // dispatch and no output of its own.
+// Past REG_ROWS rows (a batched step, one token a clip) the registers go to the accumulators (the planner gives a lane
+// one vec4 column there): a step loads its weights first and then each row's activations just before that row's
+// FMAs, the LayerNorm's statistics live in shared memory, and 4-bit weights are scaled as they are loaded (four
+// operations a weight, shared by all the rows) instead of through block sums a row.
 // w=i8: B as int8 with a scale and zero point per column (glsl/qweight.glslh, binding 6); the sums are of
 // (q - zero) and the scale is applied once per output. w=q4: blockwise 4-bit B; a lane loads a block's scales and
 // zero points once for its columns as its run enters the block, sums a q and a over the block, and adds
@@ -29,13 +33,14 @@ layout(constant_id = 3) const int ACT = 0;          // ACT_* of activation.glslh
 layout(constant_id = 4) const bool HAS_RES = false; // + residual[m, n]
 layout(constant_id = 5) const bool LN = false;      // normalise A's rows first (scale [K4] then bias [K4] at binding 5)
 layout(constant_id = 6) const bool LN_BIAS = true;  // the LayerNorm has a bias
-layout(constant_id = 7) const int ROWS = 8;         // M (<= MAX_ROWS), constant: the accumulators are registers
+layout(constant_id = 7) const int ROWS = 8;         // M (<= 32), constant: the accumulators are registers
 layout(constant_id = 8) const int CV = 1;           // vec4 columns a lane
 layout(constant_id = 9) const bool SPLIT = false;   // write fp32 partials of the group's split of K
 layout(constant_id = 10) const bool VEC = false;    // a lane's columns adjacent, VPL of them a vector load (N4 and CV
                                                     // multiples of VPL): one 16-byte load (w=q4: 8) for VPL columns
 
-const int MAX_ROWS = 8;
+const int REG_ROWS = 8;                              // rows whose activations, LN statistics and 4-bit block sums
+const bool FEW = ROWS <= REG_ROWS;                   // a step keeps in registers
 const int UNROLL = 2;                                // vec4 rows of K loaded before their FMAs
 
 layout(set = 0, binding = 0, std430) writeonly buffer o_buf { ELEM o[]; };
@@ -83,16 +88,17 @@ const int SEGS = LY < 8 ? LY : 8;                   // the ty sums' first step: 
 const int SEG_LEN = (LY + SEGS - 1) / SEGS;
 
 shared vec4 red_sh[LXY * CV];
+shared float ln_sh[3 * ROWS];                       // LN past REG_ROWS: pivots, shifts, 1 / std of the rows
 
 #include "activation.glslh"
 
 vec4 acc[ROWS * CV];                                // row m, column j at m CV + j
 int col[CV];                                        // the lane's vec4 columns (clamped into B: see main)
-float pivot[ROWS], shift[ROWS], rstd[ROWS];         // LN
+float pivot[ROWS], shift[ROWS], rstd[ROWS];         // LN (FEW)
 vec4 qs[CV], qz[CV];                                // w=i8: zero points; w=q4: the current block's scales, zero points
 #if defined(W_Q4)
-vec4 bacc[ROWS * CV];                               // w=q4: the current block's sums of a q
-float asum[ROWS];                                   // w=q4: the current block's sums of a, a row
+vec4 bacc[ROWS * CV];                               // w=q4 (FEW): the current block's sums of a q
+float asum[ROWS];                                   // w=q4 (FEW): the current block's sums of a, a row
 #define ACC bacc
 #else
 #define ACC acc
@@ -113,7 +119,20 @@ vec4 group_sum(vec4 v, int tid) {
   return r;
 }
 
-// The products of U (1 or UNROLL) vec4 rows of K from k4 on: all their weight and activation loads, then the FMAs.
+// Row m's activations at vec4 row k4 of K (LN: normalised; g, beta: the LayerNorm's scale and bias there).
+vec4 a_row(const int m, const int k4, const vec4 g, const vec4 beta) {
+  const int K4 = p.dims.z / 4;
+  vec4 a = vec4(a4[m * K4 + k4]);
+  if (LN) {
+    const float pv = FEW ? pivot[m] : ln_sh[m], sh = FEW ? shift[m] : ln_sh[ROWS + m];
+    const float rs = FEW ? rstd[m] : ln_sh[2 * ROWS + m];
+    a = (rs == 0.0 ? vec4(0.0) : ((a - pv) - sh) * rs) * g + beta;
+  }
+  return a;
+}
+
+// The products of U (1 or UNROLL) vec4 rows of K from k4 on: all their weight loads (FEW: and activation loads), then
+// the FMAs.
 void rows_k4(const int k4, const int U) {
   const int M = ROWS, K4 = p.dims.z / 4, N4 = p.dims.w;
   vec4 w[UNROLL * 4 * CV];
@@ -152,27 +171,38 @@ void rows_k4(const int k4, const int U) {
           [[unroll]] for (int j = 0; j < CV; ++j) w[(u * 4 + r) * CV + j] = WB((4 * (k4 + u) + r) * N4 + col[j], j);
         }
       }
-      const vec4 g = LN ? W4(lnw, k4 + u) : vec4(1.0), beta = LN && LN_BIAS ? W4(lnw, K4 + k4 + u) : vec4(0.0);
-      [[unroll]] for (int m = 0; m < ROWS; ++m) {
-        if (m < M) {
-          vec4 a = vec4(a4[m * K4 + k4 + u]);
-          if (LN) a = (rstd[m] == 0.0 ? vec4(0.0) : ((a - pivot[m]) - shift[m]) * rstd[m]) * g + beta;
-          x[u * ROWS + m] = a;
 #if defined(W_Q4)
-          asum[m] += (a.x + a.y) + (a.z + a.w);
+      if (!FEW) {
+        [[unroll]] for (int r = 0; r < 4; ++r) {
+          [[unroll]] for (int j = 0; j < CV; ++j) w[(u * 4 + r) * CV + j] = (w[(u * 4 + r) * CV + j] - qz[j]) * qs[j];
+        }
+      }
 #endif
+      if (FEW) {
+        const vec4 g = LN ? W4(lnw, k4 + u) : vec4(1.0), beta = LN && LN_BIAS ? W4(lnw, K4 + k4 + u) : vec4(0.0);
+        [[unroll]] for (int m = 0; m < ROWS; ++m) {
+          if (m < M) {
+            const vec4 a = a_row(m, k4 + u, g, beta);
+            x[u * ROWS + m] = a;
+#if defined(W_Q4)
+            asum[m] += (a.x + a.y) + (a.z + a.w);
+#endif
+          }
         }
       }
     }
   }
   [[unroll]] for (int u = 0; u < UNROLL; ++u) {
     if (u < U) {
+      const vec4 g = LN ? W4(lnw, k4 + u) : vec4(1.0), beta = LN && LN_BIAS ? W4(lnw, K4 + k4 + u) : vec4(0.0);
       [[unroll]] for (int m = 0; m < ROWS; ++m) {
         if (m < M) {
-          const vec4 a = x[u * ROWS + m];
+          const vec4 a = FEW ? x[u * ROWS + m] : a_row(m, k4 + u, g, beta);
           [[unroll]] for (int j = 0; j < CV; ++j) {
             const int b = u * 4 * CV + j;
-            ACC[m * CV + j] += a.x * w[b] + a.y * w[b + CV] + a.z * w[b + 2 * CV] + a.w * w[b + 3 * CV];
+            const vec4 d = a.x * w[b] + a.y * w[b + CV] + a.z * w[b + 2 * CV] + a.w * w[b + 3 * CV];
+            if (FEW) ACC[m * CV + j] += d;
+            else acc[m * CV + j] += d;       // w=q4: scaled as loaded
           }
         }
       }
@@ -216,14 +246,15 @@ void main() {
     const float inv_len = 1.0 / float(4 * K4);
     [[unroll]] for (int m0 = 0; m0 < ROWS; m0 += 4) {
       if (m0 < M) {
+        vec4 pv = vec4(0.0);
         [[unroll]] for (int j = 0; j < 4; ++j) {
-          if (m0 + j < ROWS) pivot[m0 + j] = m0 + j < M ? float(a4[(m0 + j) * K4].x) : 0.0;
+          if (m0 + j < M) pv[j] = float(a4[(m0 + j) * K4].x);
         }
         precise vec4 s = vec4(0.0);
         for (int k4 = tid; k4 < K4; k4 += LXY) {
           [[unroll]] for (int j = 0; j < 4; ++j) {
             if (m0 + j < M) {
-              precise vec4 d = (vec4(a4[(m0 + j) * K4 + k4]) - pivot[m0 + j]) * inv_len;
+              precise vec4 d = (vec4(a4[(m0 + j) * K4 + k4]) - pv[j]) * inv_len;
               s[j] += (d.x + d.y) + (d.z + d.w);
             }
           }
@@ -233,7 +264,7 @@ void main() {
         for (int k4 = tid; k4 < K4; k4 += LXY) {
           [[unroll]] for (int j = 0; j < 4; ++j) {
             if (m0 + j < M) {
-              const vec4 d = (vec4(a4[(m0 + j) * K4 + k4]) - pivot[m0 + j]) - mean[j];
+              const vec4 d = (vec4(a4[(m0 + j) * K4 + k4]) - pv[j]) - mean[j];
               q[j] += dot(d, d);
             }
           }
@@ -241,12 +272,21 @@ void main() {
         const vec4 var = group_sum(q, tid) * inv_len;
         [[unroll]] for (int j = 0; j < 4; ++j) {
           if (m0 + j < ROWS) {
-            shift[m0 + j] = mean[j];
-            rstd[m0 + j] = inversesqrt(var[j] + p.ln.x);
+            const float rs = inversesqrt(var[j] + p.ln.x);
+            if (FEW) {
+              pivot[m0 + j] = pv[j];
+              shift[m0 + j] = mean[j];
+              rstd[m0 + j] = rs;
+            } else if (tid == 0) {
+              ln_sh[m0 + j] = pv[j];
+              ln_sh[ROWS + m0 + j] = mean[j];
+              ln_sh[2 * ROWS + m0 + j] = rs;
+            }
           }
         }
       }
     }
+    if (!FEW) barrier();                          // ln_sh read by every invocation from here
   }
   // lanes past N4 read a valid column (the last) and store nothing: no branch around the loads
   // (VEC: each vector load's columns together, the last whole vector's where they pass N4)
@@ -265,12 +305,16 @@ void main() {
       qs[j] = qsz4[1 + blk * N4 + col[j]];
       qz[j] = qsz4[1 + (nblk + blk) * N4 + col[j]];
     }
-    [[unroll]] for (int i = 0; i < ROWS * CV; ++i) bacc[i] = vec4(0.0);
-    [[unroll]] for (int m = 0; m < ROWS; ++m) asum[m] = 0.0;
+    if (FEW) {
+      [[unroll]] for (int i = 0; i < ROWS * CV; ++i) bacc[i] = vec4(0.0);
+      [[unroll]] for (int m = 0; m < ROWS; ++m) asum[m] = 0.0;
+    }
     for (; k4 + UNROLL <= end; k4 += UNROLL) rows_k4(k4, UNROLL);
     for (; k4 < end; ++k4) rows_k4(k4, 1);
-    [[unroll]] for (int m = 0; m < ROWS; ++m) {
-      [[unroll]] for (int j = 0; j < CV; ++j) acc[m * CV + j] += (bacc[m * CV + j] - qz[j] * asum[m]) * qs[j];
+    if (FEW) {
+      [[unroll]] for (int m = 0; m < ROWS; ++m) {
+        [[unroll]] for (int j = 0; j < CV; ++j) acc[m * CV + j] += (bacc[m * CV + j] - qz[j] * asum[m]) * qs[j];
+      }
     }
   }
 #else

@@ -151,6 +151,10 @@ class Tuning:
     attention_cpu_tiles: bool = False  # the fp32 attention's CPU_TILES first
     attention_prefetch: bool = True   # the fp32 attention stages K and V through registers one phase ahead
     register_file: int = 65536        # 32-bit registers a multiprocessor: how many tensor-core attention groups fit
+    # Linears of at most this many rows run on the few-row kernel (glsl/linear_rows.comp, which reads each weight once
+    # for all its rows; up to 32, minirt/kernels/gemm.py ROWS_LIMIT) instead of the tiled or tensor-core GEMMs; option
+    # rows_max forces it. 8 (a decoder step of a few beams) until a batched step's 16-32 rows are measured there
+    rows_max: int = 8
     # linear_cm tile -> work groups a multiprocessor holds by its registers (116 and 185 a lane for the 64 x 64 and
     # 64 x 128 one-stage tiles on an H200, tools/dev/occupancy.py), where that is fewer than shared memory allows
     cm_register_groups: tuple = (("m64n64k32s1", 4), ("m64n128k32s1", 2), ("r64n64", 4))

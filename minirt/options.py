@@ -86,6 +86,14 @@ def _column_count(v):
     return n
 
 
+def _rows_count(v):
+    """rows_max: 1 to 32 (glsl/linear_rows.comp's most rows)."""
+    n = _count(v)
+    if n > 32:
+        raise ValueError("an integer from 1 to 32 (the few-row kernel's most rows)")
+    return n
+
+
 def _ints(n=None, low=1, want=None):
     """A tuple of positive ints, from a tuple or text such as "16,4,1" or "16x4x1"; `want` says what in errors."""
     counts = n if isinstance(n, tuple) else (n,)
@@ -235,7 +243,11 @@ class Options:
                                    "few-row Linear's too, where its output is row-major)")
     rows_columns: int | None = _opt(None, _optional(_column_count),
                                     "vec4 columns each lane of the few-row Linear (glsl/linear_rows.comp) takes: 1, "
-                                    "2 or 4; default: 16 bytes of weights a load (at most 2 past 4 rows)")
+                                    "2 or 4; default: 16 bytes of weights a load (at most 2 past 4 rows, 1 past 8)")
+    rows_max: int | None = _opt(None, _optional(_rows_count),
+                                "Linears of at most this many rows (1-32) run on the few-row kernel "
+                                "(glsl/linear_rows.comp) instead of the tiled or tensor-core GEMMs; default: the "
+                                "device table's (8)")
     rows_vec: bool = _opt(True, _flag, "the few-row Linear's lanes read their columns 16 bytes (4-bit: 8) a load "
                           "where the weight's width allows; off: a load a vec4 column group, lanes interleaved")
     cm_tile: str | None = _opt(None, _optional(_choice(CM_TILES)),

@@ -701,11 +701,14 @@ def _win(a_win):
     return (*a_win, 0, 0) if a_win is not None else (0, 0, 0, 0)
 
 
-# glsl/linear_rows.comp: Linears of at most this many rows (a decoder step: one token a beam) split K across the
-# invocations of a group (and, where the column groups alone leave the GPU idle, across groups) instead of tiling M.
+# glsl/linear_rows.comp: Linears of a few rows (a decoder step: one token a beam, or a clip of a batch) split K across
+# the invocations of a group (and, where the column groups alone leave the GPU idle, across groups) instead of tiling M.
 # A one-row Linear reads each weight once: its time is the memory system's, so the shape below is chosen to keep
 # enough weight loads in flight on every multiprocessor, each lane's load 16 bytes of a k row where registers allow.
-ROWS_MAX = 8
+# Which Linears go there: at most rows_max() rows (the device table's rows_max, option rows_max), never more than
+# ROWS_LIMIT (the kernel's accumulators are registers: ROWS x CV vec4 a lane).
+ROWS_LIMIT = 32
+ROWS_REG = 8              # the kernel's REG_ROWS: past this many rows it keeps only the accumulators in registers
 ROWS_GROUP = 256          # invocations a group where the device tells no multiprocessor count
 ROWS_LX = 8               # lanes along N: each load of a group's lanes is 8 x 16 = 128 contiguous bytes of a k row
 ROWS_LX_FEW = 4           # where the column groups are fewer than the multiprocessors: 64 bytes, twice the groups
@@ -721,10 +724,16 @@ ROWS_VEC4_BYTES = {"float": 16, "half": 8, "i8": 4, "q4": 2}
 ROWS_VEC_COLUMNS = {16: 1, 8: 2, 4: 4, 2: 4}
 
 
+def rows_max(profile, options) -> int:
+    """The most rows of a Linear that runs on glsl/linear_rows.comp: option rows_max, else the device table's."""
+    return min(ROWS_LIMIT, options.rows_max or profile.tuning.rows_max)
+
+
 def rows_shape(profile, options, m: int, n4: int, k4: int, wbytes: int, part_major: bool) -> dict:
     """The few-row kernel's layout for m rows of n4 vec4 columns over k4 vec4 rows of K, the weight wbytes bytes per
     vec4 column group and k row: {lx, ly (the group: lanes along N by k runs), cv (vec4 columns a lane: 16 bytes a k
-    row, at most 2 past 4 rows for the accumulators' registers), vec (the lane's columns adjacent and read by vector
+    row, at most 2 past 4 rows and 1 past ROWS_REG for the accumulators' registers: at most 16 vec4 a lane up to
+    ROWS_REG rows, ROWS vec4 past it), vec (the lane's columns adjacent and read by vector
     loads of min(cv, ROWS_VEC_COLUMNS) columns: where n4 is a multiple of that, so every load is aligned), splits (K
     split across groups), ks (vec4 rows of K a split)}. The local_size, gemm_splitk, rows_columns and rows_vec options
     force their parts.
@@ -734,7 +743,7 @@ def rows_shape(profile, options, m: int, n4: int, k4: int, wbytes: int, part_maj
     columns), K splits up to ROWS_SPLIT_MAX ways and linear_reduce.comp adds the fp32 partials (one more dispatch);
     part-major outputs are not split.
     k runs: lanes enough for ROWS_LANES_PER_UNIT a multiprocessor, each run at least ROWS_MIN_RUN vec4 rows."""
-    cv = options.rows_columns or max(1, min(16 // wbytes, 4 if m <= 4 else 2))
+    cv = options.rows_columns or max(1, min(16 // wbytes, 4 if m <= 4 else 2 if m <= ROWS_REG else 1))
     forced = forced_local_size("gemm", options)
     units = profile.compute_units if profile.tuning.split_work else 0
     lx = forced[0] if forced is not None else ROWS_LX_FEW if -(-n4 // (ROWS_LX * cv)) < units else ROWS_LX
@@ -757,7 +766,8 @@ def rows_shape(profile, options, m: int, n4: int, k4: int, wbytes: int, part_maj
         ly = 1
         while ly * 2 <= want:
             ly *= 2
-    while cv > 1 and lx * ly * cv * 16 > profile.max_shared_memory:    # the kernel's red_sh: a vec4 a column a lane
+    # the kernel's red_sh (a vec4 a column a lane) and ln_sh (3 floats a row)
+    while cv > 1 and lx * ly * cv * 16 + 12 * m > profile.max_shared_memory:
         cv //= 2
     vpl = min(cv, ROWS_VEC_COLUMNS[wbytes])
     vec = options.rows_vec and vpl > 1 and n4 % vpl == 0
@@ -765,7 +775,7 @@ def rows_shape(profile, options, m: int, n4: int, k4: int, wbytes: int, part_maj
 
 
 def linear_rows_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, act=None, residual=None, part_n=0):
-    """out = act(A @ B + bias) (+ residual) for m <= ROWS_MAX rows, row-major or (part_n > 0) part-major
+    """out = act(A @ B + bias) (+ residual) for m <= ROWS_LIMIT rows, row-major or (part_n > 0) part-major
     [n / part_n][m][part_n]: glsl/linear_rows.comp in rows_shape()'s layout, then linear_reduce.comp where K is split
     across groups."""
     forced = forced_local_size("gemm", ctx.options)
@@ -943,8 +953,10 @@ def linear_dispatch(ctx, out, a, wt, bt, m, n, k, n4, *, out_mode=OUT_ROWS, act=
     if out_mode == OUT_PARTS and (part_n <= 0 or n % part_n or m_total < m0 + m):
         raise MinirtError(f"part-major GEMM output needs N ({n}) a multiple of the part width ({part_n}) "
                           f"and M_total ({m_total}) covering the rows")
-    if m <= ROWS_MAX and out_mode in (OUT_ROWS, OUT_PARTS) and m0 == 0 and lda4 is None and a_win is None and \
-            (out_mode == OUT_ROWS or m_total == m):
+    if m <= rows_max(ctx.profile, ctx.options) and out_mode in (OUT_ROWS, OUT_PARTS) and m0 == 0 and lda4 is None \
+            and a_win is None and (out_mode == OUT_ROWS or m_total == m):
+        if m > ROWS_REG:
+            ctx.note(f"{m} rows on the few-row kernel (rows_max {rows_max(ctx.profile, ctx.options)})")
         linear_rows_dispatch(ctx, out, a, wt, bt, m, n, k, n4, act=act, residual=residual,
                              part_n=part_n if out_mode == OUT_PARTS else 0)
         return

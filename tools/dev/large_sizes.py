@@ -59,7 +59,8 @@ def suppressed(tok, n_vocab: int) -> list:
 
 
 def transcribe(folder, backend, precision, tokens, audio):
-    """(tokens, load s, transcribe s, model) of one window through WhisperModel."""
+    """(tokens, load s, transcribe s, model, Recorder of the reference's calls or None) of one window through
+    WhisperModel."""
     from minirt.whisper import WhisperModel
     t0 = time.perf_counter()
     model = WhisperModel(folder, precision=precision, backend=backend)
@@ -67,10 +68,12 @@ def transcribe(folder, backend, precision, tokens, audio):
         model.backend.threads = None        # BLAS on every core: the full-size encoder is ~2 TFLOP
     t1 = time.perf_counter()
     rec = Recorder(model.backend) if backend == "reference" else None
+    suppress = suppressed(model.tokenizer, int(model.config["vocab_size"]))
     segs, _ = model.transcribe(audio, language="en", beam_size=1, temperature=0.0, without_timestamps=True,
-                               condition_on_previous_text=False, suppress_tokens=suppressed(model.tokenizer, int(model.config["vocab_size"])),
+                               condition_on_previous_text=False, suppress_tokens=suppress,
                                no_speech_threshold=None, log_prob_threshold=None,
-                               compression_ratio_threshold=None, max_new_tokens=tokens)
+                               compression_ratio_threshold=None,
+                               max_new_tokens=max(1, 2 * tokens - 4))   # CTranslate2 stops at half the prompt + that
     got = [t for s in segs for t in s.tokens]
     return got, t1 - t0, time.perf_counter() - t1, model, rec
 
@@ -103,11 +106,14 @@ def main(argv=None):
     ap.add_argument("--formats", default="ct2,hf", help="ct2 and/or hf (default: %(default)s)")
     ap.add_argument("--layers", default=None, help="E,D: encoder and decoder layers (default: the model's); every "
                                                    "width stays the model's")
-    ap.add_argument("--tokens", type=int, default=16, help="greedy tokens decoded (default: %(default)s)")
+    ap.add_argument("--tokens", type=int, default=16, help="greedy tokens decoded, 3 to 222 (default: %(default)s)")
     ap.add_argument("--precision", default="fp32", choices=("fp32", "fp16"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tmp", default=None, help="folder for the checkpoints (default: the system's temporary one)")
     args = ap.parse_args(argv)
+    if not 3 <= args.tokens <= 222:
+        ap.error("--tokens: 3 to 222 (the 4-token prompt and twice the tokens within Whisper's 448 positions)")
+    sys.stdout.reconfigure(line_buffering=True)     # each line as it comes, also into a file cut short by a timeout
 
     from minirt.whisper.synthetic import SIZES as CONFIGS, random_checkpoint, write_folder
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]

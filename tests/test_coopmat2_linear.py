@@ -171,7 +171,7 @@ def _device_or_skip():
 
 
 def _run(model, feeds, **options):
-    opts = {"poison": True, **options}
+    opts = {"poison": True, "coopmat2": True, **options}
     with Session(model, storage="buffer", precision="fp16", options=opts) as s:
         gemms = [d.kernel for d in _gemms(s.plan)]
         assert gemms and all(k.startswith("linear_cm2_") for k in gemms), (gemms, _notes(s.plan))
@@ -251,7 +251,7 @@ def test_device_parts(tile, t, n):
     x = np.random.default_rng(t + n).uniform(-2, 2, (1, t, k)).astype(np.float32)
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     with Session(model, storage="buffer", precision="fp16",
-                 options={"poison": True, **({"cm2_tile": tile} if tile else {})}) as s:
+                 options={"poison": True, "coopmat2": True, **({"cm2_tile": tile} if tile else {})}) as s:
         (d,) = _gemms(s.plan)
         assert d.kernel.startswith("linear_cm2_") and d.spec[3] == 2, (d.kernel, d.spec)
         outs = s.run(None, {"x": x})
@@ -265,7 +265,7 @@ def test_device_conv_front_end():
     _device_or_skip()
     model, ws = _front_end_model(3000, seed=3)
     x = np.random.default_rng(4).standard_normal((1, 80, 3000)).astype(np.float32)
-    with Session(model, storage="buffer", precision="fp16", options={"poison": True}) as s:
+    with Session(model, storage="buffer", precision="fp16", options={"poison": True, "coopmat2": True}) as s:
         assert any(d.kernel.startswith("linear_cm2_") for d in _gemms(s.plan)), [d.kernel for d in _gemms(s.plan)]
         (y,) = s.run(None, {"x": x})
     _check(y, _front_end_reference(x, *ws), "front end")

@@ -402,6 +402,16 @@ class _Builder:
         return name
 
 
+def transposed_f32(w) -> np.ndarray:
+    """A 2-D w [R, C] as a contiguous float32 [C, R], copied 64 rows of w at a time: one strided copy of the whole
+    array reads across all of it for every output row, several times slower at a vocabulary projection's size."""
+    w = np.asarray(w, np.float32)
+    out = np.empty(w.shape[::-1], np.float32)
+    for i in range(0, w.shape[0], 64):
+        out[:, i:i + 64] = w[i:i + 64].T
+    return out
+
+
 def build_whisper_encoder_graph(cfg: dict, w, prefix: str = "", source: str = "<memory>", batch: int = 1,
                                 transposed=None) -> Graph:
     """The encoder Graph from HF-named parameters `w` (a dict, or a function of the name; names without
@@ -428,7 +438,7 @@ def build_whisper_encoder_graph(cfg: dict, w, prefix: str = "", source: str = "<
             wt = b.op("DequantizeLinear", [b.const(f"{prefix}{k}.weight^T", q),
                                            b.const(f"{prefix}{k}.weight_scale", s)], scope, axis=1)
         else:
-            kn = np.ascontiguousarray(np.asarray(w, f32).T) if transposed is None else transposed(f"{k}.weight")
+            kn = transposed_f32(w) if transposed is None else transposed(f"{k}.weight")
             wt = b.const(f"{prefix}{k}.weight^T", kn)
         y = b.op("MatMul", [x, wt], scope)
         return b.op("Add", [y, param(f"{k}.bias")], scope) if bias else y

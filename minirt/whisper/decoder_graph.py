@@ -63,7 +63,7 @@ import numpy as np
 
 from ..errors import ModelError, UnsupportedError
 from ..graph import Graph, Node, Tensor
-from ..loaders.safetensors_loader import LN_EPS, build_whisper_encoder_graph
+from ..loaders.safetensors_loader import LN_EPS, build_whisper_encoder_graph, transposed_f32
 from ..ops.token_select import CONTROL
 from ..quant import QuantizedWeight
 
@@ -145,7 +145,7 @@ class _Builder:
         """Checkpoint tensor `name` transposed, contiguous float32 (made once for graphs built together)."""
         made = getattr(self.w, "transposed", {})
         if name not in made:
-            made[name] = np.ascontiguousarray(np.asarray(self.w[name], np.float32).T)
+            made[name] = transposed_f32(self.w[name])
         return made[name]
 
     def linear(self, x, prefix, out, bias=True, act="", residual=""):

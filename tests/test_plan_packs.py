@@ -54,3 +54,23 @@ def test_shared_packings_equal_a_plan_made_alone():
         for name, t in p.tensors.items():
             if t.data is not None:
                 assert got[name].data.dtype == t.data.dtype and np.array_equal(got[name].data, t.data), name
+
+
+def test_packs_tell_arrays_apart_bit_for_bit():
+    from minirt.planner.lower import Packs
+    rng = np.random.default_rng()
+    a = rng.standard_normal((300, 40)).astype(np.float32)
+    packs, made = Packs(), []
+
+    def pack(x):
+        return packs.once(("pack", x, 2.0), lambda: made.append(x) or x * 2)
+    assert pack(a) is pack(a.copy()) is pack(np.asfortranarray(a)) and len(made) == 1
+    b = a.copy()
+    b[1, 1] += 1          # off the sampled elements
+    c = a.copy()
+    c[0, 0] = -0.0 if a[0, 0] == 0 else -a[0, 0]
+    z, nz = np.zeros(8, np.float32), np.zeros(8, np.float32)
+    nz[3] = -0.0          # equal as numbers, not as bits
+    for x in (b, c, a[:, :20], a.astype(np.float64), z, nz):
+        assert np.array_equal(pack(x), x * 2)
+    assert len(made) == 7 and packs.once(("other", a, 2.0), lambda: "made") == "made"

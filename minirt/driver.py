@@ -11,12 +11,14 @@ from .infer import prepare
 from .options import Options
 
 
-def plan_graph(graph, profile, storage, options: Options, *, host: bool = False, runtime_gather: int = 1 << 62):
+def plan_graph(graph, profile, storage, options: Options, *, host: bool = False, runtime_gather: int = 1 << 62,
+               packs=None):
     """(the prepared graph, its Plan on `profile`). host and runtime_gather as minirt.infer.prepare takes them (the
-    graph is prepared in place); with host, the Plan is None where the host computes every output."""
+    graph is prepared in place); with host, the Plan is None where the host computes every output. packs: as
+    make_plan takes it."""
     from .planner import make_plan
     g = prepare(graph, host=host, runtime_gather=runtime_gather)
-    return g, (None if host and not g.outputs else make_plan(g, profile, storage, options))
+    return g, (None if host and not g.outputs else make_plan(g, profile, storage, options, packs))
 
 
 _devices: dict = {}

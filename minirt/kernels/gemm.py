@@ -25,16 +25,24 @@ def tile_config(profile) -> tuple[int, int, int]:
 
 
 class GemmWeight:
-    """A GEMM's B [K, N], packed once its dispatch knows the kernel: [Kp][N4] vec4 for linear.comp, gemm.comp and
-    linear_cm (row_major), per slice and lane for linear_cmreg (regfed). Each packing is made once, however many
-    dispatches read it (a conv's row tiles)."""
+    """A GEMM's B [K, N] (its source times `scale`), packed once its dispatch knows the kernel: [Kp][N4] vec4 for
+    linear.comp, gemm.comp and linear_cm (row_major), per slice and lane for linear_cmreg (regfed). Each packing is
+    made once, however many dispatches read it (a conv's row tiles), and once in a planning call, however many
+    plans pack it (LowerCtx.weight's key: the packing, the source by content and the scale)."""
 
-    def __init__(self, name: str, b_kn: np.ndarray):
-        self.name, self.b_kn = name, np.asarray(b_kn, np.float32)
+    def __init__(self, name: str, b_kn: np.ndarray, scale: float = 1.0):
+        self.name, self.source, self.scale = name, np.asarray(b_kn, np.float32), float(scale)
+        self._b_kn = None
 
-    def _packed(self, ctx, key, pack):
+    @property
+    def b_kn(self) -> np.ndarray:
+        if self._b_kn is None:    # (a copy of a vocabulary projection costs a second or two at large-v3's shapes)
+            self._b_kn = self.source if self.scale == 1.0 else self.source * np.float32(self.scale)
+        return self._b_kn
+
+    def _packed(self, ctx, key, how, pack):
         spec = ctx.plan.tensors.get(f"{key}@packed")
-        return spec if spec is not None else ctx.weight(key, pack())
+        return spec if spec is not None else ctx.weight(key, pack, key=(how, self.source, self.scale))
 
     def row_major(self, ctx):
         def pack():
@@ -42,28 +50,33 @@ class GemmWeight:
             w = np.zeros((-(-k // 4) * 4, -(-n // 4) * 4), np.float32)
             w[:k, :n] = self.b_kn
             return w
-        return self._packed(ctx, self.name, pack)
+        return self._packed(ctx, self.name, "row_major", pack)
 
     def regfed(self, ctx):
-        return self._packed(ctx, f"{self.name}@regfed", lambda: pack_regfed(self.b_kn))
+        return self._packed(ctx, f"{self.name}@regfed", "regfed", lambda: pack_regfed(self.b_kn))
 
     def split(self, ctx, scheme):
         """(the fp16 hi and lo parts packed for linear_cmreg's split variant, the float32 2^-s of each column) for
         fp32_precision `scheme` (split_f16x3): float16 and float32 weights in the plan."""
         key = f"{self.name}@{scheme}"
         if f"{key}@packed" not in ctx.plan.tensors:
-            hi, lo, inv = split_f16x3(self.b_kn)
-            w = ctx.weight(key, pack_regfed_split(hi, lo), dtype="float16")
-            scales = ctx.weight(f"{key}.colscale", np.pad(inv, (0, -len(inv) % 16)))
+            how, parts = (scheme, self.source, self.scale), []
+
+            def split():        # (hi, lo, inv), made where a packing of them is not made yet
+                parts[:] = parts or split_f16x3(self.b_kn)
+                return parts
+            w = ctx.weight(key, lambda: pack_regfed_split(*split()[:2]), dtype="float16", key=("hi_lo",) + how)
+            scales = ctx.weight(f"{key}.colscale", lambda: np.pad(split()[2], (0, -len(split()[2]) % 16)),
+                                key=("colscale",) + how)
             ctx.note(f"fp32_precision {scheme}: fp32 GEMM on tensor cores from split operands: weights as fp16 hi and "
                      f"lo parts ({w.name}, {w.dtype} [{w.shape[0]}]) and column scales ({scales.name}), activations "
                      f"split as loaded")
         return ctx.plan.tensors[f"{key}@packed"], ctx.plan.tensors[f"{key}.colscale@packed"]
 
 
-def pack_weight(ctx, name: str, b_kn: np.ndarray):
-    """B [K, N] as a GemmWeight (packed by the dispatch that reads it) and N4, its vec4 columns."""
-    return GemmWeight(name, b_kn), -(-b_kn.shape[1] // 4)
+def pack_weight(ctx, name: str, b_kn: np.ndarray, scale: float = 1.0):
+    """B [K, N] (times scale) as a GemmWeight (packed by the dispatch that reads it) and N4, its vec4 columns."""
+    return GemmWeight(name, b_kn, scale), -(-b_kn.shape[1] // 4)
 
 
 def pack_bias(ctx, name: str, bias, n: int):

@@ -402,10 +402,23 @@ class _Builder:
         return name
 
 
-def build_whisper_encoder_graph(cfg: dict, w, prefix: str = "", source: str = "<memory>", batch: int = 1) -> Graph:
+def transposed_f32(w) -> np.ndarray:
+    """A 2-D w [R, C] as a contiguous float32 [C, R], copied 64 rows of w at a time: one strided copy of the whole
+    array reads across all of it for every output row, several times slower at a vocabulary projection's size."""
+    w = np.asarray(w, np.float32)
+    out = np.empty(w.shape[::-1], np.float32)
+    for i in range(0, w.shape[0], 64):
+        out[:, i:i + 64] = w[i:i + 64].T
+    return out
+
+
+def build_whisper_encoder_graph(cfg: dict, w, prefix: str = "", source: str = "<memory>", batch: int = 1,
+                                transposed=None) -> Graph:
     """The encoder Graph from HF-named parameters `w` (a dict, or a function of the name; names without
     prefix, HF layouts: Linear weights [out, in]) for `batch` windows at once. Constants are named by their
-    checkpoint names (prefix included); a Linear weight stored transposed for MatMul is named '<name>^T'."""
+    checkpoint names (prefix included); a Linear weight stored transposed for MatMul is named '<name>^T'.
+    transposed: a function of a float Linear weight's name giving it [in, out], contiguous float32 (graphs built
+    together share the copies, and the planner packs the same arrays once); None: a copy made here."""
     get = w.__getitem__ if isinstance(w, dict) else w
     d, h, m = cfg["d_model"], cfg["encoder_attention_heads"], cfg["num_mel_bins"]
     n_pos, n_layers = cfg["max_source_positions"], cfg["encoder_layers"]
@@ -425,7 +438,8 @@ def build_whisper_encoder_graph(cfg: dict, w, prefix: str = "", source: str = "<
             wt = b.op("DequantizeLinear", [b.const(f"{prefix}{k}.weight^T", q),
                                            b.const(f"{prefix}{k}.weight_scale", s)], scope, axis=1)
         else:
-            wt = b.const(f"{prefix}{k}.weight^T", np.ascontiguousarray(np.asarray(w, f32).T))
+            kn = transposed_f32(w) if transposed is None else transposed(f"{k}.weight")
+            wt = b.const(f"{prefix}{k}.weight^T", kn)
         y = b.op("MatMul", [x, wt], scope)
         return b.op("Add", [y, param(f"{k}.bias")], scope) if bias else y
 

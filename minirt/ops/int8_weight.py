@@ -62,11 +62,14 @@ class Int8Weight:
     def row_major(self, ctx) -> TensorSpec:
         key = f"{self.name}@i8"
         spec = ctx.plan.tensors.get(key)
-        if spec is None:
-            k, n = self.q.shape
-            w = np.zeros((k, -(-n // 4) * 4), np.int8)
-            w[:, :n] = self.q
-            spec = TensorSpec(key, (w.size,), WEIGHT, "buffer", 0, w.reshape(-1), dtype="int8")
+        if spec is None:       # (packed once a planning call: LowerCtx.packs)
+            def pack():
+                k, n = self.q.shape
+                w = np.zeros((k, -(-n // 4) * 4), np.int8)
+                w[:, :n] = self.q
+                return w.reshape(-1)
+            w = ctx.packs.once(("i8", self.q), pack)
+            spec = TensorSpec(key, (w.size,), WEIGHT, "buffer", 0, w, dtype="int8")
             ctx.plan.tensors[key] = spec
         return spec
 
@@ -75,7 +78,7 @@ class Int8Weight:
         key = f"{self.name}@i8regfed"
         spec = ctx.plan.tensors.get(key)
         if spec is None:
-            w = pack_regfed_i8(self.q)
+            w = ctx.packs.once(("i8regfed", self.q), lambda: pack_regfed_i8(self.q))
             spec = TensorSpec(key, (w.size,), WEIGHT, "buffer", 0, w, dtype="int8")
             ctx.plan.tensors[key] = spec
         return spec
@@ -120,13 +123,15 @@ class Int4Weight(Int8Weight):
         key = f"{self.name}@q4"
         spec = ctx.plan.tensors.get(key)
         if spec is None:
-            k, n = self.q.shape
-            n4 = -(-n // 4)
-            w = np.zeros((k, n4 * 4), np.uint16)
-            w[:, :n] = self.q
-            packed = (w[:, 0::4] | w[:, 1::4] << 4 | w[:, 2::4] << 8 | w[:, 3::4] << 12).reshape(-1)
-            packed = np.pad(packed, (0, (-packed.size) % 2)).astype("<u2")
-            spec = TensorSpec(key, (packed.size,), WEIGHT, "buffer", 0, packed.view(np.uint8), dtype="uint4")
+            def pack():
+                k, n = self.q.shape
+                n4 = -(-n // 4)
+                w = np.zeros((k, n4 * 4), np.uint16)
+                w[:, :n] = self.q
+                packed = (w[:, 0::4] | w[:, 1::4] << 4 | w[:, 2::4] << 8 | w[:, 3::4] << 12).reshape(-1)
+                return np.pad(packed, (0, (-packed.size) % 2)).astype("<u2")
+            w = ctx.packs.once(("q4", self.q), lambda: pack().view(np.uint8))
+            spec = TensorSpec(key, (w.size // 2,), WEIGHT, "buffer", 0, w, dtype="uint4")
             ctx.plan.tensors[key] = spec
         return spec
 
@@ -135,7 +140,7 @@ class Int4Weight(Int8Weight):
         key = f"{self.name}@q4regfed"
         spec = ctx.plan.tensors.get(key)
         if spec is None:
-            w = pack_regfed_q4(self.q).view(np.uint8)
+            w = ctx.packs.once(("q4regfed", self.q), lambda: pack_regfed_q4(self.q).view(np.uint8))
             spec = TensorSpec(key, (w.size // 2,), WEIGHT, "buffer", 0, w, dtype="uint4")
             ctx.plan.tensors[key] = spec
         return spec

@@ -67,6 +67,7 @@ class Linear(Op):
         quant = int8_operands(g, node)
         q4 = int4_operands(g, node)
         k, n = g.tensor(node.inputs[1]).data.shape
+        w_scale = 1.0       # a float W's scale, folded in where it is packed (once a planning call: GemmWeight)
         if q4 is not None:       # a blocked 4-bit weight: on the w=q4 kernels, as MatMulNBits
             q, s, z, block = q4
             w = Int4Weight(node.inputs[1], q, s * np.float32(scale), z, block)
@@ -83,9 +84,7 @@ class Linear(Op):
                          "a multiple of 4")
                 w = dequantize_kn(*quant) * scale
             else:
-                w = np.asarray(g.tensor(node.inputs[1]).data, np.float32)
-                if scale != 1.0:    # (a copy of a vocabulary projection costs a second or two at large-v3's shapes)
-                    w = w * scale
+                w, w_scale = np.asarray(g.tensor(node.inputs[1]).data, np.float32), scale
         b = g.tensor(node.inputs[2]).data * scale if len(node.inputs) > 2 and node.inputs[2] else None
         res = ctx.t(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] else None
         act = node.attrs.get("act") or None
@@ -96,13 +95,13 @@ class Linear(Op):
             if not linear_ok(ctx, k) or res is not None:
                 raise UnsupportedError(f"{node}: a merged Linear ({parts} parts) runs only on the buffer GEMM "
                                        f"(buffer storage, K a multiple of 4, no residual)")
-            wt, n4 = _weight(ctx, node, w)
+            wt, n4 = _weight(ctx, node, w, w_scale)
             bt = pack_bias(ctx, f"{node.name}.bias", b, n)
             linear_dispatch(ctx, y, x, wt, bt, m, n, k, n4, act=act, out_mode=OUT_PARTS, m_total=m,
                             part_n=n // parts)
             return
         if linear_ok(ctx, k):
-            wt, n4 = _weight(ctx, node, w)
+            wt, n4 = _weight(ctx, node, w, w_scale)
             bt = pack_bias(ctx, f"{node.name}.bias", b, n)
             linear_dispatch(ctx, y, x, wt, bt, m, n, k, n4, act=act, residual=res)
             return
@@ -110,7 +109,7 @@ class Linear(Op):
         from .matmul import matmul_dispatch
         steps = ([act] if act else []) + (["res"] if res is not None else [])
         cur = y if not steps else ctx.temp(f"{y.name}@gemm", y.shape)
-        matmul_dispatch(ctx, cur, x, w, bias=None if b is None else b.reshape(1, -1))
+        matmul_dispatch(ctx, cur, x, w if w_scale == 1.0 else w * w_scale, bias=None if b is None else b.reshape(1, -1))
         for i, s in enumerate(steps):
             nxt = y if i == len(steps) - 1 else ctx.temp(f"{y.name}@{s}", y.shape)
             if s == "res":
@@ -120,11 +119,11 @@ class Linear(Op):
             cur = nxt
 
 
-def _weight(ctx, node, w):
-    """(the GEMM's weight, N4) of a float W [K, N] or an Int8Weight."""
+def _weight(ctx, node, w, scale=1.0):
+    """(the GEMM's weight, N4) of a float W [K, N] (times scale) or an Int8Weight."""
     if isinstance(w, Int8Weight):
         return w, -(-w.q.shape[1] // 4)
-    return pack_weight(ctx, node.inputs[1], w)
+    return pack_weight(ctx, node.inputs[1], w, scale)
 
 
 @register

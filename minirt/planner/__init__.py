@@ -113,9 +113,10 @@ def resolve_precision(precision, profile) -> str:
     return precision
 
 
-def make_plan(graph, profile, storage=None, options=None) -> Plan:
+def make_plan(graph, profile, storage=None, options=None, packs=None) -> Plan:
     """The Plan of `graph` on `profile`. options: Options or a dict of them (Options.make); storage, where given,
-    overrides options.storage."""
+    overrides options.storage. packs: a lower.Packs shared by the plans of one call (a program's entry points), so
+    each packs a weight the others pack as the same array, made once."""
     options = Options.of(options)
     precision = resolve_precision(options.precision, profile)
     asked = storage or options.storage
@@ -125,9 +126,9 @@ def make_plan(graph, profile, storage=None, options=None) -> Plan:
         if not p.on_plan:
             g = p(g, options, profile)
     if asked == "auto" and options.storage == "texture":    # textures where they fit, buffers around the rest
-        plan = lower_mixed(g, profile, options, precision)
+        plan = lower_mixed(g, profile, options, precision, packs)
     else:
-        plan = lower(g, options.storage, profile, options, precision)
+        plan = lower(g, options.storage, profile, options, precision, packs)
     for p in PASSES:
         if p.on_plan:
             plan = p(plan, options, profile)

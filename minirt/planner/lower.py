@@ -11,6 +11,8 @@ output written as float32 by `_out32` variants. Elsewhere a cast dispatch stands
 the input made before its first reader, or a float16 stand-in for the output converted after the last dispatch."""
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from .. import ops
@@ -22,9 +24,54 @@ from . import storage_layout
 from .storage_layout import packed_dim_for
 
 
+class Packs:
+    """The packed weights of one planning call, each made once: the plans of a program (a Whisper batch's encoder
+    entry points, one a window count, each packing the whole encoder) pack the same weights over and over. A packing
+    is keyed by what decides it: the packing and its parameters, the arrays it packs by content, the element type;
+    every plan that asks for it gets the same array object, so equal weights are found by identity when a program
+    uploads them. An array is known by identity once seen; a new one by a sample of its elements, then bit for bit
+    against the first array of that sample (a plan's merged sibling weights are new arrays, equal to the last plan's).
+    It lives as long as the call (make_plan's `packs`): it holds what the call's plans hold, and the first array of
+    each content it was given."""
+
+    SAMPLE = 64     # elements of an array that pick the arrays it is compared with
+
+    def __init__(self):
+        self._made = {}
+        self._known = {}       # id(array) -> (a weak reference to it, its token)
+        self._firsts = {}      # (dtype, shape, sample bytes) -> [(array, token)]
+
+    def once(self, key: tuple, make):
+        """make(), or what it returned for an equal key before (key: hashables and numpy arrays)."""
+        key = tuple(self.token(x) if isinstance(x, np.ndarray) else x for x in key)
+        made = self._made.get(key)
+        if made is None:
+            made = self._made[key] = make()
+        return made
+
+    def token(self, a: np.ndarray) -> tuple:
+        """The same tuple for arrays of the same dtype, shape and bits."""
+        seen = self._known.get(id(a))
+        if seen is not None and seen[0]() is a:
+            return seen[1]
+        at = np.linspace(0, a.size - 1, min(a.size, self.SAMPLE)).astype(np.int64)
+        sample = (a.dtype.str, a.shape, a[np.unravel_index(at, a.shape)].tobytes() if a.ndim else a.tobytes())
+        firsts = self._firsts.setdefault(sample, [])
+        bits = f"u{a.itemsize}" if a.itemsize in (1, 2, 4, 8) else None
+        for b, tok in firsts:
+            if np.array_equal(a.view(bits), b.view(bits)) if bits else a.tobytes() == b.tobytes():
+                break
+        else:
+            tok = (*sample, len(firsts))
+            firsts.append((a, tok))
+        self._known[id(a)] = (weakref.ref(a), tok)
+        return tok
+
+
 class LowerCtx:
-    def __init__(self, graph, storage: str, profile, options=None, precision="fp32", node_storage=None):
+    def __init__(self, graph, storage: str, profile, options=None, precision="fp32", node_storage=None, packs=None):
         self.graph = graph
+        self.packs = Packs() if packs is None else packs    # packed weights shared with the call's other plans
         self.storage = storage      # the current node's (mixed storage: the plan's, or node_storage's)
         # mixed storage (storage_layout.py): node name -> the storage it runs in where not the plan's
         self.node_storage = dict(node_storage or {})
@@ -104,16 +151,21 @@ class LowerCtx:
             return self.plan.tensors[self._half_output(name)]
         return spec
 
-    def weight(self, name: str, data: np.ndarray, dtype: str | None = None) -> TensorSpec:
+    def weight(self, name: str, data, dtype: str | None = None, key: tuple | None = None) -> TensorSpec:
         """A prepacked weight: a read-only vec4 storage buffer in both storage modes (float16 at fp16,
         saturated to the fp16 range rather than overflowing to inf). dtype: the element type a kernel reads where it
         is not the plan's: "float32" at every precision for a table of indices and weights that fp16 would round,
-        "float16" for the parts of a split fp32 weight."""
+        "float16" for the parts of a split fp32 weight. key: data is then a function making the array, called once
+        for an equal key in the planning call (Packs.once: key names the packing, its parameters and the arrays it
+        packs); the spec holds the array an earlier plan or node of the call made."""
         dtype = dtype or self.dtype
-        data = np.ascontiguousarray(data, np.float32).reshape(-1)
-        if data.size % 4:
-            data = np.pad(data, (0, 4 - data.size % 4))
-        data = as_dtype(data, dtype)
+
+        def make(d):
+            d = np.ascontiguousarray(d, np.float32).reshape(-1)
+            if d.size % 4:
+                d = np.pad(d, (0, 4 - d.size % 4))
+            return as_dtype(d, dtype)
+        data = make(data) if key is None else self.packs.once((*key, dtype), lambda: make(data()))
         key = f"{name}@packed"
         spec = TensorSpec(key, (data.size,), WEIGHT, "buffer", 0, data, dtype=dtype)
         self.plan.tensors[key] = spec
@@ -286,18 +338,18 @@ class LowerCtx:
         return self.half_outputs[name]
 
 
-def lower(graph, storage, profile, options=None, precision="fp32") -> Plan:
-    return _lower(graph, storage, profile, options, precision).plan
+def lower(graph, storage, profile, options=None, precision="fp32", packs=None) -> Plan:
+    return _lower(graph, storage, profile, options, precision, packs=packs).plan
 
 
-def lower_mixed(graph, profile, options=None, precision="fp32") -> Plan:
+def lower_mixed(graph, profile, options=None, precision="fp32", packs=None) -> Plan:
     """storage="auto" on a texture device (storage_layout.py): textures, and buffers for the nodes around a tensor
     whose image the device cannot make, or that have no texture kernel for what they are given. A node whose
     lowering makes such an image (a temporary, or a copy of a graph tensor) is moved to buffers and the graph lowered
     again, until every image fits."""
     moved = storage_layout.buffer_nodes(graph, profile)
     for _ in range(len(graph.nodes) + 1):
-        ctx = _lower(graph, "texture", profile, options, precision, moved)
+        ctx = _lower(graph, "texture", profile, options, precision, moved, packs)
         more = {}
         for t in ctx.plan.tensors.values():
             why = t.storage == "texture" and not t.view_of and storage_layout.too_large(t.texel_extents, profile)
@@ -315,11 +367,11 @@ def lower_mixed(graph, profile, options=None, precision="fp32") -> Plan:
     return plan
 
 
-def _lower(graph, storage, profile, options=None, precision="fp32", node_storage=None) -> LowerCtx:
+def _lower(graph, storage, profile, options=None, precision="fp32", node_storage=None, packs=None) -> LowerCtx:
     """The lowering of every node. node_storage (mixed storage): node name -> why it runs in buffers; any other node
     runs in `storage` ("texture"), or in buffers where its texture lowering refuses what it is given."""
     mixed = node_storage is not None
-    ctx = LowerCtx(graph, storage, profile, options, precision, node_storage)
+    ctx = LowerCtx(graph, storage, profile, options, precision, node_storage, packs)
     for name in graph.inputs:
         ctx.storage = _input_storage(ctx, name) if mixed else storage
         ctx.t(name)

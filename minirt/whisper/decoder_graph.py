@@ -63,7 +63,7 @@ import numpy as np
 
 from ..errors import ModelError, UnsupportedError
 from ..graph import Graph, Node, Tensor
-from ..loaders.safetensors_loader import LN_EPS, build_whisper_encoder_graph
+from ..loaders.safetensors_loader import LN_EPS, build_whisper_encoder_graph, transposed_f32
 from ..ops.token_select import CONTROL
 from ..quant import QuantizedWeight
 
@@ -119,6 +119,11 @@ class _Shared(dict):
         self.transposed = {}
 
 
+def shared_weights(weights: dict) -> dict:
+    """weights as graphs built together take them: the transposed copies made of them shared (_Shared)."""
+    return weights if isinstance(weights, _Shared) else _Shared(weights)
+
+
 class _Builder:
     """Nodes and constants of one graph, named by scope."""
 
@@ -140,7 +145,7 @@ class _Builder:
         """Checkpoint tensor `name` transposed, contiguous float32 (made once for graphs built together)."""
         made = getattr(self.w, "transposed", {})
         if name not in made:
-            made[name] = np.ascontiguousarray(np.asarray(self.w[name], np.float32).T)
+            made[name] = transposed_f32(self.w[name])
         return made[name]
 
     def linear(self, x, prefix, out, bias=True, act="", residual=""):
@@ -175,8 +180,10 @@ def encoder_graph(weights: dict, dm: Dims, batch: int = 1, state: str = "", item
     param(CHUNK_ROW) / n_audio_ctx on (the parameter counts the state's rows of n_audio_ctx a window)."""
     cfg = {"d_model": dm.d_model, "encoder_attention_heads": dm.encoder_heads, "num_mel_bins": dm.n_mels,
            "max_source_positions": dm.n_audio_ctx, "encoder_layers": dm.encoder_layers}
+    shared = _Builder(None, weights)
     g = build_whisper_encoder_graph(cfg, lambda k: weights[f"model.encoder.{k}"], prefix="model.encoder.",
-                                    source=f"whisper {state}encode", batch=batch)
+                                    source=f"whisper {state}encode", batch=batch,
+                                    transposed=lambda k: shared.transposed(f"model.encoder.{k}"))
     g.outputs = []
     _cross_kv(_Builder(g, weights), dm, "last_hidden_state", batch, state, items if items > batch else 0)
     return g
@@ -501,7 +508,7 @@ def batch_graphs(weights: dict, dm: Dims, items: int, encode_chunk: int = 0, siz
     if not 0 <= encode_chunk <= items:
         raise ValueError(f"an encoder chunk of 0 to {items} windows, got {encode_chunk}")
     chunk = encode_chunk if 0 < encode_chunk < items else items
-    weights = _Shared(weights)
+    weights = shared_weights(weights)
     graphs = {"bencode": encoder_graph(weights, dm, chunk, "b", items)}
     for k in encode_sizes(chunk)[:-1] if sizes is None else sorted(set(sizes) - {chunk}):
         if not 1 <= k < chunk:

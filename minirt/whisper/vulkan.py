@@ -52,20 +52,22 @@ def plan_program(weights: dict, config: dict, profile, max_batch: int = DEFAULT_
     return _plans(graphs, profile, options)
 
 
-def _plans(graphs: dict, profile, options, share_with: dict | None = None) -> dict:
+def _plans(graphs: dict, profile, options, share_with: dict | None = None, packs=None) -> dict:
     """{entry point: Plan} of graphs; a constant equal to one of an earlier plan (or of share_with's), by name,
-    dtype, shape and bytes, holds that plan's array (_share_data)."""
+    dtype, shape and bytes, holds that plan's array (_share_data). packs: the planning call's Packs (each weight
+    packed once, the same array in every plan that packs it; a fresh one where not given)."""
     from ..driver import plan_graph
     from ..options import Options
+    from ..planner.lower import Packs
     opts = Options.of(options)
     if opts.storage not in ("auto", "buffer"):
         raise UnsupportedError(f"the Vulkan Whisper program runs in buffer storage (asked: {opts.storage})")
     opts = opts.replace(storage="buffer")
-    seen, plans = {}, {}
+    seen, plans, packs = {}, {}, Packs() if packs is None else packs
     for p in (share_with or {}).values():
         _share_data(p, seen)
     for k, g in graphs.items():
-        plans[k] = plan_graph(g, profile, "buffer", opts)[1]
+        plans[k] = plan_graph(g, profile, "buffer", opts, packs=packs)[1]
         _share_data(plans[k], seen)
     return plans
 
@@ -78,7 +80,8 @@ def _share_data(plan, seen: dict) -> None:
         if t.data is None:
             continue
         known = seen.setdefault((t.name, t.dtype, tuple(t.shape), t.data.dtype, t.data.shape), [])
-        same = next((a for a in known if a is t.data or np.array_equal(a, t.data)), None)
+        same = next((a for a in known if a is t.data), None)     # (packed weights: one array, Packs)
+        same = same if same is not None else next((a for a in known if np.array_equal(a, t.data)), None)
         if same is None:
             known.append(t.data)
         else:
@@ -94,17 +97,20 @@ def plan_batch(weights: dict, config: dict, profile, max_items: int, options=Non
     window's keys and values then come out bit for bit as bencode's); bencode's notes name them. program: the plans
     of the one-sequence program on this device and options (plan_program's; planned here where not given)."""
     from ..options import Options
+    from ..planner.lower import Packs
     dm = decoder_graph.dims_of(weights, config)
     opts = Options.of(options)
+    weights = decoder_graph.shared_weights(weights)     # one transposed copy of a weight for all the graphs
+    packs = Packs()     # every plan of this call (and each retry) packs a weight once
     if program is None:
-        program = _plans({"encode": decoder_graph.encoder_graph(weights, dm)}, profile, opts)
+        program = _plans({"encode": decoder_graph.encoder_graph(weights, dm)}, profile, opts, packs=packs)
     items, chunk, notes = fit_batch(dm, profile, int(max_items), program, opts.precision)
     while True:
         graphs = decoder_graph.batch_graphs(weights, dm, items, chunk if chunk < items else 0)
         for n in notes:
             graphs["bencode"].note("batch", n)
         try:
-            plans = _plans(graphs, profile, opts, program)
+            plans = _plans(graphs, profile, opts, program, packs)
         except UnsupportedError:
             if chunk <= 1:      # the estimate holds for the encoder, whose activations are linear in windows
                 raise

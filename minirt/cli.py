@@ -1165,15 +1165,17 @@ def _plan_whisper_program(folder, entry, batch, device, options, precision, stor
     from .options import Options
     from .session import get_device
     from .whisper.checkpoint import load_checkpoint
+    from .planner.lower import Packs
     from .whisper.vulkan import plan_batch, plan_program
     given = {k: v for k, v in dict(precision=precision, storage=storage, local_size=local_size).items()
              if v is not None}
     opts = Options.make(options, **given)
     ckpt = load_checkpoint(folder)
     dev = get_device(device)
-    plans = plan_program(ckpt.weights, ckpt.config, dev.profile, batch, opts)
+    packs = Packs()     # the batch's encoders reuse the program's packed weights
+    plans = plan_program(ckpt.weights, ckpt.config, dev.profile, batch, opts, packs)
     if items:
-        plans.update(plan_batch(ckpt.weights, ckpt.config, dev.profile, items, opts, plans))
+        plans.update(plan_batch(ckpt.weights, ckpt.config, dev.profile, items, opts, plans, packs))
     if entry is not None and entry not in plans:
         raise click.BadParameter(f"{entry!r} is not an entry point of this program ({', '.join(plans)})",
                                  param_hint="'--entry'")

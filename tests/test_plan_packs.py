@@ -38,6 +38,27 @@ def test_a_batch_program_packs_each_weight_once(monkeypatch):
         assert all(a is arrays[0] for a in arrays), f"'{name}': plans hold separate copies"
 
 
+def test_the_program_and_its_batch_pack_the_encoder_once(monkeypatch):
+    """plan_program and plan_batch given one Packs (as VulkanBackend and `minirt plan --items` do): the batch's
+    encoders hold the program encoder's packed arrays, and no weight is packed twice."""
+    from minirt.kernels import gemm
+    from minirt.planner.lower import Packs
+    from minirt.plan import WEIGHT
+    from minirt.whisper.vulkan import plan_batch, plan_program
+    packed = []
+    real = gemm.pack_regfed
+    monkeypatch.setattr(gemm, "pack_regfed", lambda w: packed.append(hashlib.sha1(
+        np.ascontiguousarray(w)).hexdigest()) or real(w))
+    w, cfg = small_whisper(seed=2, max_target_positions=16)
+    packs = Packs()
+    program = plan_program(w, cfg, _h200(), 2, OPTS, packs)
+    batch = plan_batch(w, cfg, _h200(), 4, OPTS, program, packs)
+    assert packed and len(packed) == len(set(packed)), "a weight was packed more than once"
+    ours = {id(t.data) for t in program["encode"].tensors.values() if t.role == WEIGHT and "@regfed" in t.name}
+    theirs = {id(t.data) for t in batch["bencode"].tensors.values() if t.role == WEIGHT and "@regfed" in t.name}
+    assert ours and ours == theirs
+
+
 def test_shared_packings_equal_a_plan_made_alone():
     from minirt.driver import plan_graph
     from minirt.options import Options

@@ -45,11 +45,13 @@ from . import decoder_graph
 DEFAULT_MAX_BATCH = 5      # cache rows: beam_size and best_of up to this (faster-whisper's defaults)
 
 
-def plan_program(weights: dict, config: dict, profile, max_batch: int = DEFAULT_MAX_BATCH, options=None) -> dict:
+def plan_program(weights: dict, config: dict, profile, max_batch: int = DEFAULT_MAX_BATCH, options=None,
+                 packs=None) -> dict:
     """{entry point: Plan} of the Whisper program (decoder_graph.py) for a device profile, in buffer storage at the
-    precision of options (fp32 by default, or fp16; options: Session options for planning)."""
+    precision of options (fp32 by default, or fp16; options: Session options for planning). packs: a Packs to share
+    with a later plan_batch of the same weights (its encoders then reuse these packed weights)."""
     graphs = decoder_graph.program_graphs(weights, decoder_graph.dims_of(weights, config), int(max_batch))
-    return _plans(graphs, profile, options)
+    return _plans(graphs, profile, options, packs=packs)
 
 
 def _plans(graphs: dict, profile, options, share_with: dict | None = None, packs=None) -> dict:
@@ -88,20 +90,22 @@ def _share_data(plan, seen: dict) -> None:
             t.data = same
 
 
-def plan_batch(weights: dict, config: dict, profile, max_items: int, options=None, program=None) -> dict:
+def plan_batch(weights: dict, config: dict, profile, max_items: int, options=None, program=None,
+               packs=None) -> dict:
     """{entry point: Plan} of the batch entry points (decoder_graph.batch_graphs), as plan_program plans, fitted to
     the device (fit_batch): they hold fewer than max_items sequences where the device cannot hold their state
     (plans["bstep1"].tensors["bself_k.0"].shape[0] says how many), and bencode takes fewer windows a run where it
     cannot hold the encoder's activations for all of them (its input's first dimension). bencodeK, the encoder of
     K < those windows (decoder_graph.encode_sizes), is there where its kernels are bencode's (_encode_ladder: a
     window's keys and values then come out bit for bit as bencode's); bencode's notes name them. program: the plans
-    of the one-sequence program on this device and options (plan_program's; planned here where not given)."""
+    of the one-sequence program on this device and options (plan_program's; planned here where not given). packs:
+    the Packs plan_program used for it, if any (each weight is then packed once for both)."""
     from ..options import Options
     from ..planner.lower import Packs
     dm = decoder_graph.dims_of(weights, config)
     opts = Options.of(options)
     weights = decoder_graph.shared_weights(weights)     # one transposed copy of a weight for all the graphs
-    packs = Packs()     # every plan of this call (and each retry) packs a weight once
+    packs = Packs() if packs is None else packs     # every plan of this call (and each retry) packs a weight once
     if program is None:
         program = _plans({"encode": decoder_graph.encoder_graph(weights, dm)}, profile, opts, packs=packs)
     items, chunk, notes = fit_batch(dm, profile, int(max_items), program, opts.precision)
@@ -232,7 +236,10 @@ class VulkanBackend:
         self._opts = opts
         self.precision = precision
         self.name = f"Vulkan ({'float16' if precision == 'fp16' else 'float32'})"
-        self.plans = plan_program(weights, config, get_device(device).profile, self.max_batch, opts)
+        from ..planner.lower import Packs
+        # kept for add_batch: its encoders pack the same weights as the program's (the packed arrays are the plans')
+        self._packs = Packs()
+        self.plans = plan_program(weights, config, get_device(device).profile, self.max_batch, opts, self._packs)
         self.program = Program(self.plans, device, timeout_s=opts.timeout_s, profile=profile)
         self._len = 0             # positions in the cache
         self._batch = 0           # rows in use
@@ -254,7 +261,9 @@ class VulkanBackend:
             return
         if not 1 <= max_items <= decoder_graph.MAX_ITEMS:
             raise ValueError(f"max_items must be 1 to {decoder_graph.MAX_ITEMS}, got {max_items}")
-        plans = plan_batch(weights, config, self.program.device.profile, max_items, self._opts, self.plans)
+        plans = plan_batch(weights, config, self.program.device.profile, max_items, self._opts, self.plans,
+                           self._packs)
+        self._packs = None      # the plans hold what it made
         chunk = plans["bencode"].tensors["input_features"].shape[0]
         sizes = [k for k in decoder_graph.encode_sizes(chunk) if decoder_graph.encode_entry(k, chunk) in plans]
         self.program.add(plans, share=[decoder_graph.encode_entry(k, chunk) for k in sizes])

@@ -194,8 +194,9 @@ class Options:
     coopmat2: bool = _opt(False, _flag,
                           "the fp16 GEMMs of Linear layers and im2col convs on workgroup-scope tensor-core matrices "
                           "(glsl/linear_cm2.comp) where the device has VK_NV_cooperative_matrix2 and coopmat is auto; "
-                          "off (the default until the kernel is measured on a driver that has the extension): the "
-                          "VK_KHR_cooperative_matrix GEMMs (linear_cm, linear_cmreg)",
+                          "off (the default: on an H100, driver 580.159, it ran 1.4-2.3x slower than linear_cmreg at "
+                          "Whisper's encoder shapes, docs/benchmarks.md): the VK_KHR_cooperative_matrix GEMMs "
+                          "(linear_cm, linear_cmreg)",
                           "devices with VK_NV_cooperative_matrix2")
     memory_reuse: bool = _opt(True, _flag, "activations share memory once their last reader has run (off: every "
                               "tensor its own bytes, a debugging aid)")

@@ -44,7 +44,7 @@ from .transcribe import (Segment, TranscriptionInfo, batch_languages, detect_lan
                          split_segments)
 from .vad import VadOptions, keep_speech, restore_times, speech_chunks, vad_options
 
-FRAMES_PER_SECOND = 100
+FRAMES_PER_SECOND = W.FRAMES_PER_SECOND
 log = logging.getLogger("minirt.whisper")
 
 

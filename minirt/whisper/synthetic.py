@@ -175,6 +175,16 @@ def ct2_variables(weights: dict, config: dict):
         yield f"{ct}/gamma", weights[f"{hf}.weight"]
         yield f"{ct}/beta", weights[f"{hf}.bias"]
 
+    def self_attention(ct, hf):         # the encoder's and decoder's layers alike
+        yield from fused(f"{ct}/self_attention/linear_0", [f"{hf}.self_attn.{p}_proj" for p in "qkv"])
+        yield from linear(f"{ct}/self_attention/linear_1", f"{hf}.self_attn.out_proj")
+        yield from norm(f"{ct}/self_attention/layer_norm", f"{hf}.self_attn_layer_norm")
+
+    def ffn(ct, hf):
+        yield from linear(f"{ct}/ffn/linear_0", f"{hf}.fc1")
+        yield from linear(f"{ct}/ffn/linear_1", f"{hf}.fc2")
+        yield from norm(f"{ct}/ffn/layer_norm", f"{hf}.final_layer_norm")
+
     e, d = "model.encoder", "model.decoder"
     for c in ("conv1", "conv2"):
         yield from linear(f"encoder/{c}", f"{e}.{c}")
@@ -182,12 +192,8 @@ def ct2_variables(weights: dict, config: dict):
     yield "encoder/position_encodings/encodings", weights[f"{e}.embed_positions.weight"]
     for i in range(config["encoder_layers"]):
         ct, hf = f"encoder/layer_{i}", f"{e}.layers.{i}"
-        yield from fused(f"{ct}/self_attention/linear_0", [f"{hf}.self_attn.{p}_proj" for p in "qkv"])
-        yield from linear(f"{ct}/self_attention/linear_1", f"{hf}.self_attn.out_proj")
-        yield from norm(f"{ct}/self_attention/layer_norm", f"{hf}.self_attn_layer_norm")
-        yield from linear(f"{ct}/ffn/linear_0", f"{hf}.fc1")
-        yield from linear(f"{ct}/ffn/linear_1", f"{hf}.fc2")
-        yield from norm(f"{ct}/ffn/layer_norm", f"{hf}.final_layer_norm")
+        yield from self_attention(ct, hf)
+        yield from ffn(ct, hf)
     yield from norm("encoder/layer_norm", f"{e}.layer_norm")
     yield "decoder/num_heads", np.array(config["decoder_attention_heads"], np.int16)
     yield "decoder/activation", np.array(3, np.int8)       # GELU
@@ -196,16 +202,12 @@ def ct2_variables(weights: dict, config: dict):
     yield "decoder/position_encodings/encodings", weights[f"{d}.embed_positions.weight"]
     for i in range(config["decoder_layers"]):
         ct, hf = f"decoder/layer_{i}", f"{d}.layers.{i}"
-        yield from fused(f"{ct}/self_attention/linear_0", [f"{hf}.self_attn.{p}_proj" for p in "qkv"])
-        yield from linear(f"{ct}/self_attention/linear_1", f"{hf}.self_attn.out_proj")
-        yield from norm(f"{ct}/self_attention/layer_norm", f"{hf}.self_attn_layer_norm")
+        yield from self_attention(ct, hf)
         yield from linear(f"{ct}/attention/linear_0", f"{hf}.encoder_attn.q_proj")
         yield from fused(f"{ct}/attention/linear_1", [f"{hf}.encoder_attn.k_proj", f"{hf}.encoder_attn.v_proj"])
         yield from linear(f"{ct}/attention/linear_2", f"{hf}.encoder_attn.out_proj")
         yield from norm(f"{ct}/attention/layer_norm", f"{hf}.encoder_attn_layer_norm")
-        yield from linear(f"{ct}/ffn/linear_0", f"{hf}.fc1")
-        yield from linear(f"{ct}/ffn/linear_1", f"{hf}.fc2")
-        yield from norm(f"{ct}/ffn/layer_norm", f"{hf}.final_layer_norm")
+        yield from ffn(ct, hf)
     yield from norm("decoder/layer_norm", f"{d}.layer_norm")
 
 

@@ -141,12 +141,14 @@ class _Builder:
         self.g.tensors.setdefault(out, Tensor(out))
         return out
 
-    def transposed(self, name):
-        """Checkpoint tensor `name` transposed, contiguous float32 (made once for graphs built together)."""
+    def transposed(self, name, rows=None):
+        """Checkpoint tensor `name` (its first `rows` rows, where given) transposed, contiguous float32 (made once
+        for graphs built together)."""
         made = getattr(self.w, "transposed", {})
-        if name not in made:
-            made[name] = transposed_f32(self.w[name])
-        return made[name]
+        key = name if rows is None else (name, rows)
+        if key not in made:
+            made[key] = transposed_f32(self.w[name] if rows is None else np.asarray(self.w[name])[:rows])
+        return made[key]
 
     def linear(self, x, prefix, out, bias=True, act="", residual=""):
         w, quant = self.weight_kn(f"{prefix}.weight^T", f"{prefix}.weight")
@@ -359,7 +361,7 @@ def align_graph(weights: dict, dm: Dims, tokens: int, heads: list, eot: int, cac
     d = "model.decoder"
     h = b.layer_norm(x, f"{d}.layer_norm", "ln_out")
     proj = "proj_out.weight" if "proj_out.weight" in weights else f"{d}.embed_tokens.weight"
-    w = b.param("text_logits.weight^T", np.asarray(weights[proj], np.float32)[:eot].T)
+    w = b.param("text_logits.weight^T", b.transposed(proj, eot))
     b.node("Linear", [h, w, "", ""], "text_logits", "minirt", act="", scale=1.0)               # [1, T, eot]
     b.node("Softmax", ["text_logits"], "text_probs", axis=-1)
     g.const("align.flat", np.array([tokens * eot, 1], np.int64))
@@ -385,6 +387,7 @@ def align_sizes(dm: Dims) -> list:
 
 def align_graphs(weights: dict, dm: Dims, heads: list, eot: int, cache_rows: int) -> dict:
     """{entry point: Graph} of the align entry points (align_sizes)."""
+    weights = shared_weights(weights)     # one transposed copy of the text projection for all of them
     return {align_entry(n): align_graph(weights, dm, n, heads, eot, cache_rows) for n in align_sizes(dm)}
 
 

@@ -22,7 +22,7 @@ _KEEP_GRID = {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identi
               "Slice", "Gather"}
 
 
-def _pair(graph, q, dq, cons):
+def _pair(graph, q, dq):
     """(scale, lo, hi) of the Q/DQ pair q -> dq, or an UnsupportedError naming what does not fit."""
     where = f"{graph.source}: {dq}"
     ins = [graph.tensor(i) if i else None for i in q.inputs]
@@ -48,13 +48,13 @@ def _pair(graph, q, dq, cons):
     return float(np.asarray(s, np.float32).reshape(-1)[0]), float(lo - z), float(hi - z)
 
 
-def _on_grid(node, attrs, prod):
-    """Whether node's input already holds values of the grid `attrs` describes."""
+def _on_grid(node, prod):
+    """Whether node's input already holds values of node's grid (its scale, lo and hi)."""
     cur = prod.get(node.inputs[0])
     while cur is not None and cur.op in _KEEP_GRID:
         cur = prod.get(cur.inputs[0])
     return (cur is not None and cur.op == "QuantizeDequantize" and
-            all(cur.attrs[k] == attrs[k] for k in ("scale", "lo", "hi")))
+            all(cur.attrs[k] == node.attrs[k] for k in ("scale", "lo", "hi")))
 
 
 def fold_qdq_pairs(graph) -> None:
@@ -72,7 +72,7 @@ def fold_qdq_pairs(graph) -> None:
         if q.outputs[0] in graph.outputs or any(r.op != "DequantizeLinear" for r in readers):
             raise UnsupportedError(f"{graph.source}: {q}: its quantized output '{q.outputs[0]}' is read other than "
                                    f"by DequantizeLinears (or is a graph output); minirt keeps activations in float")
-        scale, lo, hi = _pair(graph, q, dq, cons)
+        scale, lo, hi = _pair(graph, q, dq)
         new[id(dq)] = Node("QuantizeDequantize", dq.name, [q.inputs[0]], list(dq.outputs),
                            {"scale": scale, "lo": lo, "hi": hi}, "minirt")
         drop.add(id(q))
@@ -85,7 +85,7 @@ def fold_qdq_pairs(graph) -> None:
     prod = graph.producers()
     rename, keep = {}, []
     for n in graph.nodes:
-        if n.op == "QuantizeDequantize" and n.outputs[0] not in graph.outputs and _on_grid(n, n.attrs, prod):
+        if n.op == "QuantizeDequantize" and n.outputs[0] not in graph.outputs and _on_grid(n, prod):
             rename[n.outputs[0]] = rename.get(n.inputs[0], n.inputs[0])
             graph.note(n.name, "QuantizeDequantize dropped: its input is already on its grid (fold_qdq_pairs)")
             continue

@@ -125,10 +125,7 @@ class Executor:
                 # the last run stopped before its fence was reset (a timeout, or an exception such as Ctrl-C while it
                 # waited): its command buffer may still execute; it must finish before the fence is reset and the
                 # buffer resubmitted (a signalled fence resubmitted would let this run return before the GPU is done)
-                rc = lib.vkWaitForFences(self.d, 1, self._fences, 1, self.timeout_ns)
-                if rc == vk.VK_SUCCESS:
-                    lib.vkResetFences(self.d, 1, self._fences)
-                    self._pending = False
+                rc = self._finish_pending()
             if rc == vk.VK_SUCCESS:
                 # pending from before the submission until the fence is reset, whatever interrupts in between
                 self._pending = True
@@ -170,13 +167,19 @@ class Executor:
         if not self._pending:
             return
         with self.dev.lock:
-            rc = self.vk.lib.vkWaitForFences(self.d, 1, self._fences, 1, self.timeout_ns)
-            if rc == self.vk.VK_SUCCESS:
-                self.vk.lib.vkResetFences(self.d, 1, self._fences)
-                self._pending = False
+            self._finish_pending()
         if self._pending:
             raise DeviceError(f"an earlier run sharing this run's activation memory did not finish within "
                               f"{self.timeout_ns / 1e9:g} s: {TIMEOUT_HINT}")
+
+    def _finish_pending(self) -> int:
+        """Under dev.lock, with a run pending: wait for its fence and reset it (no longer pending) where it signals
+        within the timeout; the wait's VkResult."""
+        rc = self.vk.lib.vkWaitForFences(self.d, 1, self._fences, 1, self.timeout_ns)
+        if rc == self.vk.VK_SUCCESS:
+            self.vk.lib.vkResetFences(self.d, 1, self._fences)
+            self._pending = False
+        return rc
 
     def _destination(self, out: dict) -> dict:
         """{output name: the array a run's host copy fills}: out's, then a plain set no caller holds, else fresh arrays

@@ -81,6 +81,13 @@ def dequantize_kn(q_kn, scale, zero=None) -> np.ndarray:
     return b * np.asarray(scale, np.float32).reshape(1, -1)
 
 
+def dequantize_blocks(q_kn, scale, zero, block: int) -> np.ndarray:
+    """B [K, N] float32 of a blocked 4-bit Linear operand: (q - zero) * scale, scale and zero [blocks, N] one row a
+    block of `block` k."""
+    rows = np.arange(q_kn.shape[0]) // block
+    return (q_kn.astype(np.float32) - zero[rows]) * scale[rows]
+
+
 def quantize_checkpoint(weights: dict, linear_names) -> dict:
     """The checkpoint `weights` with each float weight named in `linear_names` quantized per row (quantize_rows);
     weights already quantized stay as they are."""

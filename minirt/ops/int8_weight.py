@@ -8,7 +8,7 @@ import numpy as np
 from ..errors import ModelError
 from ..plan import WEIGHT, TensorSpec
 from ..kernels.gemm import pack_regfed_i8, pack_regfed_q4, pack_regfed_q4_params
-from ..quant import dequantize_kn
+from ..quant import dequantize_blocks, dequantize_kn
 
 
 def int8_operands(graph, node):
@@ -59,29 +59,28 @@ class Int8Weight:
         """The dequantized float weight (paths that have no int8 kernel)."""
         return dequantize_kn(self.q, self.scale, self.zero)
 
-    def row_major(self, ctx) -> TensorSpec:
-        key = f"{self.name}@i8"
+    def _packed(self, ctx, packing: str, make, dtype: str, per_elem: int = 1) -> TensorSpec:
+        """The plan's buffer name@packing of make()'s bytes (made once a planning call: LowerCtx.packs; one spec a
+        plan), sized in elements of per_elem bytes."""
+        key = f"{self.name}@{packing}"
         spec = ctx.plan.tensors.get(key)
-        if spec is None:       # (packed once a planning call: LowerCtx.packs)
-            def pack():
-                k, n = self.q.shape
-                w = np.zeros((k, -(-n // 4) * 4), np.int8)
-                w[:, :n] = self.q
-                return w.reshape(-1)
-            w = ctx.packs.once(("i8", self.q), pack)
-            spec = TensorSpec(key, (w.size,), WEIGHT, "buffer", 0, w, dtype="int8")
+        if spec is None:
+            w = ctx.packs.once((packing, self.q), make)
+            spec = TensorSpec(key, (w.size // per_elem,), WEIGHT, "buffer", 0, w, dtype=dtype)
             ctx.plan.tensors[key] = spec
         return spec
 
+    def row_major(self, ctx) -> TensorSpec:
+        def pack():
+            k, n = self.q.shape
+            w = np.zeros((k, -(-n // 4) * 4), np.int8)
+            w[:, :n] = self.q
+            return w.reshape(-1)
+        return self._packed(ctx, "i8", pack, "int8")
+
     def regfed(self, ctx) -> TensorSpec:
         """The weight packed for linear_cmreg's w=i8 variant (gemm.py pack_regfed_i8), still a byte an element."""
-        key = f"{self.name}@i8regfed"
-        spec = ctx.plan.tensors.get(key)
-        if spec is None:
-            w = ctx.packs.once(("i8regfed", self.q), lambda: pack_regfed_i8(self.q))
-            spec = TensorSpec(key, (w.size,), WEIGHT, "buffer", 0, w, dtype="int8")
-            ctx.plan.tensors[key] = spec
-        return spec
+        return self._packed(ctx, "i8regfed", lambda: pack_regfed_i8(self.q), "int8")
 
     def regfed_args(self, ctx) -> list:
         """The extra binding of linear_cmreg's quantized variant: for int8, the same scales and zero points."""
@@ -116,34 +115,21 @@ class Int4Weight(Int8Weight):
 
     @property
     def b_kn(self) -> np.ndarray:
-        rows = np.arange(self.q.shape[0]) // self.block
-        return (self.q.astype(np.float32) - self.zero[rows]) * self.scale[rows]
+        return dequantize_blocks(self.q, self.scale, self.zero, self.block)
 
     def row_major(self, ctx) -> TensorSpec:
-        key = f"{self.name}@q4"
-        spec = ctx.plan.tensors.get(key)
-        if spec is None:
-            def pack():
-                k, n = self.q.shape
-                n4 = -(-n // 4)
-                w = np.zeros((k, n4 * 4), np.uint16)
-                w[:, :n] = self.q
-                packed = (w[:, 0::4] | w[:, 1::4] << 4 | w[:, 2::4] << 8 | w[:, 3::4] << 12).reshape(-1)
-                return np.pad(packed, (0, (-packed.size) % 2)).astype("<u2")
-            w = ctx.packs.once(("q4", self.q), lambda: pack().view(np.uint8))
-            spec = TensorSpec(key, (w.size // 2,), WEIGHT, "buffer", 0, w, dtype="uint4")
-            ctx.plan.tensors[key] = spec
-        return spec
+        def pack():
+            k, n = self.q.shape
+            n4 = -(-n // 4)
+            w = np.zeros((k, n4 * 4), np.uint16)
+            w[:, :n] = self.q
+            packed = (w[:, 0::4] | w[:, 1::4] << 4 | w[:, 2::4] << 8 | w[:, 3::4] << 12).reshape(-1)
+            return np.pad(packed, (0, (-packed.size) % 2)).astype("<u2").view(np.uint8)
+        return self._packed(ctx, "q4", pack, "uint4", 2)
 
     def regfed(self, ctx) -> TensorSpec:
         """The weight packed for linear_cmreg's w=q4 variant (gemm.py pack_regfed_q4), still half a byte an element."""
-        key = f"{self.name}@q4regfed"
-        spec = ctx.plan.tensors.get(key)
-        if spec is None:
-            w = ctx.packs.once(("q4regfed", self.q), lambda: pack_regfed_q4(self.q).view(np.uint8))
-            spec = TensorSpec(key, (w.size // 2,), WEIGHT, "buffer", 0, w, dtype="uint4")
-            ctx.plan.tensors[key] = spec
-        return spec
+        return self._packed(ctx, "q4regfed", lambda: pack_regfed_q4(self.q).view(np.uint8), "uint4", 2)
 
     def regfed_args(self, ctx) -> list:
         """linear_cmreg w=q4's block parameters: fp16 (scale, 1024 + zero) per block and column, a lane's two columns

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import ModelError, UnsupportedError
 from ..kernels import activate
 from ..kernels.gemm import OUT_PARTS, linear_dispatch, linear_ok, pack_bias, pack_weight
-from ..quant import dequantize_kn
+from ..quant import dequantize_blocks, dequantize_kn
 from . import Op, attr, register
 from .elementwise import activation_dispatch, elementwise_dispatch
 from .int8_weight import Int4Weight, Int8Weight, int4_operands, int8_operands
@@ -41,8 +41,7 @@ class Linear(Op):
 
     def reference(self, node, x, w, b=None, r=None, s=None, z=None):
         if s is not None and "block" in node.attrs:
-            rows = np.arange(w.shape[0]) // int(node.attrs["block"])
-            w = (w.astype(np.float32) - z[rows]) * s[rows]
+            w = dequantize_blocks(w, s, z, int(node.attrs["block"]))
         elif s is not None:
             w = dequantize_kn(w, s, z)
         parts = int(attr(node, "parts", 1))

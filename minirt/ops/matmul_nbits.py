@@ -10,6 +10,7 @@ import numpy as np
 from ..errors import ModelError, UnsupportedError
 from . import Op, attr, register
 from ..kernels.gemm import linear_dispatch, linear_ok, pack_bias
+from ..quant import dequantize_blocks
 from .int8_weight import Int4Weight
 
 
@@ -83,9 +84,7 @@ class MatMulNBits(Op):
         ts = [Tensor("A", data=a), Tensor("B", data=b), Tensor("scales", data=scales),
               None if zero is None else Tensor("zero_points", data=zero)]
         q, s, z, block = nbits_operands(node, ts)
-        rows = np.arange(q.shape[0]) // block
-        w = (q.astype(np.float32) - z[rows]) * s[rows]
-        y = a @ w
+        y = a @ dequantize_blocks(q, s, z, block)
         return [(y if bias is None else y + bias).astype(a.dtype)]
 
     def check(self, node, ins):
